@@ -1,0 +1,116 @@
+// ftjit: compile-once coordination. One latch per cache entry: the thread
+// that inserted the entry owns it and compiles; others wait on the latch. A
+// process-wide wait-for graph turns would-be deadlocks into errors.
+//
+// CompileLatch members and their protection:
+//
+//   | member  | protection                                                 |
+//   |---------|------------------------------------------------------------|
+//   | owner_  | fixed after construction                                   |
+//   | state_  | atomic; written once by the owner (release), under mu_     |
+//   | mu_/cv_ | mu_ only pairs with cv_; held for a few instructions       |
+//
+// Memory ordering: whatever the owner wrote before Publish() (the compiled
+// executable, or the error) is visible to any thread that then observes a
+// non-kCompiling state (acquire load), with or without waiting.
+//
+// Lock order: a latch's mu_ and the graph's mu_ are leaves; neither is held
+// while acquiring any other lock, the GIL included. Waiting is done in
+// slices so that a caller can drop the GIL around each slice and check for
+// signals between them.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace ftjit {
+
+using ThreadId = std::thread::id;
+
+class CompileLatch {
+ public:
+  enum class State : uint8_t { kCompiling, kReady, kFailed };
+
+  explicit CompileLatch(ThreadId owner) : owner_(owner) {}
+  CompileLatch(const CompileLatch&) = delete;
+  CompileLatch& operator=(const CompileLatch&) = delete;
+
+  ThreadId owner() const { return owner_; }
+  State state() const { return state_.load(std::memory_order_acquire); }
+  bool compiling() const { return state() == State::kCompiling; }
+
+  // Owner only, once: moves to kReady or kFailed and wakes every waiter.
+  void Publish(State final_state) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      state_.store(final_state, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+
+  // Blocks for at most `slice` while compiling; returns the state seen last.
+  template <class Rep, class Period>
+  State WaitFor(std::chrono::duration<Rep, Period> slice) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, slice, [this] { return !compiling(); });
+    return state();
+  }
+
+ private:
+  const ThreadId owner_;
+  std::atomic<State> state_{State::kCompiling};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// Who waits on which latch, process-wide. Before a thread blocks on a latch
+// it follows owner -> latch that owner waits on -> its owner ...; reaching
+// itself means the wait could never end, so BeginWait refuses. Checking and
+// registering happen under one lock, so of two threads about to wait on each
+// other the second always sees the first.
+//
+// A registered latch stays alive while registered: the waiter holds a strong
+// reference to it for the whole wait and calls EndWait before dropping it.
+class WaitForGraph {
+ public:
+  // Registers `self` as waiting on `latch` and returns true, or returns false
+  // (registering nothing) when waiting would close a cycle of compiles.
+  bool BeginWait(ThreadId self, const CompileLatch* latch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const CompileLatch* cur = latch;
+    // Each thread waits on at most one latch, so the walk ends within
+    // waiting_.size() + 1 steps.
+    for (size_t steps = 0; steps <= waiting_.size(); ++steps) {
+      if (!cur->compiling()) break;  // that edge resolves by itself
+      ThreadId owner = cur->owner();
+      if (owner == self) return false;
+      auto it = waiting_.find(owner);
+      if (it == waiting_.end()) break;
+      cur = it->second;
+    }
+    waiting_[self] = latch;
+    return true;
+  }
+
+  void EndWait(ThreadId self) {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_.erase(self);
+  }
+
+  // For tests and diagnostics: how many threads are registered as waiting.
+  size_t waiting() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waiting_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;  // leaf lock
+  std::unordered_map<ThreadId, const CompileLatch*> waiting_;  // guarded by mu_
+};
+
+}  // namespace ftjit

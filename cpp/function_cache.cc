@@ -1,0 +1,202 @@
+// ftjit: FunctionCache, per-function entry maps and the shared LRU wiring.
+#include "function_cache.h"
+
+#include <nanobind/stl/string.h>
+
+#include <mutex>
+#include <vector>
+
+namespace ftjit {
+
+namespace {
+
+// Every live CacheCore, for clear_caches(). Guarded by g_cores_mu (a leaf;
+// taken with the GIL held on GIL builds, a PyMutex on free-threaded ones).
+nb::ft_mutex g_cores_mu;
+std::vector<std::weak_ptr<CacheCore>>& Cores() {
+  static auto* cores = new std::vector<std::weak_ptr<CacheCore>>();  // guarded by g_cores_mu
+  return *cores;
+}
+
+void RegisterCore(const std::shared_ptr<CacheCore>& core) {
+  std::vector<std::weak_ptr<CacheCore>> dead;  // dropped after unlocking
+  nb::ft_lock_guard lock(g_cores_mu);
+  auto& cores = Cores();
+  for (auto it = cores.begin(); it != cores.end();) {
+    if (it->expired()) {
+      dead.push_back(std::move(*it));
+      it = cores.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  cores.push_back(core);
+}
+
+bool Evictable(const EntryPtr& e) { return !e->latch.compiling(); }
+
+class FunctionCache {
+ public:
+  explicit FunctionCache(size_t capacity) {
+    if (capacity < 1) throw nb::value_error("FunctionCache capacity must be at least 1");
+    core = std::make_shared<CacheCore>(capacity);
+    RegisterCore(core);
+  }
+  std::shared_ptr<CacheCore> core;  // fixed after construction
+};
+
+}  // namespace
+
+void ReleaseEvicted(std::vector<EntryPtr>& evicted) {
+  for (EntryPtr& e : evicted) {
+    if (std::shared_ptr<FunctionEntries> fe = e->cache.lock()) {
+      fe->counters().evictions.fetch_add(1, std::memory_order_relaxed);
+      // Erase returns the slot's value; it is dropped here, outside any lock.
+      fe->Discard(e);
+    }
+  }
+  evicted.clear();  // the entries' Python objects die here, no lock held
+}
+
+void CacheCore::ClearAll() {
+  std::vector<EntryPtr> all = lru.Clear();
+  for (EntryPtr& e : all) {
+    if (std::shared_ptr<FunctionEntries> fe = e->cache.lock()) fe->Discard(e);
+  }
+  all.clear();
+  // Entries that were inserted but not yet linked into the LRU are caught by
+  // their function's own clear; visit the functions too.
+  for (auto& kv : functions.Snapshot()) kv.second->Clear();
+}
+
+void CacheCore::ForgetFunction(const FunctionEntries* fe) {
+  auto removed = functions.EraseIf(
+      [fe](const FunKeyPtr&, const std::shared_ptr<FunctionEntries>& v) { return v.get() == fe; });
+  for (auto& kv : removed) kv.second->Clear();
+  // `removed` (and possibly the FunctionEntries itself) is dropped here.
+}
+
+FunctionEntries::~FunctionEntries() = default;
+
+FunctionEntries::Lookup FunctionEntries::FindOrInsert(CallSignature& sig) {
+  auto eq = [](const SigPtr& stored, const CallSignature& probe) { return stored->Equals(probe); };
+  // The hit path: no allocation.
+  if (EntryPtr found = map_.Find(sig.hash, sig, eq)) return Lookup{std::move(found), false};
+  // A miss: the signature becomes the key, and the probe of the insert.
+  SigPtr key = std::make_shared<const CallSignature>(std::move(sig));
+  auto make = [this, &key]() {
+    return std::make_pair(key, std::make_shared<Entry>(key, weak_from_this(), this));
+  };
+  auto r = map_.FindOrInsert(key->hash, *key, eq, make);
+  return Lookup{std::move(r.value), r.inserted};
+}
+
+void FunctionEntries::AdmitLru(const EntryPtr& e) {
+  std::vector<EntryPtr> evicted = core_->lru.Insert(e, Evictable);
+  ReleaseEvicted(evicted);
+}
+
+void FunctionEntries::TrimLru() {
+  if (core_->lru.size() <= core_->lru.capacity()) return;
+  std::vector<EntryPtr> evicted = core_->lru.Trim(Evictable);
+  ReleaseEvicted(evicted);
+}
+
+void FunctionEntries::Discard(const EntryPtr& e) {
+  EntryPtr removed = map_.Erase(e->sig->hash, e);
+  core_->lru.Remove(e);
+  // `removed` is dropped on return, outside both locks.
+}
+
+void FunctionEntries::Clear() {
+  auto removed = map_.Clear();
+  const FunctionEntries* self = this;
+  std::vector<EntryPtr> unlinked =
+      core_->lru.RemoveIf([self](const EntryPtr& e) { return e->cache_raw == self; });
+  // Both vectors die here, with no lock held.
+}
+
+std::vector<EntryPtr> FunctionEntries::Entries() const {
+  std::vector<EntryPtr> out;
+  for (auto& kv : map_.Snapshot()) out.push_back(std::move(kv.second));
+  return out;
+}
+
+std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
+                                           nb::handle options, const std::string& name) {
+  FunctionCache& fc = nb::cast<FunctionCache&>(cache);
+  std::shared_ptr<CacheCore> core = fc.core;
+
+  // Probe weak-referenceability first: a private FunctionEntries otherwise.
+  if (!PyType_SUPPORTS_WEAKREFS(Py_TYPE(fun.ptr()))) {
+    return std::make_shared<FunctionEntries>(core, name, /*is_private=*/true);
+  }
+
+  Py_hash_t oh = PyObject_Hash(options.ptr());
+  if (oh == -1) throw nb::python_error();
+  size_t hash = std::hash<const void*>()(fun.ptr()) ^ (static_cast<size_t>(oh) * 31);
+  FunKey probe{fun.ptr(), nb::borrow(options)};
+  auto eq = [](const FunKeyPtr& stored, const FunKey& p) {
+    if (stored->fun_id != p.fun_id) return false;
+    int r = PyObject_RichCompareBool(stored->options.ptr(), p.options.ptr(), Py_EQ);
+    if (r < 0) throw nb::python_error();
+    return r == 1;
+  };
+  std::shared_ptr<FunctionEntries> fresh;
+  auto make = [&]() {
+    fresh = std::make_shared<FunctionEntries>(core, name, /*is_private=*/false);
+    // The callback holds only weak pointers: it neither keeps the function's
+    // entries nor the cache alive.
+    std::weak_ptr<CacheCore> weak_core = core;
+    std::weak_ptr<FunctionEntries> weak_fe = fresh;
+    nb::object callback = nb::cpp_function([weak_core, weak_fe](nb::handle) {
+      std::shared_ptr<CacheCore> c = weak_core.lock();
+      std::shared_ptr<FunctionEntries> f = weak_fe.lock();
+      if (c && f) c->ForgetFunction(f.get());
+      if (f) f->Clear();
+    });
+    nb::object ref = nb::steal(PyWeakref_NewRef(fun.ptr(), callback.ptr()));
+    if (!ref.is_valid()) throw nb::python_error();
+    fresh->set_weakref(std::move(ref));
+    return std::make_pair(std::make_shared<const FunKey>(FunKey{fun.ptr(), nb::borrow(options)}),
+                          fresh);
+  };
+  auto r = core->functions.FindOrInsert(hash, probe, eq, make);
+  return r.value;
+}
+
+void ClearAllCaches() {
+  std::vector<std::shared_ptr<CacheCore>> live;
+  {
+    nb::ft_lock_guard lock(g_cores_mu);
+    for (auto& w : Cores()) {
+      if (auto c = w.lock()) live.push_back(std::move(c));
+    }
+  }
+  for (auto& c : live) c->ClearAll();
+}
+
+bool IsFunctionCache(nb::handle h) { return nb::isinstance<FunctionCache>(h); }
+
+void RegisterFunctionCache(nb::module_& m) {
+  nb::class_<FunctionCache>(
+      m, "FunctionCache",
+      "A cache of compiled entries shared by jitted functions, bounded by one\n"
+      "LRU capacity across all of them. Entries of a function leave the cache\n"
+      "when the function is garbage collected. Thread-safe.")
+      .def(nb::init<size_t>(), nb::arg("capacity") = 4096)
+      .def("size", [](const FunctionCache& c) { return c.core->lru.size(); },
+           "Number of cached entries (all functions). A snapshot: may be stale\n"
+           "as soon as it returns when other threads compile or evict.")
+      .def("capacity", [](const FunctionCache& c) { return c.core->lru.capacity(); },
+           "The LRU bound given at construction (fixed).")
+      .def("clear", [](FunctionCache& c) { c.core->ClearAll(); },
+           "Drops every entry. Compiles in progress finish and serve their\n"
+           "waiters, but are not kept. Safe to call from any thread.")
+      .def("__repr__", [](const FunctionCache& c) {
+        return "FunctionCache(capacity=" + std::to_string(c.core->lru.capacity()) +
+               ", size=" + std::to_string(c.core->lru.size()) + ")";
+      });
+}
+
+}  // namespace ftjit

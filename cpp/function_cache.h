@@ -1,0 +1,174 @@
+// ftjit: compiled-entry caches. A FunctionCache (Python-visible) owns one
+// capacity-bounded LRU shared by every function using it, and a map from
+// (weakref-identified function, options) to that function's entries, so two
+// jit(f) wrappers of one f share compiles and everything of f leaves the
+// cache when f dies.
+//
+// Objects, their lifetimes and their guards:
+//
+//   CacheCore (one per FunctionCache; shared_ptr held by the Python object,
+//   by every FunctionEntries using it, and weakly by the live-core registry)
+//   | lru        | SharedLru: its own leaf mutex                           |
+//   | functions  | ReentrantMap: its own leaf mutex                        |
+//
+//   FunctionEntries (one per (function, options); shared_ptr held by the
+//   JitFunctions of that function and by CacheCore::functions while the
+//   function lives; weakly by each Entry)
+//   | core_, name_, private_  | fixed after construction                    |
+//   | map_       | ReentrantMap: its own leaf mutex                         |
+//   | weakref_   | set once at registration, before publication            |
+//   | counters   | relaxed atomics (hits sharded per thread)               |
+//
+//   Entry (one per signature; shared_ptr held by its map slot, the LRU and
+//   any thread using it)
+//   | sig, owner cache | fixed after construction                          |
+//   | latch            | see compile_latch.h                               |
+//   | executable/error | written by the compiling thread before Publish(); |
+//   |                  | read only after observing the published state     |
+//
+// Lock order: there is none to get wrong, because no two of these locks are
+// ever held at once: each critical section is Python-free and takes exactly
+// one leaf lock; on GIL builds these are no-op ft_mutexes and the GIL (held
+// throughout, never released inside) serialises them. No Python object is
+// destroyed under any of them: removed entries are handed back and dropped
+// by the caller after unlocking.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "compile_latch.h"
+#include "reentrant_map.h"
+#include "shared_lru.h"
+#include "signature.h"
+
+namespace ftjit {
+
+namespace nb = nanobind;
+
+class FunctionEntries;
+
+struct Entry {
+  Entry(std::shared_ptr<const CallSignature> s, std::weak_ptr<FunctionEntries> c,
+        FunctionEntries* raw)
+      : sig(std::move(s)), cache(std::move(c)), cache_raw(raw),
+        latch(std::this_thread::get_id()) {}
+
+  const std::shared_ptr<const CallSignature> sig;
+  const std::weak_ptr<FunctionEntries> cache;  // for eviction
+  FunctionEntries* const cache_raw;            // identity only, never dereferenced
+  CompileLatch latch;
+  nb::object executable;  // see the table above
+  nb::object error;       // the compile's exception, when it failed
+  double compile_seconds = 0;  // written with `executable`
+  LruHook<std::shared_ptr<Entry>> lru;
+};
+
+using EntryPtr = std::shared_ptr<Entry>;
+using SigPtr = std::shared_ptr<const CallSignature>;
+
+struct FunKey {
+  PyObject* fun_id;     // identity of the function; never dereferenced
+  nb::object options;   // hashable options key (tuple)
+};
+using FunKeyPtr = std::shared_ptr<const FunKey>;
+
+struct CacheCore {
+  explicit CacheCore(size_t capacity) : lru(capacity) {}
+  SharedLru<EntryPtr, nb::ft_mutex> lru;
+  ReentrantMap<FunKeyPtr, std::shared_ptr<FunctionEntries>, nb::ft_mutex> functions;
+
+  // Drops every entry of every function (FunctionCache.clear()).
+  void ClearAll();
+  // Removes a dead function's entries (the weakref callback).
+  void ForgetFunction(const FunctionEntries* fe);
+};
+
+// Counters of one function; a snapshot is what cache_info() returns.
+struct Counters {
+  static constexpr int kShards = 16;
+  struct alignas(64) Shard {
+    std::atomic<uint64_t> hits{0};
+  };
+  std::array<Shard, kShards> hit_shards;
+  std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
+  std::atomic<uint64_t> compile_nanos{0}, wait_nanos{0};
+
+  void Hit() {
+    thread_local int shard = NextShard();
+    hit_shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t Hits() const {
+    uint64_t total = 0;
+    for (const Shard& s : hit_shards) total += s.hits.load(std::memory_order_relaxed);
+    return total;
+  }
+
+ private:
+  static int NextShard() {
+    static std::atomic<int> next{0};
+    return next.fetch_add(1, std::memory_order_relaxed) % kShards;
+  }
+};
+
+class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
+ public:
+  FunctionEntries(std::shared_ptr<CacheCore> core, std::string name, bool is_private)
+      : core_(std::move(core)), name_(std::move(name)), private_(is_private) {}
+  ~FunctionEntries();
+
+  struct Lookup {
+    EntryPtr entry;
+    bool inserted;  // this thread owns the compile
+  };
+  // Finds or inserts the entry for `sig`; moves `sig` into a new entry only
+  // if inserting. May run Python (__eq__) and throw nb::python_error.
+  Lookup FindOrInsert(CallSignature& sig);
+
+  // Links a freshly inserted entry into the shared LRU and evicts.
+  void AdmitLru(const EntryPtr& e);
+  // Re-applies the LRU bound after a compile finished (pinned entries).
+  void TrimLru();
+  // Removes a failed entry from the map and the LRU.
+  void Discard(const EntryPtr& e);
+  // Drops every entry of this function.
+  void Clear();
+
+  size_t size() const { return map_.size(); }
+  std::vector<EntryPtr> Entries() const;
+  const std::string& name() const { return name_; }
+  const std::shared_ptr<CacheCore>& core() const { return core_; }
+  bool is_private() const { return private_; }
+  Counters& counters() { return counters_; }
+
+  void set_weakref(nb::object w) { weakref_ = std::move(w); }
+
+ private:
+  const std::shared_ptr<CacheCore> core_;
+  const std::string name_;
+  const bool private_;
+  ReentrantMap<SigPtr, EntryPtr, nb::ft_mutex> map_;
+  nb::object weakref_;  // weakref(fun, callback); set once before sharing
+  Counters counters_;
+};
+
+// Drops the evicted entries' map slots (outside the LRU lock).
+void ReleaseEvicted(std::vector<EntryPtr>& evicted);
+
+// Finds or creates the entries of (fun, options) in `cache`; falls back to a
+// private FunctionEntries when fun cannot be weakly referenced.
+std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
+                                           nb::handle options, const std::string& name);
+
+// Clears every live FunctionCache (ftjit.clear_caches()).
+void ClearAllCaches();
+
+// Python-visible FunctionCache; registered by RegisterFunctionCache.
+void RegisterFunctionCache(nb::module_& m);
+bool IsFunctionCache(nb::handle h);
+
+}  // namespace ftjit

@@ -1,0 +1,513 @@
+// ftjit: JitFunction — signature, lookup, compile-once, call.
+//
+// The call path (see DESIGN.md, "The way a call flows"):
+//   disabled on this thread? -> fun(*args)
+//   BuildSignature (may run Python; no lock held)
+//   FunctionEntries::FindOrInsert (leaf locks only around Python-free probes)
+//     ready     -> executable(*args)                                 hot path
+//     compiling -> owner is this thread? RecursiveCompileError
+//                  cycle in the wait-for graph? CompileCycleError
+//                  else wait, GIL released, waking every 100 ms for signals
+//     inserted  -> this thread compiles, publishes, wakes the waiters
+// Errors cross into Python in one place: JitFunction_vectorcall.
+#include "jit_function.h"
+
+#include <Python.h>
+#include <structmember.h>
+#include <nanobind/stl/string.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "function_cache.h"
+#include "signature.h"
+
+namespace ftjit {
+
+namespace nb = nanobind;
+
+namespace {
+
+// disable_jit() nesting depth of this thread.
+thread_local int t_disabled = 0;
+
+WaitForGraph& Graph() {
+  static WaitForGraph* graph = new WaitForGraph();  // process lifetime
+  return *graph;
+}
+
+// Per-JitFunction state; fixed after construction except where noted.
+struct JitState {
+  nb::object fun;             // cleared only by tp_clear
+  nb::object compiler;
+  nb::object cache;           // the FunctionCache Python object
+  nb::object options;         // hashable options key shared with other wrappers
+  nb::object pickle_options;  // dict handed back to ftjit on unpickling
+  SignatureSpec spec;
+  std::shared_ptr<FunctionEntries> entries;
+  bool strip_static = false;  // call executables with dynamic arguments only
+};
+
+struct JitFunctionObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* dict;
+  PyObject* weaklist;
+  JitState* state;
+};
+
+PyObject* g_jit_type = nullptr;  // set once at module init
+
+JitState& StateOf(PyObject* self) {
+  return *reinterpret_cast<JitFunctionObject*>(self)->state;
+}
+
+nb::object FetchNormalized() {
+  PyObject *t = nullptr, *v = nullptr, *tb = nullptr;
+  PyErr_Fetch(&t, &v, &tb);
+  PyErr_NormalizeException(&t, &v, &tb);
+  if (tb && v) PyException_SetTraceback(v, tb);
+  Py_XDECREF(t);
+  Py_XDECREF(tb);
+  return nb::steal(v);
+}
+
+[[noreturn]] void Reraise(PyObject* exc) {
+  PyObject* tb = PyException_GetTraceback(exc);  // new ref or null
+  PyErr_Restore(Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(exc))), Py_NewRef(exc), tb);
+  throw nb::python_error();
+}
+
+// Each waiter raises its own copy of the compile's exception, so that threads
+// unwinding at once never write the same exception's __traceback__.
+[[noreturn]] void RaiseForWaiter(const nb::object& error) {
+  PyObject* exc = error.ptr();
+  PyObject* copy = PyObject_CallOneArg(Types().copy, exc);
+  if (!copy || Py_TYPE(copy) != Py_TYPE(exc)) {
+    PyErr_Clear();
+    Py_XDECREF(copy);
+    Reraise(exc);
+  }
+  PyObject* tb = PyException_GetTraceback(exc);
+  if (tb) {
+    PyException_SetTraceback(copy, tb);
+    Py_DECREF(tb);
+  }
+  if (PyObject* cause = PyException_GetCause(exc)) PyException_SetCause(copy, cause);
+  if (PyObject* ctx = PyException_GetContext(exc)) PyException_SetContext(copy, ctx);
+  nb::object owned = nb::steal(copy);
+  Reraise(owned.ptr());
+}
+
+[[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg) {
+  PyErr_SetString(type, msg.c_str());
+  throw nb::python_error();
+}
+
+uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+}
+
+nb::object CallExecutable(JitState& st, PyObject* exe, PyObject* const* args, size_t nargsf,
+                          PyObject* kwnames) {
+  if (!st.strip_static) {
+    return nb::steal(PyObject_Vectorcall(exe, args, nargsf, kwnames));
+  }
+  size_t nargs = PyVectorcall_NARGS(nargsf);
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  SmallVector<PyObject*, 8> dyn;
+  for (size_t i = 0; i < nargs; ++i) {
+    if (!st.spec.IsStaticPosition(i, nargs)) dyn.push_back(args[i]);
+  }
+  size_t dyn_pos = dyn.size();
+  nb::object dyn_names;
+  if (nkw > 0) {
+    SmallVector<PyObject*, 8> names;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+      if (st.spec.static_argnames.empty() || !st.spec.IsStaticName(name)) {
+        names.push_back(name);
+        dyn.push_back(args[nargs + k]);
+      }
+    }
+    if (static_cast<Py_ssize_t>(names.size()) == nkw) {
+      dyn_names = nb::borrow(kwnames);
+    } else if (!names.empty()) {
+      dyn_names = nb::steal(PyTuple_New(names.size()));
+      if (!dyn_names.is_valid()) throw nb::python_error();
+      for (size_t j = 0; j < names.size(); ++j) {
+        PyTuple_SET_ITEM(dyn_names.ptr(), j, Py_NewRef(names[j]));
+      }
+    }
+  }
+  return nb::steal(PyObject_Vectorcall(exe, dyn.data(), dyn_pos, dyn_names.ptr()));
+}
+
+// This thread inserted `e`: compile it, publish, and serve the call.
+nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args,
+                          size_t nargsf, PyObject* kwnames) {
+  Counters& c = st.entries->counters();
+  c.misses.fetch_add(1, std::memory_order_relaxed);
+  // Whatever happens below, the latch is published: waiters never hang.
+  struct Publisher {
+    JitState& st;
+    const EntryPtr& e;
+    bool done = false;
+    void Fail() {
+      done = true;
+      st.entries->Discard(e);  // before publishing: the next call recompiles
+      st.entries->counters().failures.fetch_add(1, std::memory_order_relaxed);
+      e->latch.Publish(CompileLatch::State::kFailed);
+    }
+    ~Publisher() {
+      if (!done) {
+        // A C++ exception escaped (e.g. bad_alloc): report it to waiters.
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        e->error = nb::steal(PyObject_CallFunction(
+            PyExc_RuntimeError, "s", "ftjit: the compile was aborted by an internal error"));
+        PyErr_Clear();
+        PyErr_Restore(t, v, tb);
+        Fail();
+      }
+    }
+  } publisher{st, e};
+
+  st.entries->AdmitLru(e);
+  size_t nargs = PyVectorcall_NARGS(nargsf);
+  auto t0 = std::chrono::steady_clock::now();
+  nb::object exe;
+  {
+    nb::object a = nb::steal(PyTuple_New(nargs));
+    nb::object kw = nb::steal(PyDict_New());
+    bool ok = a.is_valid() && kw.is_valid();
+    if (ok) {
+      for (size_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(a.ptr(), i, Py_NewRef(args[i]));
+      Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+      for (Py_ssize_t k = 0; ok && k < nkw; ++k) {
+        ok = PyDict_SetItem(kw.ptr(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) == 0;
+      }
+    }
+    if (ok) {
+      PyObject* call_args[] = {st.fun.ptr(), a.ptr(), kw.ptr()};
+      exe = nb::steal(PyObject_Vectorcall(st.compiler.ptr(), call_args, 3, nullptr));
+    }
+  }
+  if (!exe.is_valid()) {
+    e->error = FetchNormalized();
+    publisher.Fail();
+    Reraise(e->error.ptr());
+  }
+  uint64_t nanos = NanosSince(t0);
+  e->executable = std::move(exe);
+  e->compile_seconds = static_cast<double>(nanos) * 1e-9;
+  c.compiles.fetch_add(1, std::memory_order_relaxed);
+  c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
+  publisher.done = true;
+  e->latch.Publish(CompileLatch::State::kReady);
+  st.entries->TrimLru();
+  return CallExecutable(st, e->executable.ptr(), args, nargsf, kwnames);
+}
+
+// `e` is being compiled by another thread (or by this one: recursion).
+void WaitForCompile(JitState& st, Entry& e) {
+  ThreadId self = std::this_thread::get_id();
+  if (e.latch.owner() == self) {
+    RaiseMessage(Types().recursive_compile,
+                 e.sig->ToString(st.spec.fun_name) +
+                     " was called while this same thread was compiling it: the compiler "
+                     "(or the function it traces) re-entered the jitted function with the "
+                     "signature being compiled, which can never finish. Break the recursion, "
+                     "or call the un-jitted function (__wrapped__) inside.");
+  }
+  if (!Graph().BeginWait(self, &e.latch)) {
+    RaiseMessage(Types().compile_cycle,
+                 "compiling in this thread needs " + e.sig->ToString(st.spec.fun_name) +
+                     ", which another thread is compiling while it waits (directly or through "
+                     "other threads) for a compile this thread is running: the compiles form a "
+                     "cycle and would deadlock. Compile one of the functions first, or break "
+                     "the mutual dependency.");
+  }
+  struct EndWait {
+    ThreadId self;
+    ~EndWait() { Graph().EndWait(self); }
+  } end_wait{self};
+  Counters& c = st.entries->counters();
+  c.waits.fetch_add(1, std::memory_order_relaxed);
+  auto t0 = std::chrono::steady_clock::now();
+  CompileLatch::State s = e.latch.state();
+  while (s == CompileLatch::State::kCompiling) {
+    {
+      nb::gil_scoped_release release;
+      s = e.latch.WaitFor(std::chrono::milliseconds(100));
+    }
+    if (s == CompileLatch::State::kCompiling && PyErr_CheckSignals() != 0) {
+      c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+      throw nb::python_error();
+    }
+  }
+  c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+  if (s == CompileLatch::State::kFailed) RaiseForWaiter(e.error);
+}
+
+nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  CallSignature sig;
+  BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
+  FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);
+  Entry& e = *found.entry;
+  if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
+  if (e.latch.state() == CompileLatch::State::kReady) {
+    st.entries->counters().Hit();
+  } else {
+    WaitForCompile(st, e);
+  }
+  SharedLru<EntryPtr, nb::ft_mutex>::Touch(found.entry);
+  return CallExecutable(st, e.executable.ptr(), args, nargsf, kwnames);
+}
+
+extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args,
+                                            size_t nargsf, PyObject* kwnames) {
+  JitState& st = StateOf(self);
+  if (!st.fun.is_valid()) {
+    PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
+    return nullptr;
+  }
+  if (t_disabled > 0) return PyObject_Vectorcall(st.fun.ptr(), args, nargsf, kwnames);
+  try {
+    return Call(st, args, nargsf, kwnames).release().ptr();
+  } catch (nb::python_error& err) {
+    err.restore();
+    return nullptr;
+  } catch (const std::exception& err) {
+    PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
+    return nullptr;
+  }
+}
+
+extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_VISIT(o->dict);
+  if (JitState* st = o->state) {
+    Py_VISIT(st->fun.ptr());
+    Py_VISIT(st->compiler.ptr());
+    Py_VISIT(st->cache.ptr());
+    Py_VISIT(st->options.ptr());
+    Py_VISIT(st->pickle_options.ptr());
+    Py_VISIT(st->spec.arg_names.ptr());
+    Py_VISIT(st->spec.pytree_flatten.ptr());
+    Py_VISIT(st->spec.context_fn.ptr());
+  }
+  return 0;
+}
+
+extern "C" int JitFunction_clear(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_CLEAR(o->dict);
+  if (JitState* st = o->state) {
+    // Move out first: destructors may run arbitrary code that looks at us.
+    nb::object fun = std::move(st->fun), compiler = std::move(st->compiler),
+               cache = std::move(st->cache), options = std::move(st->options),
+               pickle = std::move(st->pickle_options), names = std::move(st->spec.arg_names),
+               flatten = std::move(st->spec.pytree_flatten), ctx = std::move(st->spec.context_fn);
+  }
+  return 0;
+}
+
+extern "C" void JitFunction_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  PyTypeObject* tp = Py_TYPE(self);
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  if (o->weaklist) PyObject_ClearWeakRefs(self);
+  Py_CLEAR(o->dict);
+  if (JitState* st = o->state) {
+    o->state = nullptr;
+    if (st->entries && st->entries->is_private()) st->entries->Clear();
+    delete st;
+  }
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+extern "C" PyObject* JitFunction_descr_get(PyObject* self, PyObject* obj, PyObject*) {
+  if (obj == nullptr || obj == Py_None) return Py_NewRef(self);
+  return PyMethod_New(self, obj);
+}
+
+extern "C" PyObject* JitFunction_repr(PyObject* self) {
+  JitState& st = StateOf(self);
+  if (!st.fun.is_valid()) return PyUnicode_FromString("<ftjit.JitFunction (cleared)>");
+  return PyUnicode_FromFormat("<ftjit.JitFunction of %R>", st.fun.ptr());
+}
+
+extern "C" PyObject* JitFunction_cache_info(PyObject* self, PyObject*) {
+  JitState& st = StateOf(self);
+  Counters& c = st.entries->counters();
+  auto r = std::memory_order_relaxed;
+  return PyObject_CallFunction(
+      Types().cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.Hits()),
+      static_cast<unsigned long long>(c.misses.load(r)),
+      static_cast<unsigned long long>(c.compiles.load(r)),
+      static_cast<unsigned long long>(c.waits.load(r)),
+      static_cast<unsigned long long>(c.evictions.load(r)),
+      static_cast<Py_ssize_t>(st.entries->size()),
+      static_cast<unsigned long long>(c.failures.load(r)),
+      static_cast<double>(c.compile_nanos.load(r)) * 1e-9,
+      static_cast<double>(c.wait_nanos.load(r)) * 1e-9);
+}
+
+extern "C" PyObject* JitFunction_clear_cache(PyObject* self, PyObject*) {
+  StateOf(self).entries->Clear();
+  Py_RETURN_NONE;
+}
+
+extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
+  JitState& st = StateOf(self);
+  try {
+    std::vector<EntryPtr> entries = st.entries->Entries();
+    nb::list out;
+    for (const EntryPtr& e : entries) {
+      if (e->latch.state() != CompileLatch::State::kReady) continue;
+      out.append(nb::make_tuple(e->sig->ToString(st.spec.fun_name), e->compile_seconds));
+    }
+    return out.release().ptr();
+  } catch (nb::python_error& err) {
+    err.restore();
+    return nullptr;
+  }
+}
+
+extern "C" PyObject* JitFunction_reduce(PyObject* self, PyObject*) {
+  JitState& st = StateOf(self);
+  if (!st.fun.is_valid()) {
+    PyErr_SetString(PyExc_TypeError, "cannot pickle a cleared jitted function");
+    return nullptr;
+  }
+  return Py_BuildValue("O(OO)", Types().rebuild, st.fun.ptr(), st.pickle_options.ptr());
+}
+
+PyMethodDef kMethods[] = {
+    {"cache_info", JitFunction_cache_info, METH_NOARGS,
+     "cache_info() -> CacheInfo\n\nA snapshot of this function's counters (shared by every\n"
+     "wrapper of the same function and options in the same cache). Each\nfield is read "
+     "atomically, the tuple as a whole is not: under\nconcurrent calls it may be stale."},
+    {"clear_cache", JitFunction_clear_cache, METH_NOARGS,
+     "clear_cache() -> None\n\nDrops this function's compiled entries. Compiles in progress\n"
+     "finish and serve their waiters, but are not kept. Thread-safe."},
+    {"_cached_signatures", JitFunction_signatures, METH_NOARGS,
+     "A snapshot list of (readable signature, compile seconds) of ready entries."},
+    {"__reduce__", JitFunction_reduce, METH_NOARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyMemberDef kMembers[] = {
+    {"__vectorcalloffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)), READONLY, nullptr},
+    {"__dictoffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(JitFunctionObject, dict)),
+     READONLY, nullptr},
+    {"__weaklistoffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, weaklist)), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+PyGetSetDef kGetSet[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyType_Slot kSlots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(JitFunction_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(JitFunction_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(JitFunction_clear)},
+    {Py_tp_descr_get, reinterpret_cast<void*>(JitFunction_descr_get)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_repr, reinterpret_cast<void*>(JitFunction_repr)},
+    {Py_tp_methods, reinterpret_cast<void*>(kMethods)},
+    {Py_tp_members, reinterpret_cast<void*>(kMembers)},
+    {Py_tp_getset, reinterpret_cast<void*>(kGetSet)},
+    {Py_tp_doc, const_cast<char*>(
+                    "A jitted function: computes each call's signature, compiles it once\n"
+                    "(other threads wait with the GIL released) and calls the executable.\n"
+                    "Create with ftjit.jit().")},
+    {0, nullptr},
+};
+
+std::vector<int> ToIntVector(nb::handle seq) {
+  std::vector<int> out;
+  for (nb::handle h : seq) out.push_back(nb::cast<int>(h));
+  return out;
+}
+
+nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache,
+                           nb::object static_argnums, nb::object static_argnames,
+                           nb::object arg_names, std::string name, nb::object options,
+                           nb::object pickle_options, nb::object pytree_flatten,
+                           nb::object context_fn, bool strip_static) {
+  if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
+  if (!PyCallable_Check(compiler.ptr())) throw nb::type_error("compiler must be callable");
+  if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
+  auto st = std::make_unique<JitState>();
+  st->fun = fun;
+  st->compiler = compiler;
+  st->cache = cache;
+  st->options = options;
+  st->pickle_options = pickle_options;
+  st->strip_static = strip_static;
+  st->spec.static_argnums = ToIntVector(static_argnums);
+  for (nb::handle h : static_argnames) {
+    if (!PyUnicode_Check(h.ptr())) throw nb::type_error("static_argnames must be str");
+    PyObject* s = Py_NewRef(h.ptr());
+    PyUnicode_InternInPlace(&s);
+    st->spec.static_argnames.push_back(nb::steal(s));
+  }
+  st->spec.arg_names = arg_names;
+  st->spec.fun_name = name;
+  if (!pytree_flatten.is_none()) st->spec.pytree_flatten = pytree_flatten;
+  if (!context_fn.is_none()) st->spec.context_fn = context_fn;
+  st->entries = EntriesFor(cache, fun, options, name);
+
+  PyTypeObject* type = reinterpret_cast<PyTypeObject*>(g_jit_type);
+  PyObject* self = type->tp_alloc(type, 0);
+  if (!self) throw nb::python_error();
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  o->vectorcall = JitFunction_vectorcall;
+  o->dict = nullptr;
+  o->weaklist = nullptr;
+  o->state = st.release();
+  return nb::steal(self);
+}
+
+}  // namespace
+
+void RegisterJitFunction(nb::module_& m) {
+  std::string name = nb::cast<std::string>(m.attr("__name__")) + ".JitFunction";
+  PyType_Spec spec = {
+      name.c_str(),
+      static_cast<int>(sizeof(JitFunctionObject)),
+      0,
+      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+      kSlots,
+  };
+  g_jit_type = PyType_FromSpec(&spec);
+  if (!g_jit_type) throw nb::python_error();
+  m.attr("JitFunction") = nb::handle(g_jit_type);
+
+  m.def("_make_jit_function", &MakeJitFunction, nb::arg("fun"), nb::arg("compiler"),
+        nb::arg("cache"), nb::arg("static_argnums"), nb::arg("static_argnames"),
+        nb::arg("arg_names"), nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"),
+        nb::arg("pytree_flatten").none(), nb::arg("context_fn").none(),
+        nb::arg("strip_static"));
+  m.def("_disable_jit_enter", []() { ++t_disabled; });
+  m.def("_disable_jit_exit", []() {
+    if (t_disabled > 0) --t_disabled;
+  });
+  m.def("_jit_disabled", []() { return t_disabled > 0; });
+  m.def("_waiting_threads", []() { return Graph().waiting(); },
+        "Threads now registered in the wait-for graph (diagnostics).");
+}
+
+}  // namespace ftjit

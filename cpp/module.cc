@@ -1,0 +1,38 @@
+// ftjit: the _core extension module: FunctionCache, JitFunction, switches.
+#include <nanobind/nanobind.h>
+
+#include "function_cache.h"
+#include "jit_function.h"
+#include "signature.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_core, m) {
+  m.doc() = "ftjit's C++ dispatch core (see ftjit for the public API).";
+  // Module-lifetime objects (the default cache, Python types handed to the
+  // core) are intentionally alive at interpreter exit.
+  nb::set_leak_warnings(false);
+  ftjit::RegisterFunctionCache(m);
+  ftjit::RegisterJitFunction(m);
+  m.def("clear_caches", &ftjit::ClearAllCaches,
+        "Drops the compiled entries of every live FunctionCache.");
+  m.def(
+      "_set_python_types",
+      [](nb::object unhashable, nb::object unsupported, nb::object recursive,
+         nb::object cycle, nb::object cache_info, nb::object rebuild, nb::object copy,
+         nb::object ndarray, nb::object generic) {
+        ftjit::PythonTypes& t = ftjit::Types();
+        if (t.cache_info) throw std::runtime_error("_set_python_types may be called once");
+        // Kept for the module's lifetime.
+        t.unhashable_static = unhashable.release().ptr();
+        t.unsupported_argument = unsupported.release().ptr();
+        t.recursive_compile = recursive.release().ptr();
+        t.compile_cycle = cycle.release().ptr();
+        t.cache_info = cache_info.release().ptr();
+        t.rebuild = rebuild.release().ptr();
+        t.copy = copy.release().ptr();
+        t.ndarray = ndarray.release().ptr();
+        t.generic = generic.release().ptr();
+      },
+      "Internal: hands the core the Python classes it raises and builds.");
+}

@@ -1,0 +1,48 @@
+// ftjit: small shims over CPython API differences between 3.11 and 3.14(t),
+// so the rest of the core can use the strong-reference APIs everywhere.
+#pragma once
+
+#include <Python.h>
+
+namespace ftjit {
+
+// New reference to list[i], or nullptr with IndexError set. Under free
+// threading another thread may mutate the list, so never borrow.
+inline PyObject* ListGetItemRef(PyObject* list, Py_ssize_t i) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyList_GetItemRef(list, i);
+#else
+  PyObject* item = PyList_GetItem(list, i);  // borrowed; the GIL keeps it
+  Py_XINCREF(item);
+  return item;
+#endif
+}
+
+// 1 and a new reference in *out if found, 0 if absent, -1 with an error set.
+inline int DictGetItemRef(PyObject* dict, PyObject* key, PyObject** out) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyDict_GetItemRef(dict, key, out);
+#else
+  PyObject* item = PyDict_GetItemWithError(dict, key);  // borrowed
+  if (item) {
+    Py_INCREF(item);
+    *out = item;
+    return 1;
+  }
+  *out = nullptr;
+  return PyErr_Occurred() ? -1 : 0;
+#endif
+}
+
+// 1 and a new reference if the attribute exists, 0 if it does not (no
+// AttributeError is created, which keeps probing for `.dtype` cheap), -1 on
+// any other error.
+inline int GetOptionalAttr(PyObject* obj, PyObject* name, PyObject** out) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyObject_GetOptionalAttr(obj, name, out);
+#else
+  return _PyObject_LookupAttr(obj, name, out);
+#endif
+}
+
+}  // namespace ftjit

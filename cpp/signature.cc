@@ -1,0 +1,589 @@
+// ftjit: building, hashing, comparing and printing call signatures.
+#include "signature.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "py_compat.h"
+
+namespace ftjit {
+
+namespace {
+
+inline size_t Mix(size_t h, size_t v) {
+  // 64-bit variant of boost::hash_combine's mixing step.
+  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+}
+
+inline uint32_t Token(NodeKind kind, size_t arity) {
+  return static_cast<uint32_t>(kind) | (static_cast<uint32_t>(arity) << 8);
+}
+inline NodeKind KindOf(uint32_t token) { return static_cast<NodeKind>(token & 0xff); }
+inline size_t ArityOf(uint32_t token) { return token >> 8; }
+
+PyObject* Interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (!o) throw nb::python_error();
+  return o;  // immortal for our purposes: kept for the module's lifetime
+}
+
+struct Names {
+  PyObject* dtype = Interned("dtype");
+  PyObject* shape = Interned("shape");
+  PyObject* weak_type = Interned("weak_type");
+  PyObject* fields = Interned("_fields");
+};
+const Names& N() {
+  static const Names* names = new Names();  // thread-safe static init
+  return *names;
+}
+
+// Hash of a dtype object. numpy's dtype hash walks the descriptor, so each
+// thread keeps the last few (dtype, hash) pairs; dtypes are long-lived
+// singletons in practice. The references are kept for the thread's lifetime
+// on purpose (releasing them at thread exit could run without a thread state).
+Py_hash_t DtypeHash(PyObject* dtype) {
+  constexpr int kSlots = 8;
+  thread_local PyObject* keys[kSlots] = {};
+  thread_local Py_hash_t values[kSlots] = {};
+  thread_local int next = 0;
+  for (int i = 0; i < kSlots; ++i) {
+    if (keys[i] == dtype) return values[i];
+  }
+  Py_hash_t h = PyObject_Hash(dtype);
+  if (h == -1) throw nb::python_error();
+  int slot = next;
+  next = (next + 1) % kSlots;
+  PyObject* old = keys[slot];
+  keys[slot] = Py_NewRef(dtype);
+  values[slot] = h;
+  Py_XDECREF(old);  // may run a dtype's finaliser: the slot is consistent
+  return h;
+}
+
+// Same type and (identical or __eq__). Type equality keeps 1, True and 1.0
+// apart, as three different static values.
+bool StrictEqual(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (Py_TYPE(a) != Py_TYPE(b)) return false;
+  int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) throw nb::python_error();
+  return r == 1;
+}
+
+bool SameObjectOrEqual(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (!a || !b) return false;
+  int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) throw nb::python_error();
+  return r == 1;
+}
+
+std::string Repr(PyObject* o) {
+  PyObject* r = PyObject_Repr(o);
+  if (!r) {
+    PyErr_Clear();
+    return "<unprintable " + std::string(Py_TYPE(o)->tp_name) + ">";
+  }
+  const char* s = PyUnicode_AsUTF8(r);
+  std::string out = s ? s : "?";
+  if (!s) PyErr_Clear();
+  Py_DECREF(r);
+  return out;
+}
+
+std::string Str(PyObject* o) {
+  PyObject* r = PyObject_Str(o);
+  if (!r) {
+    PyErr_Clear();
+    return Repr(o);
+  }
+  const char* s = PyUnicode_AsUTF8(r);
+  std::string out = s ? s : "?";
+  if (!s) PyErr_Clear();
+  Py_DECREF(r);
+  return out;
+}
+
+// Where in the arguments the builder is, for error messages.
+struct PathElem {
+  PyObject* key;  // borrowed, alive while building; null means `index`
+  Py_ssize_t index;
+};
+
+class Builder {
+ public:
+  Builder(const SignatureSpec& spec, CallSignature& out) : spec_(spec), out_(out) {}
+
+  // `top` names the argument (position or keyword) for messages.
+  void Flatten(PyObject* obj) {
+    if (Py_EnterRecursiveCall(" while flattening the arguments of a jitted function")) {
+      throw nb::python_error();
+    }
+    struct Leave {
+      ~Leave() { Py_LeaveRecursiveCall(); }
+    } leave;
+
+    if (obj == Py_None) {
+      out_.tree.push_back(Token(NodeKind::kNone, 0));
+      h_ = Mix(h_, 0x11);
+      return;
+    }
+    PyTypeObject* type = Py_TYPE(obj);
+    if (type == &PyFloat_Type) return Scalar(LeafKind::kFloat);
+    if (type == &PyLong_Type) return Scalar(LeafKind::kInt);
+    if (type == &PyBool_Type) return Scalar(LeafKind::kBool);
+    if (type == &PyComplex_Type) return Scalar(LeafKind::kComplex);
+    if (type == &PyTuple_Type) return Sequence(obj, NodeKind::kTuple);
+    if (type == &PyList_Type) return Sequence(obj, NodeKind::kList);
+    if (type == &PyDict_Type) return Dict(obj);
+    if (PyTuple_Check(obj)) {
+      PyObject* fields = nullptr;
+      int has = GetOptionalAttr(reinterpret_cast<PyObject*>(type), N().fields, &fields);
+      if (has < 0) throw nb::python_error();
+      Py_XDECREF(fields);
+      if (has) {
+        out_.aux.push_back(nb::borrow(reinterpret_cast<PyObject*>(type)));
+        h_ = Mix(h_, std::hash<const void*>()(type));
+        return Sequence(obj, NodeKind::kNamedTuple);
+      }
+    }
+    if (TryArray(obj)) return;
+    if (spec_.pytree_flatten.is_valid() && TryCustom(obj)) return;
+    Unsupported(obj);
+  }
+
+  size_t hash() const { return h_; }
+  void MixIn(size_t v) { h_ = Mix(h_, v); }
+
+  void SetTop(PyObject* name, Py_ssize_t position) {
+    top_name_ = name;
+    top_position_ = position;
+    path_.clear();
+  }
+
+ private:
+  void Scalar(LeafKind kind) {
+    out_.tree.push_back(Token(NodeKind::kLeaf, 0));
+    out_.leaves.push_back(LeafSignature{kind, /*weak_type=*/true, 0, nb::object()});
+    h_ = Mix(h_, 0x100 + static_cast<size_t>(kind));
+  }
+
+  void Sequence(PyObject* obj, NodeKind kind) {
+    bool is_list = kind == NodeKind::kList;
+    Py_ssize_t n = is_list ? PyList_GET_SIZE(obj) : PyTuple_GET_SIZE(obj);
+    out_.tree.push_back(Token(kind, n));
+    h_ = Mix(h_, Token(kind, n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      nb::object item;
+      if (is_list) {
+        item = nb::steal(ListGetItemRef(obj, i));
+        if (!item.is_valid()) throw nb::python_error();  // list shrank meanwhile
+      } else {
+        item = nb::borrow(PyTuple_GET_ITEM(obj, i));  // tuples are immutable
+      }
+      path_.push_back(PathElem{nullptr, i});
+      Flatten(item.ptr());
+      path_.pop_back();
+    }
+  }
+
+  void Dict(PyObject* obj) {
+    // PyDict_Keys takes a consistent snapshot (it locks the dict on
+    // free-threaded builds); sorting may call the keys' __lt__.
+    nb::object keys = nb::steal(PyDict_Keys(obj));
+    if (!keys.is_valid()) throw nb::python_error();
+    if (PyList_Sort(keys.ptr()) < 0) {
+      ThrowWithCause(PyExc_TypeError,
+                     "the keys of a dict argument " + Where() +
+                         " cannot be sorted; dict keys of a jitted function's "
+                         "arguments must be mutually comparable (e.g. all str)");
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys.ptr());
+    out_.tree.push_back(Token(NodeKind::kDict, n));
+    h_ = Mix(h_, Token(NodeKind::kDict, n));
+    SmallVector<nb::object, 8> values;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      nb::object key = nb::borrow(PyList_GET_ITEM(keys.ptr(), i));  // our own list
+      Py_hash_t kh = PyObject_Hash(key.ptr());
+      if (kh == -1) throw nb::python_error();
+      h_ = Mix(h_, static_cast<size_t>(kh));
+      PyObject* value = nullptr;
+      int found = DictGetItemRef(obj, key.ptr(), &value);
+      if (found < 0) throw nb::python_error();
+      if (found == 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "a dict argument of %s() changed size while it was being read",
+                     spec_.fun_name.c_str());
+        throw nb::python_error();
+      }
+      values.push_back(nb::steal(value));
+      out_.aux.push_back(std::move(key));
+    }
+    size_t first_key = out_.aux.size() - n;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      path_.push_back(PathElem{out_.aux[first_key + i].ptr(), 0});
+      Flatten(values[i].ptr());
+      path_.pop_back();
+    }
+  }
+
+  bool TryArray(PyObject* obj) {
+    PyObject* dtype_raw = nullptr;
+    int has = GetOptionalAttr(obj, N().dtype, &dtype_raw);
+    if (has < 0) throw nb::python_error();
+    if (!has) return false;
+    nb::object dtype = nb::steal(dtype_raw);
+    PyObject* shape_raw = nullptr;
+    has = GetOptionalAttr(obj, N().shape, &shape_raw);
+    if (has < 0) throw nb::python_error();
+    if (!has) return false;
+    nb::object shape = nb::steal(shape_raw);
+    if (!PyTuple_Check(shape.ptr())) return false;
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
+    size_t h = Mix(0x200, static_cast<size_t>(DtypeHash(dtype.ptr())));
+    for (Py_ssize_t i = 0; i < ndim; ++i) {
+      Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape.ptr(), i));
+      if (d == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;  // a symbolic or non-integer shape: not an array leaf
+      }
+      out_.dims.push_back(static_cast<int64_t>(d));
+      h = Mix(h, static_cast<size_t>(d));
+    }
+    bool weak = false;
+    PyTypeObject* type = Py_TYPE(obj);
+    PythonTypes& t = Types();
+    bool is_numpy = (t.ndarray && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.ndarray))) ||
+                    (t.generic && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.generic)));
+    (void)type;
+    if (!is_numpy) {
+      PyObject* weak_raw = nullptr;
+      int has_weak = GetOptionalAttr(obj, N().weak_type, &weak_raw);
+      if (has_weak < 0) throw nb::python_error();
+      if (has_weak) {
+        int truth = PyObject_IsTrue(weak_raw);
+        Py_DECREF(weak_raw);
+        if (truth < 0) throw nb::python_error();
+        weak = truth == 1;
+      }
+    }
+    h = Mix(h, weak ? 1 : 0);
+    out_.tree.push_back(Token(NodeKind::kLeaf, 0));
+    out_.leaves.push_back(LeafSignature{LeafKind::kArray, weak,
+                                        static_cast<uint32_t>(ndim), std::move(dtype)});
+    h_ = Mix(h_, h);
+    return true;
+  }
+
+  bool TryCustom(PyObject* obj) {
+    nb::object res = nb::steal(PyObject_CallOneArg(spec_.pytree_flatten.ptr(), obj));
+    if (!res.is_valid()) throw nb::python_error();
+    if (res.is_none()) return false;
+    if (!PyTuple_Check(res.ptr()) || PyTuple_GET_SIZE(res.ptr()) != 2) {
+      PyErr_SetString(PyExc_TypeError,
+                      "pytree_flatten hook must return None or (node_key, children)");
+      throw nb::python_error();
+    }
+    nb::object key = nb::borrow(PyTuple_GET_ITEM(res.ptr(), 0));
+    nb::object children = nb::steal(PySequence_Tuple(PyTuple_GET_ITEM(res.ptr(), 1)));
+    if (!children.is_valid()) throw nb::python_error();
+    Py_hash_t kh = PyObject_Hash(key.ptr());
+    if (kh == -1) throw nb::python_error();
+    Py_ssize_t n = PyTuple_GET_SIZE(children.ptr());
+    out_.tree.push_back(Token(NodeKind::kCustom, n));
+    out_.aux.push_back(std::move(key));
+    h_ = Mix(Mix(h_, Token(NodeKind::kCustom, n)), static_cast<size_t>(kh));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      path_.push_back(PathElem{nullptr, i});
+      Flatten(PyTuple_GET_ITEM(children.ptr(), i));
+      path_.pop_back();
+    }
+    return true;
+  }
+
+  std::string Where() const {
+    std::string s = "'";
+    if (top_name_) {
+      s += Str(top_name_);
+    } else {
+      s += "args[" + std::to_string(top_position_) + "]";
+    }
+    for (const PathElem& p : path_) {
+      s += "[" + (p.key ? Repr(p.key) : std::to_string(p.index)) + "]";
+    }
+    s += "'";
+    if (top_position_ >= 0) s += " (positional argument " + std::to_string(top_position_) + ")";
+    return s;
+  }
+
+  [[noreturn]] void Unsupported(PyObject* obj) {
+    std::string msg = "argument " + Where() + " of " + spec_.fun_name + "() is of type " +
+                      Py_TYPE(obj)->tp_name + ", which is not a valid argument type for a "
+                      "jitted function: dynamic arguments must be arrays (objects with "
+                      ".dtype and .shape), numpy scalars, Python bool/int/float/complex, "
+                      "None, or tuples, lists and dicts of them. To pass this value as is, "
+                      "mark the argument static with static_argnums or static_argnames.";
+    PyErr_SetString(Types().unsupported_argument, msg.c_str());
+    throw nb::python_error();
+  }
+
+  const SignatureSpec& spec_;
+  CallSignature& out_;
+  size_t h_ = 0;
+  PyObject* top_name_ = nullptr;  // borrowed
+  Py_ssize_t top_position_ = -1;
+  SmallVector<PathElem, 8> path_;
+};
+
+PyObject* ArgName(const SignatureSpec& spec, size_t i) {
+  if (spec.arg_names.is_valid() && PyTuple_Check(spec.arg_names.ptr()) &&
+      static_cast<Py_ssize_t>(i) < PyTuple_GET_SIZE(spec.arg_names.ptr())) {
+    return PyTuple_GET_ITEM(spec.arg_names.ptr(), i);
+  }
+  return nullptr;
+}
+
+[[noreturn]] void UnhashableStatic(const SignatureSpec& spec, PyObject* value,
+                                   const std::string& which) {
+  std::string msg = "static argument " + which + " of " + spec.fun_name +
+                    "() is not hashable (type " + Py_TYPE(value)->tp_name +
+                    "). Non-hashable static arguments are not supported: static "
+                    "arguments are cache keys, so they need __hash__ and __eq__. "
+                    "Pass a hashable value (e.g. a tuple instead of a list), or make "
+                    "the argument dynamic by removing it from static_argnums/"
+                    "static_argnames.";
+  ThrowWithCause(Types().unhashable_static, msg);
+}
+
+size_t HashStatic(const SignatureSpec& spec, PyObject* value, const std::string& which) {
+  Py_hash_t h = PyObject_Hash(value);
+  if (h == -1) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) UnhashableStatic(spec, value, which);
+    throw nb::python_error();
+  }
+  return Mix(std::hash<const void*>()(Py_TYPE(value)), static_cast<size_t>(h));
+}
+
+int CompareNames(PyObject* a, PyObject* b) {
+  if (a == b) return 0;
+  return PyUnicode_Compare(a, b);  // exact content comparison; no user code
+}
+
+}  // namespace
+
+PythonTypes& Types() {
+  static PythonTypes types;
+  return types;
+}
+
+void ThrowWithCause(PyObject* type, const std::string& message) {
+  PyObject *et = nullptr, *ev = nullptr, *tb = nullptr;
+  PyErr_Fetch(&et, &ev, &tb);
+  if (et) {
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb && ev) PyException_SetTraceback(ev, tb);
+  }
+  PyObject* exc = PyObject_CallFunction(type, "s", message.c_str());
+  if (exc) {
+    if (ev) PyException_SetCause(exc, Py_NewRef(ev));  // steals the new ref
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+  }
+  Py_XDECREF(et);
+  Py_XDECREF(ev);
+  Py_XDECREF(tb);
+  throw nb::python_error();
+}
+
+bool SignatureSpec::IsStaticName(PyObject* name) const {
+  for (const nb::object& s : static_argnames) {
+    if (s.ptr() == name) return true;
+  }
+  for (const nb::object& s : static_argnames) {
+    if (PyUnicode_Compare(s.ptr(), name) == 0) return true;
+  }
+  return false;
+}
+
+void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
+                    PyObject* kwnames, CallSignature& out) {
+  Builder b(spec, out);
+  out.num_positional = static_cast<uint32_t>(nargs);
+  b.MixIn(nargs);
+  for (size_t i = 0; i < nargs; ++i) {
+    if (!spec.static_argnums.empty() && spec.IsStaticPosition(i, nargs)) {
+      PyObject* name = ArgName(spec, i);
+      std::string which = std::to_string(i);
+      if (name) which += " ('" + Str(name) + "')";
+      b.MixIn(HashStatic(spec, args[i], which));
+      out.tree.push_back(Token(NodeKind::kStatic, 0));
+      out.statics.push_back(nb::borrow(args[i]));
+      continue;
+    }
+    b.SetTop(ArgName(spec, i), static_cast<Py_ssize_t>(i));
+    b.Flatten(args[i]);
+  }
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nkw > 0) {
+    // Sort keyword arguments by name (insertion sort: there are few).
+    SmallVector<Py_ssize_t, 8> order;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      order.push_back(k);
+      for (size_t j = order.size() - 1; j > 0; --j) {
+        PyObject* a = PyTuple_GET_ITEM(kwnames, order[j - 1]);
+        PyObject* c = PyTuple_GET_ITEM(kwnames, order[j]);
+        if (CompareNames(a, c) <= 0) break;
+        std::swap(order[j - 1], order[j]);
+      }
+    }
+    for (Py_ssize_t k : order) {
+      PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+      PyObject* value = args[nargs + k];
+      Py_hash_t nh = PyObject_Hash(name);  // str hashes are cached
+      if (nh == -1) throw nb::python_error();
+      b.MixIn(static_cast<size_t>(nh));
+      out.kwnames.push_back(nb::borrow(name));
+      if (!spec.static_argnames.empty() && spec.IsStaticName(name)) {
+        b.MixIn(HashStatic(spec, value, "'" + Str(name) + "'"));
+        out.tree.push_back(Token(NodeKind::kStatic, 0));
+        out.statics.push_back(nb::borrow(value));
+        continue;
+      }
+      b.SetTop(name, -1);
+      b.Flatten(value);
+    }
+  }
+  if (spec.context_fn.is_valid()) {
+    out.context = nb::steal(PyObject_CallNoArgs(spec.context_fn.ptr()));
+    if (!out.context.is_valid()) throw nb::python_error();
+    Py_hash_t ch = PyObject_Hash(out.context.ptr());
+    if (ch == -1) throw nb::python_error();
+    b.MixIn(static_cast<size_t>(ch));
+  }
+  out.hash = b.hash();
+}
+
+bool CallSignature::Equals(const CallSignature& o) const {
+  // Cheap, Python-free parts first.
+  if (hash != o.hash || num_positional != o.num_positional || !(tree == o.tree) ||
+      !(dims == o.dims) || leaves.size() != o.leaves.size() ||
+      statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
+      aux.size() != o.aux.size() || context.is_valid() != o.context.is_valid()) {
+    return false;
+  }
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const LeafSignature& a = leaves[i];
+    const LeafSignature& b = o.leaves[i];
+    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim) return false;
+  }
+  for (size_t i = 0; i < kwnames.size(); ++i) {
+    if (CompareNames(kwnames[i].ptr(), o.kwnames[i].ptr()) != 0) return false;
+  }
+  // Then the parts whose comparison may run Python code.
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (leaves[i].kind == LeafKind::kArray &&
+        !SameObjectOrEqual(leaves[i].dtype.ptr(), o.leaves[i].dtype.ptr())) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < aux.size(); ++i) {
+    if (!StrictEqual(aux[i].ptr(), o.aux[i].ptr())) return false;
+  }
+  for (size_t i = 0; i < statics.size(); ++i) {
+    if (!StrictEqual(statics[i].ptr(), o.statics[i].ptr())) return false;
+  }
+  if (context.is_valid() && !SameObjectOrEqual(context.ptr(), o.context.ptr())) return false;
+  return true;
+}
+
+namespace {
+
+class Printer {
+ public:
+  explicit Printer(const CallSignature& s) : s_(s) {}
+
+  std::string Node() {
+    uint32_t tok = s_.tree[t_++];
+    size_t n = ArityOf(tok);
+    switch (KindOf(tok)) {
+      case NodeKind::kNone:
+        return "None";
+      case NodeKind::kStatic:
+        return Repr(s_.statics[st_++].ptr());
+      case NodeKind::kLeaf:
+        return Leaf();
+      case NodeKind::kTuple:
+        return Children("(", n, n == 1 ? ",)" : ")");
+      case NodeKind::kList:
+        return Children("[", n, "]");
+      case NodeKind::kNamedTuple: {
+        PyObject* type = s_.aux[a_++].ptr();
+        return Children(std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "(", n, ")");
+      }
+      case NodeKind::kCustom: {
+        std::string head = Repr(s_.aux[a_++].ptr());
+        return Children(head + "(", n, ")");
+      }
+      case NodeKind::kDict: {
+        size_t first = a_;
+        a_ += n;
+        std::string out = "{";
+        for (size_t i = 0; i < n; ++i) {
+          if (i) out += ", ";
+          out += Repr(s_.aux[first + i].ptr()) + ": " + Node();
+        }
+        return out + "}";
+      }
+    }
+    return "?";
+  }
+
+ private:
+  std::string Children(const std::string& open, size_t n, const char* close) {
+    std::string out = open;
+    for (size_t i = 0; i < n; ++i) {
+      if (i) out += ", ";
+      out += Node();
+    }
+    return out + close;
+  }
+
+  std::string Leaf() {
+    const LeafSignature& l = s_.leaves[l_++];
+    switch (l.kind) {
+      case LeafKind::kBool: return "bool";
+      case LeafKind::kInt: return "int";
+      case LeafKind::kFloat: return "float";
+      case LeafKind::kComplex: return "complex";
+      case LeafKind::kArray: break;
+    }
+    std::string out = Str(l.dtype.ptr()) + "[";
+    for (uint32_t i = 0; i < l.ndim; ++i) {
+      if (i) out += ",";
+      out += std::to_string(s_.dims[d_++]);
+    }
+    out += "]";
+    if (l.weak_type) out += "{weak}";
+    return out;
+  }
+
+  const CallSignature& s_;
+  size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
+};
+
+}  // namespace
+
+std::string CallSignature::ToString(const std::string& fun_name) const {
+  Printer p(*this);
+  std::string out = fun_name + "(";
+  size_t total = num_positional + kwnames.size();
+  for (size_t i = 0; i < total; ++i) {
+    if (i) out += ", ";
+    if (i >= num_positional) out += Str(kwnames[i - num_positional].ptr()) + "=";
+    out += p.Node();
+  }
+  return out + ")";
+}
+
+}  // namespace ftjit

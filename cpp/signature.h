@@ -1,0 +1,122 @@
+// ftjit: the signature of one call of a jitted function (pytree structure,
+// leaf dtype/shape/weak type, static arguments, context) and its builder.
+//
+// A CallSignature is built on the caller's stack, hashed once, and becomes an
+// immutable cache key (shared, read by many threads) once inserted. Building
+// and comparing may run Python code (`__hash__`, `__eq__`, properties, the
+// pytree hook), so they must never run under a C++ lock.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "small_vector.h"
+
+namespace ftjit {
+
+namespace nb = nanobind;
+
+enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex };
+
+struct LeafSignature {
+  LeafKind kind;
+  bool weak_type;
+  uint32_t ndim;     // the dims live in CallSignature::dims, in leaf order
+  nb::object dtype;  // null for Python scalars
+};
+
+// Tree tokens, in preorder: low 8 bits the NodeKind, the rest the arity.
+enum class NodeKind : uint8_t {
+  kLeaf,        // one entry in `leaves`
+  kNone,
+  kTuple,
+  kList,
+  kDict,        // `arity` keys in `aux`, sorted; then the values
+  kNamedTuple,  // the type in `aux`; then the fields
+  kCustom,      // the hook's node key in `aux`; then the children
+  kStatic,      // a static argument: one entry in `statics`
+};
+
+struct CallSignature {
+  CallSignature() = default;
+  CallSignature(const CallSignature&) = delete;
+  CallSignature& operator=(const CallSignature&) = delete;
+  CallSignature(CallSignature&&) = default;
+  CallSignature& operator=(CallSignature&&) = default;
+
+  uint32_t num_positional = 0;        // positional arguments of the call
+  SmallVector<uint32_t, 8> tree;      // see NodeKind
+  SmallVector<nb::object, 2> aux;     // dict keys, namedtuple types, node keys
+  SmallVector<LeafSignature, 4> leaves;
+  SmallVector<int64_t, 8> dims;
+  SmallVector<nb::object, 2> statics;  // positional statics, then keyword ones
+  SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
+  nb::object context;                  // from the compiler's context hook
+  size_t hash = 0;
+
+  // Exact equality. Runs Python `__eq__` for static arguments, dict keys,
+  // node keys, dtypes and the context (after the cheap C++ comparisons), so it
+  // may re-enter anything and may throw nb::python_error.
+  bool Equals(const CallSignature& other) const;
+
+  // Readable form, e.g. "f(float32[8,128], int, n=3)". May run __repr__.
+  std::string ToString(const std::string& fun_name) const;
+};
+
+// What a jitted function tells the builder; fixed after construction.
+struct SignatureSpec {
+  std::vector<int> static_argnums;           // as given; negatives allowed
+  std::vector<nb::object> static_argnames;   // interned str
+  nb::object arg_names;                      // tuple of str (may be empty)
+  std::string fun_name;                      // qualname, for messages
+  nb::object pytree_flatten;                 // optional hook, see below
+  nb::object context_fn;                     // optional hook, see below
+
+  // Positional argument `i` of a call with `nargs` positional arguments is
+  // static if i or i - nargs is listed.
+  bool IsStaticPosition(size_t i, size_t nargs) const {
+    for (int s : static_argnums) {
+      if (s >= 0 ? static_cast<size_t>(s) == i
+                 : static_cast<Py_ssize_t>(i) - static_cast<Py_ssize_t>(nargs) == s) {
+        return true;
+      }
+    }
+    return false;
+  }
+  bool IsStaticName(PyObject* name) const;
+};
+
+// Builds the signature of a vectorcall into `out` (which must be empty).
+// Hooks:
+//   pytree_flatten(obj) -> None (obj is not a pytree node) or
+//       (node_key, children): node_key hashable, children a tuple or list.
+//       Consulted only for objects that are not None/tuple/list/dict/
+//       namedtuple, Python scalars, or arrays (objects with .dtype/.shape).
+//   context_fn() -> hashable object folded into the signature.
+// Throws nb::python_error; invalid leaves raise UnsupportedArgumentError and
+// unhashable statics UnhashableStaticArgumentError (see errors.h).
+void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
+                    size_t nargs, PyObject* kwnames, CallSignature& out);
+
+// Python classes the core raises or builds, set once by ftjit/__init__.py
+// through _core._set_python_types(); fixed afterwards (module lifetime).
+struct PythonTypes {
+  PyObject* unhashable_static = nullptr;   // UnhashableStaticArgumentError
+  PyObject* unsupported_argument = nullptr;
+  PyObject* recursive_compile = nullptr;
+  PyObject* compile_cycle = nullptr;
+  PyObject* cache_info = nullptr;          // CacheInfo(...) factory
+  PyObject* rebuild = nullptr;             // rebuild(fun, options) for pickle
+  PyObject* copy = nullptr;                // copy.copy
+  PyObject* ndarray = nullptr;             // numpy.ndarray
+  PyObject* generic = nullptr;             // numpy.generic
+};
+PythonTypes& Types();
+
+// Raises `type(message)` with the current exception (if any) as __cause__.
+[[noreturn]] void ThrowWithCause(PyObject* type, const std::string& message);
+
+}  // namespace ftjit

@@ -1,0 +1,28 @@
+"""ftjit: a free-threading-first JIT dispatch runtime.
+
+``ftjit.jit(f)`` computes each call's signature, compiles it exactly once
+(other threads wait with the GIL released) and calls the executable.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._jit import CacheInfo, FunctionCache, JitFunction, clear_caches, default_cache, disable_jit, jit
+from .errors import CompileCycleError, RecursiveCompileError, UnhashableStaticArgumentError, UnsupportedArgumentError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "jit",
+    "JitFunction",
+    "FunctionCache",
+    "CacheInfo",
+    "clear_caches",
+    "default_cache",
+    "disable_jit",
+    "errors",
+    "CompileCycleError",
+    "RecursiveCompileError",
+    "UnhashableStaticArgumentError",
+    "UnsupportedArgumentError",
+]

@@ -1,0 +1,250 @@
+"""ftjit.jit(): option checking and name/position resolution around the C++ core."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import inspect
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar, Union, overload
+
+import numpy as np
+
+from . import _core
+from . import errors
+from ._jax import JaxCompiler
+
+__all__ = ["jit", "JitFunction", "FunctionCache", "CacheInfo", "clear_caches", "disable_jit"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+JitFunction = _core.JitFunction
+FunctionCache = _core.FunctionCache
+
+
+class CacheInfo(NamedTuple):
+    """Snapshot of one jitted function's cache counters (see ``cache_info()``)."""
+
+    hits: int  #: calls served by an entry that was ready
+    misses: int  #: calls that inserted a new entry and ran the compiler
+    compiles: int  #: successful compiles
+    waits: int  #: calls that waited for another thread's compile
+    evictions: int  #: entries of this function evicted by the LRU
+    size: int  #: entries of this function in the cache now
+    failures: int  #: compiles that raised
+    compile_seconds: float  #: total time spent compiling
+    wait_seconds: float  #: total time spent waiting for other threads' compiles
+
+
+_DEFAULT_CACHE = FunctionCache(4096)
+
+
+def default_cache() -> FunctionCache:
+    """The process-wide cache used when ``jit(cache=None)``."""
+    return _DEFAULT_CACHE
+
+
+class _IdentityKey:
+    """Compares by identity: lets an unhashable compiler be part of a cache key."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _IdentityKey and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+def _as_tuple(value: Union[int, str, Sequence[Any], None], kind: type, what: str) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, kind):
+        return (value,)
+    try:
+        items = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be {kind.__name__} or a sequence of {kind.__name__}, got {value!r}") from None
+    for item in items:
+        if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
+            raise TypeError(f"{what} must contain only {kind.__name__} values, got {item!r}")
+    return items
+
+
+def _resolve_static(
+    sig: inspect.Signature | None, argnums: tuple[int, ...], argnames: tuple[str, ...], nums_given: bool, names_given: bool
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Resolves static names <-> positions through the signature, as jax.jit does."""
+    if sig is None or (nums_given and names_given) or not (nums_given or names_given):
+        return argnums, argnames
+    params = list(sig.parameters.values())
+    pos_or_kw = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    if nums_given:
+        names = tuple(p.name for i, p in enumerate(params) if p.kind == pos_or_kw and i in argnums)
+        return argnums, names
+    nums = tuple(i for i, p in enumerate(params) if p.kind == pos_or_kw and p.name in argnames)
+    return nums, argnames
+
+
+def _signature_of(fun: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None
+
+
+def _name_of(fun: Callable[..., Any]) -> str:
+    for attr in ("__qualname__", "__name__"):
+        name = getattr(fun, attr, None)
+        if isinstance(name, str):
+            return name
+    return type(fun).__name__
+
+
+def _check_callable(fun: object) -> None:
+    if isinstance(fun, (staticmethod, classmethod)):
+        raise TypeError(
+            f"ftjit.jit got a {type(fun).__name__} object; apply @{type(fun).__name__} "
+            "on top of @ftjit.jit (outermost), not under it."
+        )
+    if not callable(fun):
+        raise TypeError(f"ftjit.jit expects a callable, got {fun!r} of type {type(fun).__name__}")
+    if inspect.isgeneratorfunction(fun) or inspect.isasyncgenfunction(fun):
+        raise TypeError(f"ftjit.jit cannot jit a generator function: {fun!r}")
+
+
+@overload
+def jit(
+    fun: F,
+    *,
+    static_argnums: int | Sequence[int] = ...,
+    static_argnames: str | Sequence[str] = ...,
+    compiler: Callable[..., Any] | None = ...,
+    cache: FunctionCache | None = ...,
+) -> F: ...
+@overload
+def jit(
+    fun: None = ...,
+    *,
+    static_argnums: int | Sequence[int] = ...,
+    static_argnames: str | Sequence[str] = ...,
+    compiler: Callable[..., Any] | None = ...,
+    cache: FunctionCache | None = ...,
+) -> Callable[[F], F]: ...
+def jit(
+    fun: Callable[..., Any] | None = None,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    compiler: Callable[..., Any] | None = None,
+    cache: FunctionCache | None = None,
+) -> Any:
+    """Wraps ``fun`` so that each new call signature is compiled exactly once.
+
+    Usable as ``@jit``, ``@jit(static_argnums=1)`` or ``jit(f, ...)``.
+
+    ``compiler(fun, args, kwargs) -> executable`` runs once per new signature
+    with the call's full arguments; the executable is then called as
+    ``executable(*args, **kwargs)`` for this and every later call of that
+    signature. ``compiler=None`` uses JAX. ``cache`` is the FunctionCache to
+    use (the process-wide default when None).
+
+    Thread-safety: a JitFunction may be called from any number of threads at
+    once. Exactly one thread compiles a given signature; the others wait with
+    the GIL released (answering Ctrl-C) and share the result or the error.
+    """
+    if fun is None:
+        return functools.partial(
+            jit, static_argnums=static_argnums, static_argnames=static_argnames, compiler=compiler, cache=cache
+        )
+    _check_callable(fun)
+    nums_given = static_argnums not in ((), None)
+    names_given = static_argnames not in ((), None)
+    argnums = _as_tuple(static_argnums, int, "static_argnums")
+    argnames = _as_tuple(static_argnames, str, "static_argnames")
+    sig = _signature_of(fun)
+    argnums, argnames = _resolve_static(sig, argnums, argnames, nums_given, names_given)
+    if cache is None:
+        cache = _DEFAULT_CACHE
+    elif not isinstance(cache, FunctionCache):
+        raise TypeError(f"cache must be an ftjit.FunctionCache, got {type(cache).__name__}")
+    user_compiler = compiler
+    if compiler is None:
+        compiler = JaxCompiler(argnums, argnames)
+    elif not callable(compiler):
+        raise TypeError(f"compiler must be callable as compiler(fun, args, kwargs), got {compiler!r}")
+    arg_names: tuple[str, ...] = ()
+    if sig is not None:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        arg_names = tuple(p.name for p in sig.parameters.values() if p.kind in kinds)
+    try:
+        hash(compiler)
+        compiler_key: object = compiler
+    except TypeError:
+        compiler_key = _IdentityKey(compiler)
+    options = (tuple(sorted(set(argnums))), tuple(sorted(set(argnames))), compiler_key)
+    pickle_options = {
+        "static_argnums": static_argnums,
+        "static_argnames": static_argnames,
+        "compiler": user_compiler,
+    }
+    jf = _core._make_jit_function(
+        fun=fun,
+        compiler=compiler,
+        cache=cache,
+        static_argnums=argnums,
+        static_argnames=argnames,
+        arg_names=arg_names,
+        name=_name_of(fun),
+        options=options,
+        pickle_options=pickle_options,
+        pytree_flatten=None,
+        context_fn=None,
+        strip_static=False,
+    )
+    functools.update_wrapper(jf, fun)
+    return jf
+
+
+def _rebuild(fun: Callable[..., Any], options: dict) -> Any:
+    """Unpickling: jit ``fun`` again with the pickled options (default cache)."""
+    return jit(fun, **options)
+
+
+def clear_caches() -> None:
+    """Drops the compiled entries of every live jitted function.
+
+    Thread-safe; compiles in progress finish and serve their waiters, but
+    their entries are not kept.
+    """
+    _core.clear_caches()
+
+
+@contextlib.contextmanager
+def disable_jit() -> Iterator[None]:
+    """Calls jitted functions as plain Python inside the block.
+
+    Affects the current thread only: other threads keep dispatching through
+    their caches. Nestable.
+    """
+    _core._disable_jit_enter()
+    try:
+        yield
+    finally:
+        _core._disable_jit_exit()
+
+
+_core._set_python_types(
+    errors.UnhashableStaticArgumentError,
+    errors.UnsupportedArgumentError,
+    errors.RecursiveCompileError,
+    errors.CompileCycleError,
+    CacheInfo,
+    _rebuild,
+    copy.copy,
+    np.ndarray,
+    np.generic,
+)

@@ -1,0 +1,38 @@
+"""ftjit's error classes. Each subclasses the builtin a caller would catch."""
+
+from __future__ import annotations
+
+__all__ = [
+    "UnhashableStaticArgumentError",
+    "UnsupportedArgumentError",
+    "RecursiveCompileError",
+    "CompileCycleError",
+]
+
+
+class UnhashableStaticArgumentError(TypeError, ValueError):
+    """A static argument has no usable ``__hash__``.
+
+    Both a ``TypeError`` and a ``ValueError``, so code written against either
+    (JAX has raised both over its history) catches it. The message names the
+    argument's position or name; the original error is the ``__cause__``.
+    """
+
+
+class UnsupportedArgumentError(TypeError):
+    """A dynamic argument is not an array, scalar, or pytree of them.
+
+    The message names the argument (and the path inside it) and suggests
+    marking it static with ``static_argnums``/``static_argnames``.
+    """
+
+
+class RecursiveCompileError(RecursionError):
+    """A thread re-entered the compile of the very signature it is compiling."""
+
+
+class CompileCycleError(RecursionError):
+    """Compiles in several threads wait on each other in a cycle.
+
+    Raised in one of the threads of the cycle instead of deadlocking them all.
+    """

@@ -1,0 +1,497 @@
+"""API surface of ftjit: the decorator, JitFunction's wrapper attributes,
+descriptor binding, the compiler protocol, pickling, GC support and errors."""
+
+import functools
+import gc
+import inspect
+import pickle
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import ftjit
+import ftjit.errors
+from helpers import CountingCompiler, gc_collect_until
+
+
+# --------------------------------------------------------------------------
+# Module-level objects for the pickle tests (pickled by reference).
+
+_pickle_lock = threading.Lock()
+_pickle_compiled = []  # (args, kwargs) of every compile by `pickle_compiler`
+
+
+def pickle_compiler(fun, args, kwargs):
+    with _pickle_lock:
+        _pickle_compiled.append((args, kwargs))
+    ref = weakref.ref(fun)
+    return lambda *a, **k: ref()(*a, **k)
+
+
+def scale(x, tag, *, mode="mul"):
+    """Multiply or add."""
+    return x * 2 if mode == "mul" else x + 2
+
+
+class Tag:
+    """A hashable static argument with identity equality: a fresh one is
+    always a new signature, whatever else ran in this process."""
+
+
+def _compiled_with(tag):
+    with _pickle_lock:
+        return sum(1 for args, kwargs in _pickle_compiled
+                   if any(a is tag for a in args) or any(v is tag for v in kwargs.values()))
+
+
+# --------------------------------------------------------------------------
+# The decorator
+
+
+def test_jit_direct_call_returns_jit_function():
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+
+    def f(x):
+        return x + 1
+
+    jf = ftjit.jit(f, compiler=comp, cache=cache)
+    assert isinstance(jf, ftjit.JitFunction)
+    assert jf(1.0) == 2.0
+    assert comp.calls == 1
+
+
+def test_jit_decorator_factory():
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+
+    @ftjit.jit(static_argnums=1, compiler=comp, cache=cache)
+    def f(x, n):
+        return x * n
+
+    assert isinstance(f, ftjit.JitFunction)
+    assert f(2.0, 3) == 6.0
+    assert f(2.0, 4) == 8.0  # n is static: a new signature
+    assert comp.calls == 2
+
+
+def test_jit_bare_decorator():
+    # Bare @ftjit.jit uses the default compiler, which is not tested here:
+    # only decorate, and call under disable_jit() (which bypasses the compiler).
+    @ftjit.jit
+    def f(x):
+        return x + 1
+
+    assert isinstance(f, ftjit.JitFunction)
+    with ftjit.disable_jit():
+        assert f(1) == 2
+
+
+def test_jit_factory_without_function_returns_decorator():
+    comp = CountingCompiler()
+    deco = ftjit.jit(compiler=comp, cache=ftjit.FunctionCache())
+    assert callable(deco)
+    assert not isinstance(deco, ftjit.JitFunction)
+
+    def f(x):
+        return -x
+
+    jf = deco(f)
+    assert isinstance(jf, ftjit.JitFunction)
+    assert jf(3.0) == -3.0
+    assert comp.calls == 1
+
+
+def test_compiler_protocol_full_arguments():
+    # compiler(fun, args, kwargs) once per signature with the call's full
+    # arguments; the executable gets the full arguments of every call.
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler(record=True)
+
+    def f(x, n, *, k):
+        return x * n + k
+
+    jf = ftjit.jit(f, static_argnums=1, compiler=comp, cache=cache)
+    assert jf(1.0, 2, k=3.0) == 5.0
+    assert jf(5.0, 2, k=7.0) == 17.0
+    assert comp.calls == 1
+    assert len(comp.seen) == 1
+    args, kwargs = comp.seen[0]
+    assert type(args) is tuple and args == (1.0, 2)
+    assert type(kwargs) is dict and kwargs == {"k": 3.0}
+    assert comp.exec_seen == [((1.0, 2), {"k": 3.0}), ((5.0, 2), {"k": 7.0})]
+
+
+def test_compiler_receives_original_function():
+    cache = ftjit.FunctionCache()
+    got = []
+
+    def compiler(fun, args, kwargs):
+        got.append(fun)
+        return lambda *a, **k: "exe"
+
+    def f(x):
+        return x
+
+    jf = ftjit.jit(f, compiler=compiler, cache=cache)
+    assert jf(1.0) == "exe"
+    assert jf(2.0) == "exe"
+    assert got == [f]
+    assert got[0] is f
+
+
+def test_executable_result_is_returned_unchanged():
+    cache = ftjit.FunctionCache()
+    sentinel = object()
+    jf = ftjit.jit(lambda x: None, compiler=lambda fun, a, k: (lambda *a, **k: sentinel),
+                   cache=cache)
+    assert jf(1.0) is sentinel
+
+
+# --------------------------------------------------------------------------
+# Wrapper attributes
+
+
+def _documented(x, y: int = 2, *args, z, w=3, **kw) -> float:
+    """Some documentation."""
+    return x
+
+
+def test_wrapper_attributes():
+    jf = ftjit.jit(_documented, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    assert jf.__wrapped__ is _documented
+    assert jf.__name__ == "_documented"
+    assert jf.__qualname__ == _documented.__qualname__
+    assert jf.__doc__ == "Some documentation."
+    assert jf.__module__ == _documented.__module__ == __name__
+
+
+def test_wrapper_attributes_of_local_function():
+    def inner(x):
+        """Inner doc."""
+        return x
+
+    jf = ftjit.jit(inner, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    assert jf.__name__ == "inner"
+    assert jf.__qualname__ == "test_wrapper_attributes_of_local_function.<locals>.inner"
+    assert jf.__doc__ == "Inner doc."
+    assert jf.__wrapped__ is inner
+
+
+def test_signature_matches_wrapped():
+    jf = ftjit.jit(_documented, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    assert inspect.signature(jf) == inspect.signature(_documented)
+    assert str(inspect.signature(jf)) == str(inspect.signature(_documented))
+
+
+def test_repr_names_function():
+    def my_special_function(x):
+        return x
+
+    jf = ftjit.jit(my_special_function, compiler=CountingCompiler(),
+                   cache=ftjit.FunctionCache())
+    assert "my_special_function" in repr(jf)
+
+
+def test_dict_attribute_and_setattr():
+    jf = ftjit.jit(_documented, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    assert isinstance(jf.__dict__, dict)
+    jf.custom = 123
+    assert jf.custom == 123
+    assert jf.__dict__["custom"] == 123
+    del jf.custom
+    assert not hasattr(jf, "custom")
+
+
+def test_dict_copied_from_wrapped_like_functools_wraps():
+    def f(x):
+        return x
+
+    f.marker = "marked"
+    jf = ftjit.jit(f, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    assert jf.marker == "marked"
+    assert jf.__dict__["marker"] == "marked"
+
+
+def test_functools_wraps_of_jit_function():
+    jf = ftjit.jit(_documented, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+
+    @functools.wraps(jf)
+    def outer(*a, **k):
+        return jf(*a, **k)
+
+    assert outer.__name__ == "_documented"
+    assert outer.__wrapped__ is jf
+
+
+# --------------------------------------------------------------------------
+# Descriptor
+
+
+def test_method_binding():
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+
+    class A:
+        def __init__(self, k):
+            self.k = k
+
+        @ftjit.jit(static_argnums=0, compiler=comp, cache=cache)
+        def add(self, x):
+            return x + self.k
+
+    raw = A.__dict__["add"]
+    assert isinstance(raw, ftjit.JitFunction)
+    assert A.add is raw  # class access returns the function itself, like a def
+    a, b = A(10.0), A(20.0)
+    bound = a.add
+    assert bound.__self__ is a
+    assert bound.__func__ is raw
+    assert a.add(1.0) == 11.0
+    assert a.add(2.0) == 12.0  # same instance, same signature
+    assert comp.calls == 1
+    assert b.add(1.0) == 21.0  # self is static: a new signature
+    assert comp.calls == 2
+    assert A.add(a, 3.0) == 13.0
+    assert comp.calls == 2
+
+
+def test_method_binding_static_self_by_name():
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler(record=True)
+
+    class B:
+        @ftjit.jit(static_argnames="self", compiler=comp, cache=cache)
+        def twice(self, x):
+            return 2 * x
+
+    b = B()
+    assert b.twice(4.0) == 8.0
+    assert b.twice(5.0) == 10.0
+    assert comp.calls == 1
+    args, kwargs = comp.seen[0]
+    assert args[0] is b and args[1] == 4.0 and kwargs == {}
+
+
+def test_staticmethod_and_classmethod_wrapping():
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+
+    class C:
+        sm = staticmethod(ftjit.jit(lambda x: x * 3, compiler=comp, cache=cache))
+
+    assert C.sm(2.0) == 6.0
+    assert C().sm(3.0) == 9.0
+    assert comp.calls == 1
+
+
+# --------------------------------------------------------------------------
+# Pickle
+
+
+def test_pickle_roundtrip_rejits_with_same_options():
+    jf = ftjit.jit(scale, static_argnums=1, static_argnames="mode", compiler=pickle_compiler)
+    restored = pickle.loads(pickle.dumps(jf))
+    assert isinstance(restored, ftjit.JitFunction)
+    assert restored.__wrapped__ is scale
+    assert restored.__name__ == "scale"
+
+    # The same compiler: a fresh Tag is a new signature, so it must compile,
+    # through pickle_compiler.
+    tag = Tag()
+    assert restored(3.0, tag) == 6.0
+    assert _compiled_with(tag) == 1
+    assert restored(4.0, tag) == 8.0
+    assert _compiled_with(tag) == 1
+
+    # The same static_argnums: an unhashable value at position 1 is rejected.
+    with pytest.raises(ftjit.errors.UnhashableStaticArgumentError):
+        restored(1.0, [1])
+    # The same static_argnames: 'mode' is static (a str would be an invalid leaf).
+    tag2 = Tag()
+    assert restored(3.0, tag2, mode="add") == 5.0
+    assert _compiled_with(tag2) == 1
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_pickle_protocols(protocol):
+    jf = ftjit.jit(scale, static_argnums=(1,), compiler=pickle_compiler)
+    restored = pickle.loads(pickle.dumps(jf, protocol=protocol))
+    tag = Tag()
+    assert restored(1.5, tag) == 3.0
+    assert _compiled_with(tag) == 1
+
+
+def test_pickled_copies_share_entries_with_original_in_default_cache():
+    # Same fun, same options, same (default) cache: the restored wrapper's
+    # first call of a signature the original compiled is a hit.
+    jf = ftjit.jit(scale, static_argnums=1, compiler=pickle_compiler)
+    tag = Tag()
+    assert jf(2.0, tag) == 4.0
+    restored = pickle.loads(pickle.dumps(jf))
+    assert restored(5.0, tag) == 10.0
+    assert _compiled_with(tag) == 1
+    info = restored.cache_info()
+    assert info.hits >= 1
+
+
+# --------------------------------------------------------------------------
+# GC support
+
+
+def _make_cycle_via_dict(cache, comp):
+    def f(x):
+        return x + 1
+
+    jf = ftjit.jit(f, compiler=comp, cache=cache)
+    assert jf(1.0) == 2.0
+    jf.self_ref = jf  # jf -> jf.__dict__ -> jf
+    return weakref.ref(jf), weakref.ref(f)
+
+
+def _make_cycle_via_closure(cache, comp):
+    def outer():
+        @ftjit.jit(compiler=comp, cache=cache)
+        def f(x):
+            return f  # f's closure cell refers to the JitFunction
+        return f
+
+    jf = outer()
+    assert jf(1.0) is jf
+    return weakref.ref(jf), weakref.ref(jf.__wrapped__)
+
+
+@pytest.mark.parametrize("make", [_make_cycle_via_dict, _make_cycle_via_closure],
+                         ids=["dict", "closure"])
+def test_jit_function_in_reference_cycle_is_collected(make):
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+    jf_ref, fun_ref = make(cache, comp)
+    assert comp.calls == 1
+    assert gc_collect_until(lambda: jf_ref() is None and fun_ref() is None), \
+        "a JitFunction in a reference cycle was not collected"
+    assert gc_collect_until(lambda: cache.size() == 0)
+
+
+def test_jit_function_is_weakrefable():
+    jf = ftjit.jit(_documented, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    r = weakref.ref(jf)
+    assert r() is jf
+
+
+def test_jit_function_without_cycle_dies_immediately_after_del():
+    cache = ftjit.FunctionCache()
+
+    def f(x):
+        return x
+
+    jf = ftjit.jit(f, compiler=CountingCompiler(), cache=cache)
+    r = weakref.ref(jf)
+    del jf
+    # Reference counting alone frees it (no collection needed on CPython);
+    # collect anyway in case something else triggered a cycle.
+    assert gc_collect_until(lambda: r() is None)
+
+
+# --------------------------------------------------------------------------
+# Errors
+
+
+def test_error_classes_hierarchy():
+    e = ftjit.errors
+    assert issubclass(e.UnhashableStaticArgumentError, TypeError)
+    assert issubclass(e.UnhashableStaticArgumentError, ValueError)
+    assert issubclass(e.UnsupportedArgumentError, TypeError)
+    assert issubclass(e.RecursiveCompileError, RecursionError)
+    assert issubclass(e.CompileCycleError, RecursionError)
+
+
+@pytest.mark.parametrize("name", ["UnhashableStaticArgumentError", "UnsupportedArgumentError",
+                                  "RecursiveCompileError", "CompileCycleError"])
+def test_errors_exported_from_package(name):
+    assert getattr(ftjit, name) is getattr(ftjit.errors, name)
+
+
+def test_unhashable_static_argument_error_is_caught_as_type_and_value_error():
+    def f(x, n):
+        return x
+
+    jf = ftjit.jit(f, static_argnums=1, compiler=CountingCompiler(),
+                   cache=ftjit.FunctionCache())
+    for exc_type in (TypeError, ValueError, ftjit.UnhashableStaticArgumentError):
+        with pytest.raises(exc_type):
+            jf(1.0, {"unhashable": 1})
+
+
+def test_unsupported_argument_error_is_type_error():
+    jf = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    with pytest.raises(TypeError):
+        jf("a string")
+    with pytest.raises(ftjit.UnsupportedArgumentError):
+        jf(object())
+
+
+def test_errors_do_not_compile():
+    comp = CountingCompiler()
+
+    def f(x, n):
+        return x
+
+    jf = ftjit.jit(f, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(ftjit.UnhashableStaticArgumentError):
+        jf(1.0, [])
+    with pytest.raises(ftjit.UnsupportedArgumentError):
+        jf("x", 1)
+    assert comp.calls == 0
+    assert jf.cache_info().size == 0
+
+
+def test_wrong_arity_call_raises_type_error_from_function():
+    # The wrapped function's own TypeError for a bad call reaches the caller.
+    comp = CountingCompiler()
+
+    def f(x):
+        return x
+
+    jf = ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(TypeError):
+        jf(1.0, 2.0)
+
+
+def test_cache_info_snapshot_attributes():
+    jf = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    info = jf.cache_info()
+    for attr in ("hits", "misses", "compiles", "waits", "evictions", "size"):
+        assert getattr(info, attr) == 0, attr
+    jf(1.0)
+    # A snapshot: taken before the call, it does not change.
+    assert info.misses == 0 and info.size == 0
+    after = jf.cache_info()
+    assert (after.hits, after.misses, after.compiles, after.waits, after.evictions,
+            after.size) == (0, 1, 1, 0, 0, 1)
+
+
+def test_jit_function_type_is_exported():
+    assert isinstance(ftjit.JitFunction, type)
+    jf = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    assert type(jf) is ftjit.JitFunction
+
+
+def test_jit_function_collected_with_gc_get_referrers_free():
+    # Creating and dropping many JitFunctions does not leak them.
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+    refs = []
+    for i in range(50):
+        def f(x, i=i):
+            return x + i
+        jf = ftjit.jit(f, compiler=comp, cache=cache)
+        assert jf(1.0) == 1.0 + i
+        refs.append(weakref.ref(jf))
+        refs.append(weakref.ref(f))
+    del f, jf
+    assert gc_collect_until(lambda: all(r() is None for r in refs))
+    assert gc_collect_until(lambda: cache.size() == 0)
+    gc.collect()
