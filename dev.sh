@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# ftjit developer entry point: sets up .venv, builds ftjit into it, and runs
+# the demo, the tests or the benchmarks. Safe to run on a fresh clone.
+#
+#   bash dev.sh stress [--quick|--minutes N|--scenario NAME|...]   main job
+#   bash dev.sh test                                               all tests
+#   bash dev.sh bench [--quick]                                    benchmarks
+#   bash dev.sh build                                              build only
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PY=${FTJIT_PYTHON:-python3}
+VENV=${FTJIT_VENV:-.venv}
+VPY="$VENV/bin/python"
+
+log() { printf '\033[1m[dev] %s\033[0m\n' "$*" >&2; }
+
+setup() {
+  if [ ! -x "$VPY" ]; then
+    log "creating $VENV with $($PY --version 2>&1)"
+    "$PY" -m venv "$VENV"
+  fi
+  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, numpy, jax" 2>/dev/null; then
+    log "installing build and test dependencies"
+    "$VPY" -m pip install -q -U pip
+    "$VPY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
+      numpy jax "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4"
+  fi
+}
+
+build() {
+  setup
+  log "building ftjit"
+  # No build isolation: the build dependencies are in the venv already, and
+  # the cached build/ directory makes rebuilds incremental. Editable, so that
+  # the in-tree ftjit/ (first on sys.path for python -m) is the one imported.
+  "$VPY" -m pip install -q --no-build-isolation --no-deps -e .
+  (cd /tmp && "$VPY" -c "import ftjit; print('[dev] ftjit', ftjit.__version__, 'from', ftjit.__file__)")
+}
+
+# Runs pytest and treats "no tests collected" (exit 5) as a failure.
+pytest_strict() {
+  local rc=0
+  "$VPY" -m pytest "$@" || rc=$?
+  if [ "$rc" -eq 5 ]; then
+    log "pytest collected no tests: failing"
+    return 1
+  fi
+  return "$rc"
+}
+
+tsan() {
+  log "C++ primitives under ThreadSanitizer (ctest)"
+  local cmake="$VENV/bin/cmake"
+  [ -x "$cmake" ] || cmake=cmake
+  "$cmake" -S cpp/tests -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_MAKE_PROGRAM="$(command -v "$VENV/bin/ninja" || command -v ninja)" >/dev/null
+  "$cmake" --build build/tsan
+  ctest --test-dir build/tsan --output-on-failure --timeout 300
+}
+
+cmd=${1:-test}
+shift || true
+case "$cmd" in
+  build) build ;;
+  stress) build; exec "$VPY" -m stress "$@" ;;
+  bench) build; exec "$VPY" -m bench "$@" ;;
+  tsan) setup; tsan ;;
+  test)
+    build
+    tsan
+    log "unit tests (pytest-xdist, 2 workers)"
+    pytest_strict tests -n 2 --timeout=300 -q "$@"
+    log "unit tests again, each test body in 8 threads at once (pytest-run-parallel)"
+    pytest_strict tests --parallel-threads=8 --timeout=600 -q -p no:randomly "$@"
+    ;;
+  *) echo "usage: bash dev.sh {stress|test|bench|build|tsan} [args]" >&2; exit 2 ;;
+esac
