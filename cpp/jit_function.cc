@@ -48,6 +48,7 @@ struct JitState {
   SignatureSpec spec;
   std::shared_ptr<FunctionEntries> entries;
   bool strip_static = false;  // call executables with dynamic arguments only
+  nb::object fallback;        // called instead when NeedsFallback (may be null)
 };
 
 struct JitFunctionObject {
@@ -147,9 +148,10 @@ nb::object CallExecutable(JitState& st, PyObject* exe, PyObject* const* args, si
   return nb::steal(PyObject_Vectorcall(exe, dyn.data(), dyn_pos, dyn_names.ptr()));
 }
 
-// This thread inserted `e`: compile it, publish, and serve the call.
-nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args,
-                          size_t nargsf, PyObject* kwnames) {
+// This thread inserted `e`: compile it and publish the result (or the
+// error) to every waiter. Throws the compile's exception.
+void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
+             PyObject* kwnames) {
   Counters& c = st.entries->counters();
   c.misses.fetch_add(1, std::memory_order_relaxed);
   // Whatever happens below, the latch is published: waiters never hang.
@@ -210,6 +212,11 @@ nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args
   publisher.done = true;
   e->latch.Publish(CompileLatch::State::kReady);
   st.entries->TrimLru();
+}
+
+nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args,
+                          size_t nargsf, PyObject* kwnames) {
+  Compile(st, e, args, nargsf, kwnames);
   return CallExecutable(st, e->executable.ptr(), args, nargsf, kwnames);
 }
 
@@ -256,7 +263,16 @@ void WaitForCompile(JitState& st, Entry& e) {
 
 nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   CallSignature sig;
-  BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
+  try {
+    BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
+  } catch (const NeedsFallback&) {
+    // E.g. tracers of an outer transformation: the compiler's own path, uncached.
+    if (!st.fallback.is_valid()) {
+      RaiseMessage(PyExc_TypeError, st.spec.fun_name + "() got an argument that needs the "
+                                    "compiler's fallback path, but it has none");
+    }
+    return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
+  }
   FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);
   Entry& e = *found.entry;
   if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
@@ -301,6 +317,10 @@ extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) 
     Py_VISIT(st->spec.arg_names.ptr());
     Py_VISIT(st->spec.pytree_flatten.ptr());
     Py_VISIT(st->spec.context_fn.ptr());
+    Py_VISIT(st->spec.fallback_types.ptr());
+    Py_VISIT(st->fallback.ptr());
+    Py_VISIT(st->spec.plain_types_owner.ptr());
+    Py_VISIT(st->spec.aval_types_owner.ptr());
   }
   return 0;
 }
@@ -313,7 +333,8 @@ extern "C" int JitFunction_clear(PyObject* self) {
     nb::object fun = std::move(st->fun), compiler = std::move(st->compiler),
                cache = std::move(st->cache), options = std::move(st->options),
                pickle = std::move(st->pickle_options), names = std::move(st->spec.arg_names),
-               flatten = std::move(st->spec.pytree_flatten), ctx = std::move(st->spec.context_fn);
+               flatten = std::move(st->spec.pytree_flatten), ctx = std::move(st->spec.context_fn),
+               fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback);
   }
   return 0;
 }
@@ -381,6 +402,52 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
   }
 }
 
+// _precompile(*args, **kwargs) -> bool: makes sure the signature of these
+// arguments is compiled (compiling it in this thread if nobody has), without
+// executing anything. True if this call compiled it.
+extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* args,
+                                            Py_ssize_t nargs, PyObject* kwnames) {
+  JitState& st = StateOf(self);
+  try {
+    CallSignature sig;
+    try {
+      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig);
+    } catch (const NeedsFallback&) {
+      RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
+                                        "() for arguments that need the fallback path "
+                                        "(e.g. tracers)");
+    }
+    FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);
+    if (found.inserted) {
+      Compile(st, found.entry, args, static_cast<size_t>(nargs), kwnames);
+      Py_RETURN_TRUE;
+    }
+    if (found.entry->latch.state() != CompileLatch::State::kReady) WaitForCompile(st, *found.entry);
+    Py_RETURN_FALSE;
+  } catch (nb::python_error& err) {
+    err.restore();
+    return nullptr;
+  } catch (const std::exception& err) {
+    PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
+    return nullptr;
+  }
+}
+
+extern "C" PyObject* JitFunction_get_fun(PyObject* self, void*) {
+  JitState& st = StateOf(self);
+  return Py_NewRef(st.fun.is_valid() ? st.fun.ptr() : Py_None);
+}
+
+extern "C" PyObject* JitFunction_get_compiler(PyObject* self, void*) {
+  JitState& st = StateOf(self);
+  return Py_NewRef(st.compiler.is_valid() ? st.compiler.ptr() : Py_None);
+}
+
+extern "C" PyObject* JitFunction_get_cache(PyObject* self, void*) {
+  JitState& st = StateOf(self);
+  return Py_NewRef(st.cache.is_valid() ? st.cache.ptr() : Py_None);
+}
+
 extern "C" PyObject* JitFunction_reduce(PyObject* self, PyObject*) {
   JitState& st = StateOf(self);
   if (!st.fun.is_valid()) {
@@ -400,6 +467,10 @@ PyMethodDef kMethods[] = {
      "finish and serve their waiters, but are not kept. Thread-safe."},
     {"_cached_signatures", JitFunction_signatures, METH_NOARGS,
      "A snapshot list of (readable signature, compile seconds) of ready entries."},
+    {"_precompile", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(JitFunction_precompile)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "_precompile(*args, **kwargs) -> bool\n\nCompiles the signature of these arguments if it is not\n"
+     "cached (True if this call compiled it). Executes nothing."},
     {"__reduce__", JitFunction_reduce, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
@@ -416,6 +487,9 @@ PyMemberDef kMembers[] = {
 
 PyGetSetDef kGetSet[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {"_fun", JitFunction_get_fun, nullptr, "The wrapped function (fixed).", nullptr},
+    {"_compiler", JitFunction_get_compiler, nullptr, "The compiler (fixed).", nullptr},
+    {"_cache", JitFunction_get_cache, nullptr, "The FunctionCache (fixed).", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -446,7 +520,9 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
                            nb::object static_argnums, nb::object static_argnames,
                            nb::object arg_names, std::string name, nb::object options,
                            nb::object pickle_options, nb::object pytree_flatten,
-                           nb::object context_fn, bool strip_static) {
+                           nb::object context_fn, bool strip_static, nb::object fallback,
+                           nb::object fallback_types, nb::object plain_types,
+                           nb::object aval_types) {
   if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
   if (!PyCallable_Check(compiler.ptr())) throw nb::type_error("compiler must be callable");
   if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
@@ -468,6 +544,22 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   st->spec.fun_name = name;
   if (!pytree_flatten.is_none()) st->spec.pytree_flatten = pytree_flatten;
   if (!context_fn.is_none()) st->spec.context_fn = context_fn;
+  if (!fallback.is_none()) st->fallback = fallback;
+  if (!fallback_types.is_none()) st->spec.fallback_types = fallback_types;
+  if (!plain_types.is_none()) {
+    for (nb::handle t : plain_types) {
+      if (!PyType_Check(t.ptr())) throw nb::type_error("plain_types must be types");
+      st->spec.plain_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
+    }
+    st->spec.plain_types_owner = plain_types;
+  }
+  if (!aval_types.is_none()) {
+    for (nb::handle t : aval_types) {
+      if (!PyType_Check(t.ptr())) throw nb::type_error("aval_types must be types");
+      st->spec.aval_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
+    }
+    st->spec.aval_types_owner = aval_types;
+  }
   st->entries = EntriesFor(cache, fun, options, name);
 
   PyTypeObject* type = reinterpret_cast<PyTypeObject*>(g_jit_type);
@@ -500,7 +592,9 @@ void RegisterJitFunction(nb::module_& m) {
         nb::arg("cache"), nb::arg("static_argnums"), nb::arg("static_argnames"),
         nb::arg("arg_names"), nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"),
         nb::arg("pytree_flatten").none(), nb::arg("context_fn").none(),
-        nb::arg("strip_static"));
+        nb::arg("strip_static"), nb::arg("fallback").none() = nb::none(),
+        nb::arg("fallback_types").none() = nb::none(), nb::arg("plain_types").none() = nb::none(),
+        nb::arg("aval_types").none() = nb::none());
   m.def("_disable_jit_enter", []() { ++t_disabled; });
   m.def("_disable_jit_exit", []() {
     if (t_disabled > 0) --t_disabled;

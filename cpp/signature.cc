@@ -32,6 +32,7 @@ struct Names {
   PyObject* shape = Interned("shape");
   PyObject* weak_type = Interned("weak_type");
   PyObject* fields = Interned("_fields");
+  PyObject* aval = Interned("aval");
 };
 const Names& N() {
   static const Names* names = new Names();  // thread-safe static init
@@ -229,6 +230,26 @@ class Builder {
   }
 
   bool TryArray(PyObject* obj) {
+    if (spec_.fallback_types.is_valid()) {
+      PyTypeObject* type = Py_TYPE(obj);
+      bool plain = false;
+      for (PyTypeObject* t : spec_.plain_types) plain |= (t == type);
+      if (!plain) {
+        int r = PyObject_IsInstance(obj, spec_.fallback_types.ptr());
+        if (r < 0) throw nb::python_error();
+        if (r == 1) throw NeedsFallback{};
+      }
+    }
+    // For types whose .dtype/.shape are slow properties over an abstract
+    // value (jax Arrays), read that value's plain attributes instead.
+    nb::object aval;
+    bool via_aval = false;
+    for (PyTypeObject* t : spec_.aval_types) via_aval |= (t == Py_TYPE(obj));
+    if (via_aval) {
+      aval = nb::steal(PyObject_GetAttr(obj, N().aval));
+      if (!aval.is_valid()) throw nb::python_error();
+      obj = aval.ptr();
+    }
     PyObject* dtype_raw = nullptr;
     int has = GetOptionalAttr(obj, N().dtype, &dtype_raw);
     if (has < 0) throw nb::python_error();
@@ -365,6 +386,36 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, const std::string&
   return Mix(std::hash<const void*>()(Py_TYPE(value)), static_cast<size_t>(h));
 }
 
+// Hash of the context, memoised per thread: a context hook typically builds
+// a fresh tuple of the same config objects on every call, and hashing it is
+// the expensive part. When the items are identical to the previous context's,
+// that context object (and its hash) is reused, so that entries compiled in
+// this thread also compare by identity. The memo's reference lives as long as
+// the thread, on purpose (see DtypeHash).
+Py_hash_t ContextHash(nb::object& ctx) {
+  thread_local PyObject* last = nullptr;
+  thread_local Py_hash_t last_hash = 0;
+  PyObject* c = ctx.ptr();
+  if (last && PyTuple_CheckExact(c) && PyTuple_CheckExact(last) &&
+      PyTuple_GET_SIZE(c) == PyTuple_GET_SIZE(last)) {
+    bool same = true;
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(c); same && i < n; ++i) {
+      same = PyTuple_GET_ITEM(c, i) == PyTuple_GET_ITEM(last, i);
+    }
+    if (same) {
+      ctx = nb::borrow(last);
+      return last_hash;
+    }
+  }
+  Py_hash_t h = PyObject_Hash(c);
+  if (h == -1) throw nb::python_error();
+  PyObject* old = last;
+  last = Py_NewRef(c);
+  last_hash = h;
+  Py_XDECREF(old);
+  return h;
+}
+
 int CompareNames(PyObject* a, PyObject* b) {
   if (a == b) return 0;
   return PyUnicode_Compare(a, b);  // exact content comparison; no user code
@@ -457,9 +508,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
   if (spec.context_fn.is_valid()) {
     out.context = nb::steal(PyObject_CallNoArgs(spec.context_fn.ptr()));
     if (!out.context.is_valid()) throw nb::python_error();
-    Py_hash_t ch = PyObject_Hash(out.context.ptr());
-    if (ch == -1) throw nb::python_error();
-    b.MixIn(static_cast<size_t>(ch));
+    b.MixIn(static_cast<size_t>(ContextHash(out.context)));
   }
   out.hash = b.hash();
 }

@@ -74,6 +74,11 @@ struct SignatureSpec {
   std::string fun_name;                      // qualname, for messages
   nb::object pytree_flatten;                 // optional hook, see below
   nb::object context_fn;                     // optional hook, see below
+  nb::object fallback_types;                 // optional tuple of types, see below
+  std::vector<PyTypeObject*> plain_types;    // exact types never in fallback_types
+  std::vector<PyTypeObject*> aval_types;     // exact types read through .aval
+  nb::object plain_types_owner;              // keeps plain_types alive
+  nb::object aval_types_owner;               // keeps aval_types alive
 
   // Positional argument `i` of a call with `nargs` positional arguments is
   // static if i or i - nargs is listed.
@@ -95,11 +100,22 @@ struct SignatureSpec {
 //       (node_key, children): node_key hashable, children a tuple or list.
 //       Consulted only for objects that are not None/tuple/list/dict/
 //       namedtuple, Python scalars, or arrays (objects with .dtype/.shape).
-//   context_fn() -> hashable object folded into the signature.
+//   context_fn() -> hashable object folded into the signature. When it
+//       returns a tuple whose items are the very objects of this thread's
+//       previous context, the previous hash is reused (no re-hashing).
+//   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
+//       tracer inside an outer transformation) makes BuildSignature throw
+//       NeedsFallback: such calls must not be cached. Leaves whose exact type
+//       is in plain_types skip the isinstance check.
+//   aval_types: exact types whose dtype/shape/weak_type are read from
+//       `obj.aval` (one attribute lookup instead of three properties).
 // Throws nb::python_error; invalid leaves raise UnsupportedArgumentError and
 // unhashable statics UnhashableStaticArgumentError (see errors.h).
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
                     size_t nargs, PyObject* kwnames, CallSignature& out);
+
+// Thrown by BuildSignature when the call must take the compiler's fallback.
+struct NeedsFallback {};
 
 // Python classes the core raises or builds, set once by ftjit/__init__.py
 // through _core._set_python_types(); fixed afterwards (module lifetime).

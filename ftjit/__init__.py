@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from . import errors
+from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, clear_caches, default_cache, disable_jit, jit
 from .errors import CompileCycleError, RecursiveCompileError, UnhashableStaticArgumentError, UnsupportedArgumentError
 
@@ -14,6 +15,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit",
+    "JaxCompiler",
     "JitFunction",
     "FunctionCache",
     "CacheInfo",

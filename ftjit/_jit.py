@@ -124,6 +124,9 @@ def jit(
     static_argnames: str | Sequence[str] = ...,
     compiler: Callable[..., Any] | None = ...,
     cache: FunctionCache | None = ...,
+    donate_argnums: int | Sequence[int] | None = ...,
+    donate_argnames: str | Sequence[str] | None = ...,
+    **jax_options: Any,
 ) -> F: ...
 @overload
 def jit(
@@ -133,6 +136,9 @@ def jit(
     static_argnames: str | Sequence[str] = ...,
     compiler: Callable[..., Any] | None = ...,
     cache: FunctionCache | None = ...,
+    donate_argnums: int | Sequence[int] | None = ...,
+    donate_argnames: str | Sequence[str] | None = ...,
+    **jax_options: Any,
 ) -> Callable[[F], F]: ...
 def jit(
     fun: Callable[..., Any] | None = None,
@@ -141,6 +147,9 @@ def jit(
     static_argnames: str | Sequence[str] = (),
     compiler: Callable[..., Any] | None = None,
     cache: FunctionCache | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
+    **jax_options: Any,
 ) -> Any:
     """Wraps ``fun`` so that each new call signature is compiled exactly once.
 
@@ -149,8 +158,10 @@ def jit(
     ``compiler(fun, args, kwargs) -> executable`` runs once per new signature
     with the call's full arguments; the executable is then called as
     ``executable(*args, **kwargs)`` for this and every later call of that
-    signature. ``compiler=None`` uses JAX. ``cache`` is the FunctionCache to
-    use (the process-wide default when None).
+    signature. ``compiler=None`` uses JAX (``ftjit.JaxCompiler``), which also
+    takes ``donate_argnums``/``donate_argnames`` and any other ``jax.jit``
+    keyword (``jax_options``), passed through to ``jax.jit``. ``cache`` is the
+    FunctionCache to use (the process-wide default when None).
 
     Thread-safety: a JitFunction may be called from any number of threads at
     once. Exactly one thread compiles a given signature; the others wait with
@@ -158,7 +169,14 @@ def jit(
     """
     if fun is None:
         return functools.partial(
-            jit, static_argnums=static_argnums, static_argnames=static_argnames, compiler=compiler, cache=cache
+            jit,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            compiler=compiler,
+            cache=cache,
+            donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
+            **jax_options,
         )
     _check_callable(fun)
     nums_given = static_argnums not in ((), None)
@@ -173,9 +191,19 @@ def jit(
         raise TypeError(f"cache must be an ftjit.FunctionCache, got {type(cache).__name__}")
     user_compiler = compiler
     if compiler is None:
-        compiler = JaxCompiler(argnums, argnames)
-    elif not callable(compiler):
-        raise TypeError(f"compiler must be callable as compiler(fun, args, kwargs), got {compiler!r}")
+        options_for_jax = dict(jax_options)
+        if donate_argnums is not None:
+            options_for_jax["donate_argnums"] = donate_argnums
+        if donate_argnames is not None:
+            options_for_jax["donate_argnames"] = donate_argnames
+        compiler = JaxCompiler(argnums, argnames, tuple(sorted(options_for_jax.items())))
+    else:
+        if not callable(compiler):
+            raise TypeError(f"compiler must be callable as compiler(fun, args, kwargs), got {compiler!r}")
+        extra = sorted(jax_options) + (["donate_argnums"] if donate_argnums is not None else [])
+        extra += ["donate_argnames"] if donate_argnames is not None else []
+        if extra:
+            raise TypeError(f"ftjit.jit: {', '.join(extra)} only apply to the default (JAX) compiler")
     arg_names: tuple[str, ...] = ()
     if sig is not None:
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -190,7 +218,12 @@ def jit(
         "static_argnums": static_argnums,
         "static_argnames": static_argnames,
         "compiler": user_compiler,
+        "donate_argnums": donate_argnums,
+        "donate_argnames": donate_argnames,
+        **jax_options,
     }
+    # The optional compiler protocol (see JaxCompiler): hooks the core uses.
+    fallback_maker = getattr(compiler, "fallback", None)
     jf = _core._make_jit_function(
         fun=fun,
         compiler=compiler,
@@ -201,12 +234,42 @@ def jit(
         name=_name_of(fun),
         options=options,
         pickle_options=pickle_options,
-        pytree_flatten=None,
-        context_fn=None,
-        strip_static=False,
+        pytree_flatten=getattr(compiler, "pytree_flatten", None),
+        context_fn=getattr(compiler, "context", None),
+        strip_static=bool(getattr(compiler, "strip_static", False)),
+        fallback=fallback_maker(fun) if callable(fallback_maker) else None,
+        fallback_types=getattr(compiler, "fallback_types", None),
+        plain_types=getattr(compiler, "plain_types", None),
+        aval_types=getattr(compiler, "aval_types", None),
     )
     functools.update_wrapper(jf, fun)
     return jf
+
+
+def _lower(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``jax.stages.Lowered`` for these arguments (the JAX compiler only).
+
+    Thread-safe; does not touch the cache.
+    """
+    lower = getattr(self._compiler, "lower", None)
+    if lower is None:
+        raise TypeError(f"lower() needs a compiler with a lower() method; {self._compiler!r} has none")
+    return lower(self._fun, args, kwargs)
+
+
+def _precompile(self: Any, *args: Any, **kwargs: Any) -> bool:
+    """Compiles the signature of these arguments into the cache, executing nothing.
+
+    Arguments may be concrete values or ``jax.ShapeDtypeStruct`` (anything
+    with ``.dtype``/``.shape``). Returns True if this call compiled it, False
+    if it was cached already (or compiled meanwhile by another thread, which
+    this call then waited for). Thread-safe; compile-once holds.
+    """
+    return self._precompile(*args, **kwargs)
+
+
+JitFunction.lower = _lower
+JitFunction.precompile = _precompile
 
 
 def _rebuild(fun: Callable[..., Any], options: dict) -> Any:

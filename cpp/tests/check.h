@@ -45,6 +45,15 @@ std::string Show(const T& v) {
   std::abort();
 }
 
+template <class A, class B>
+void CheckEq(const A& a, const B& b, const char* a_text, const char* b_text,
+             const char* file, int line) {
+  if (!(a == b)) {
+    Fail(file, line,
+         std::string("CHECK_EQ(") + a_text + ", " + b_text + "): " + Show(a) + " vs " + Show(b));
+  }
+}
+
 // A one-shot barrier: Arrive() blocks until `count` threads have arrived.
 class Barrier {
  public:
@@ -96,17 +105,9 @@ void RunThreads(size_t n, Fn&& fn) {
     if (!(cond)) ::ftjit_test::Fail(__FILE__, __LINE__, "CHECK(" #cond ")"); \
   } while (0)
 
-#define CHECK_EQ(a, b)                                                       \
-  do {                                                                       \
-    const auto& ftjit_check_a_ = (a);                                        \
-    const auto& ftjit_check_b_ = (b);                                        \
-    if (!(ftjit_check_a_ == ftjit_check_b_)) {                               \
-      ::ftjit_test::Fail(__FILE__, __LINE__,                                 \
-                         "CHECK_EQ(" #a ", " #b "): " +                      \
-                             ::ftjit_test::Show(ftjit_check_a_) + " vs " +   \
-                             ::ftjit_test::Show(ftjit_check_b_));            \
-    }                                                                        \
-  } while (0)
+// The operands are bound to the helper's reference parameters, so
+// temporaries (and references into them) live until the check is done.
+#define CHECK_EQ(a, b) ::ftjit_test::CheckEq((a), (b), #a, #b, __FILE__, __LINE__)
 
 #define RUN_TEST(fn)                                  \
   do {                                                \

@@ -495,7 +495,7 @@ void TestConcurrentEraseClear() {
   const size_t kInserters = 4;
   const size_t kThreads = kInserters + 2;  // + one eraser, one clearer
   const int kKeys = 64;
-  const int kOpsPerInserter = 3000;
+  const int kOpsPerInserter = 20000;
   auto hash = [](int id) { return static_cast<size_t>(id % 4); };
   Map m;
   std::atomic<long> inserted_total{0};
