@@ -51,12 +51,17 @@ pytest_strict() {
 
 tsan() {
   log "C++ primitives under ThreadSanitizer (ctest)"
-  local cmake="$VENV/bin/cmake"
-  [ -x "$cmake" ] || cmake=cmake
-  "$cmake" -S cpp/tests -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_MAKE_PROGRAM="$(command -v "$VENV/bin/ninja" || command -v ninja)" >/dev/null
+  local bin="$PWD/$VENV/bin" cmake ctest gen=()
+  cmake=$([ -x "$bin/cmake" ] && echo "$bin/cmake" || command -v cmake)
+  ctest=$([ -x "$bin/ctest" ] && echo "$bin/ctest" || command -v ctest)
+  if [ -x "$bin/ninja" ]; then
+    gen=(-G Ninja -DCMAKE_MAKE_PROGRAM="$bin/ninja")
+  elif command -v ninja >/dev/null; then
+    gen=(-G Ninja)
+  fi
+  "$cmake" -S cpp/tests -B build/tsan "${gen[@]}" -DCMAKE_BUILD_TYPE=Debug >/dev/null
   "$cmake" --build build/tsan
-  ctest --test-dir build/tsan --output-on-failure --timeout 300
+  "$ctest" --test-dir build/tsan --output-on-failure --timeout 300
 }
 
 cmd=${1:-test}

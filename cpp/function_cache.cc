@@ -37,9 +37,12 @@ bool Evictable(const EntryPtr& e) { return !e->latch.compiling(); }
 
 class FunctionCache {
  public:
-  explicit FunctionCache(size_t capacity) {
-    if (capacity < 1) throw nb::value_error("FunctionCache capacity must be at least 1");
-    core = std::make_shared<CacheCore>(capacity);
+  explicit FunctionCache(long long capacity) {
+    if (capacity < 1) {
+      throw nb::value_error(
+          ("FunctionCache capacity must be at least 1, got " + std::to_string(capacity)).c_str());
+    }
+    core = std::make_shared<CacheCore>(static_cast<size_t>(capacity));
     RegisterCore(core);
   }
   std::shared_ptr<CacheCore> core;  // fixed after construction
@@ -184,7 +187,7 @@ void RegisterFunctionCache(nb::module_& m) {
       "A cache of compiled entries shared by jitted functions, bounded by one\n"
       "LRU capacity across all of them. Entries of a function leave the cache\n"
       "when the function is garbage collected. Thread-safe.")
-      .def(nb::init<size_t>(), nb::arg("capacity") = 4096)
+      .def(nb::init<long long>(), nb::arg("capacity") = 4096)
       .def("size", [](const FunctionCache& c) { return c.core->lru.size(); },
            "Number of cached entries (all functions). A snapshot: may be stale\n"
            "as soon as it returns when other threads compile or evict.")

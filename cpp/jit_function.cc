@@ -248,10 +248,12 @@ void WaitForCompile(JitState& st, Entry& e) {
   auto t0 = std::chrono::steady_clock::now();
   CompileLatch::State s = e.latch.state();
   while (s == CompileLatch::State::kCompiling) {
-    {
-      nb::gil_scoped_release release;
-      s = e.latch.WaitFor(std::chrono::milliseconds(100));
-    }
+    // Explicit calls, not an RAII guard: during interpreter shutdown
+    // PyEval_RestoreThread may end this (daemon) thread with pthread_exit,
+    // whose forced unwind must not start inside a noexcept destructor.
+    PyThreadState* ts = PyEval_SaveThread();
+    s = e.latch.WaitFor(std::chrono::milliseconds(100));
+    PyEval_RestoreThread(ts);
     if (s == CompileLatch::State::kCompiling && PyErr_CheckSignals() != 0) {
       c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
       throw nb::python_error();

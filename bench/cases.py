@@ -1,0 +1,82 @@
+"""Benchmark cases: each pairs an ftjit call with an anchor (a reference doing comparable work) and a target ratio."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import ftjit
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of a comparison: a label, the callable and the exact arguments it is called with."""
+
+    label: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def statement(self) -> tuple[str, dict[str, Any]]:
+        """A timeit statement calling ``fn`` with literal-free positional args, and its globals."""
+        names = [f"a{i}" for i in range(len(self.args))]
+        namespace: dict[str, Any] = {"fn": self.fn, **dict(zip(names, self.args))}
+        return f"fn({', '.join(names)})", namespace
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A row of the table: ftjit vs anchor; PASS when ftjit/anchor <= target, the goal is the aspiration."""
+
+    name: str
+    ftjit: Side
+    anchor: Side
+    target: float
+    goal: float
+    note: str = ""
+
+
+def identity_compiler(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """Executable = the function itself: measures pure dispatch. (Holds ``fun`` strongly; fine in a benchmark.)"""
+    return fun
+
+
+def _jit(fun: Callable[..., Any], **options: Any) -> Any:
+    return ftjit.jit(fun, compiler=identity_compiler, cache=ftjit.FunctionCache(capacity=16), **options)
+
+
+def two_floats() -> Case:
+    def f(x: float, y: float) -> float:
+        return x
+
+    args = (1.5, 2.5)
+    return Case("2 float args", Side("ftjit.jit", _jit(f), args),
+                Side("lru_cache", functools.lru_cache(maxsize=None)(f), args), target=4.0, goal=2.0)
+
+
+def static_int_and_float() -> Case:
+    def g(n: int, x: float) -> float:
+        return x
+
+    args = (3, 1.5)
+    return Case("static int + float", Side("ftjit.jit", _jit(g, static_argnums=0), args),
+                Side("lru_cache", functools.lru_cache(maxsize=None)(g), args), target=4.0, goal=2.0)
+
+
+def dict_of_8_floats() -> Case:
+    def h(d: dict[str, float]) -> dict[str, float]:
+        return d
+
+    def h_flat(*values: float) -> tuple[float, ...]:
+        return values
+
+    leaves = {f"k{i}": float(i) + 0.5 for i in range(8)}
+    return Case("dict of 8 floats", Side("ftjit.jit", _jit(h), (leaves,)),
+                Side("lru_cache", functools.lru_cache(maxsize=None)(h_flat), tuple(leaves.values())),
+                target=4.0, goal=2.0,
+                note="ftjit gets one dict and flattens it; lru_cache gets the 8 values as 8 args (no dict walk)")
+
+
+def default_cases() -> list[Case]:
+    """The benchmark rows, in table order. Add jax.jit comparisons here as more Case builders."""
+    return [two_floats(), static_int_and_float(), dict_of_8_floats()]

@@ -1,0 +1,107 @@
+"""Scenario registry plus the context a scenario receives and the result record it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable, Optional
+
+from .stats import percentile_us
+
+#: progress(done, total): a scenario calls it whenever it makes progress; it feeds the bar and the watchdog.
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a scenario gets: its seed, the size preset, optional overrides and the progress callback."""
+
+    seed: int
+    quick: bool
+    progress: ProgressFn
+    threads: Optional[int] = None  #: overrides the scenario's default thread count
+    hang_seconds: float = 10.0  #: a thread that makes no progress this long counts as hung
+
+    def thread_count(self, default: int) -> int:
+        return self.threads if self.threads is not None else default
+
+
+@dataclasses.dataclass
+class Result:
+    """One scenario run: the counters shown in the summary table and the invariants it violated."""
+
+    scenario: str
+    threads: int
+    calls: int = 0
+    compiles: int = 0
+    waits: int = 0
+    errors: int = 0
+    latencies_ns: list[int] = dataclasses.field(default_factory=list, repr=False)
+    violations: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+    runs: int = 1
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if not self.violations else "FAIL"
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    @property
+    def p50_us(self) -> float:
+        return percentile_us(self.latencies_ns, 50.0)
+
+    @property
+    def p99_us(self) -> float:
+        return percentile_us(self.latencies_ns, 99.0)
+
+    def merge(self, other: Result) -> Result:
+        """Combines two runs of the same scenario (soak mode) into one row."""
+        return Result(
+            scenario=self.scenario,
+            threads=max(self.threads, other.threads),
+            calls=self.calls + other.calls,
+            compiles=self.compiles + other.compiles,
+            waits=self.waits + other.waits,
+            errors=self.errors + other.errors,
+            latencies_ns=self.latencies_ns + other.latencies_ns,
+            violations=self.violations + other.violations,
+            seconds=self.seconds + other.seconds,
+            runs=self.runs + other.runs,
+        )
+
+
+ScenarioFn = Callable[[Context], Result]
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A registered scenario: its name, a one-line description and the function that runs it."""
+
+    name: str
+    description: str
+    run: ScenarioFn
+
+
+_REGISTRY: dict[str, Scenario] = {}
+
+
+def register(name: str, description: str) -> Callable[[ScenarioFn], ScenarioFn]:
+    """Decorator: ``@register("herd", "...")`` adds a scenario function to the registry."""
+
+    def decorate(fn: ScenarioFn) -> ScenarioFn:
+        if name in _REGISTRY:
+            raise ValueError(f"stress scenario {name!r} registered twice")
+        _REGISTRY[name] = Scenario(name, description, fn)
+        return fn
+
+    return decorate
+
+
+def all_scenarios() -> dict[str, Scenario]:
+    """All registered scenarios by name, in registration order (imports the built-in ones first)."""
+    importlib.import_module(f"{__package__}.scenarios")  # registers the built-in scenarios on first import
+
+    return dict(_REGISTRY)
