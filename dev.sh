@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PY=${FTJIT_PYTHON:-python3}
-VENV=${FTJIT_VENV:-.venv}
+VENV=$(realpath -m "${FTJIT_VENV:-.venv}")
 VPY="$VENV/bin/python"
 
 log() { printf '\033[1m[dev] %s\033[0m\n' "$*" >&2; }
@@ -51,7 +51,7 @@ pytest_strict() {
 
 tsan() {
   log "C++ primitives under ThreadSanitizer (ctest)"
-  local bin="$PWD/$VENV/bin" cmake ctest gen=()
+  local bin="$VENV/bin" cmake ctest gen=()
   cmake=$([ -x "$bin/cmake" ] && echo "$bin/cmake" || command -v cmake)
   ctest=$([ -x "$bin/ctest" ] && echo "$bin/ctest" || command -v ctest)
   if [ -x "$bin/ninja" ]; then
