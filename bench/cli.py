@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description="ftjit dispatch benchmarks.")
     parser.add_argument("--quick", action="store_true", help="short run (CI): fewer calls and repeats")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
-    parser.add_argument("--png", metavar="PATH", help="write a bar chart to PATH (needs matplotlib)")
+    parser.add_argument("--png", metavar="PATH", default="bench/bench.png",
+                        help="write a bar chart to PATH (needs matplotlib; default %(default)s, '' to skip)")
+    parser.add_argument("--no-jax", action="store_true", help="skip the jax.jit comparisons")
     return parser
 
 
@@ -46,10 +48,14 @@ def _progress(done: int, total: int) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    cases = default_cases()
+    cases = default_cases(with_jax=not args.no_jax)
     print(f"bench: ftjit {ftjit.__version__}, {len(cases)} cases, number={sizes['number']}, "
           f"repeat={sizes['repeat']} (min per side; sides interleaved)", file=sys.stderr, flush=True)
     results = measure(cases, sizes["number"], sizes["repeat"], on_repeat=_progress)
+    if not args.no_jax:
+        from .threads import two_thread_measurement
+
+        results.append(two_thread_measurement(calls=max(1000, sizes["number"] // 20), repeat=sizes["repeat"]))
     overhead = loop_overhead_ns(sizes["number"], sizes["repeat"])
     print(format_table(results))
     print(f"(ns/call include timeit's loop overhead of {overhead:.1f} ns on both sides)")

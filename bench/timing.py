@@ -58,10 +58,11 @@ def measure(cases: Sequence[Case], number: int, repeat: int,
     gc.disable()
     try:
         for r in range(repeat):
-            for (ft, an), (ft_s, an_s) in zip(timers, samples):
+            for case, (ft, an), (ft_s, an_s) in zip(cases, timers, samples):
                 order = ((ft, ft_s), (an, an_s)) if r % 2 == 0 else ((an, an_s), (ft, ft_s))
+                n = max(1, int(number * case.scale))
                 for timer, out in order:
-                    out.append(_ns_per_call(timer, number))
+                    out.append(_ns_per_call(timer, n))
             if on_repeat is not None:
                 on_repeat(r + 1, repeat)
     finally:

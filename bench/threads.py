@@ -1,0 +1,61 @@
+"""Two threads hammering one jitted function: aggregate ns/call of ftjit vs jax.jit, measured in one run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from .cases import Case, Side, _add
+from .timing import Measurement
+
+
+def _hammer(fn: Callable[..., Any], args: tuple[Any, ...], threads: int, calls: int) -> float:
+    """Wall ns per call when `threads` threads each make `calls` calls, released together."""
+    barrier = threading.Barrier(threads + 1)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            barrier.wait()
+            for _ in range(calls):
+                fn(*args)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    t0 = time.perf_counter_ns()
+    for w in workers:
+        w.join(timeout=600)
+    elapsed = time.perf_counter_ns() - t0
+    if errors:
+        raise errors[0]
+    if any(w.is_alive() for w in workers):
+        raise RuntimeError("benchmark thread hung")
+    return elapsed / (threads * calls)
+
+
+def two_thread_measurement(calls: int, repeat: int) -> Measurement:
+    import jax
+    import jax.numpy as jnp
+
+    import ftjit
+
+    x = jnp.arange(4, dtype=jnp.float32)
+    ours = ftjit.jit(_add, cache=ftjit.FunctionCache(capacity=4))
+    theirs = jax.jit(_add)
+    ours(x, x)
+    theirs(x, x)
+    case = Case("jax: 2 threads hammering x+y", Side("ftjit.jit", ours, (x, x)), Side("jax.jit", theirs, (x, x)),
+                target=1 / 0.9, goal=1.00,
+                note="aggregate wall ns/call of 2 threads; target = throughput >= 0.9x jax.jit's")
+    ft: list[float] = []
+    an: list[float] = []
+    for r in range(repeat):
+        order = ((ours, ft), (theirs, an)) if r % 2 == 0 else ((theirs, an), (ours, ft))
+        for fn, out in order:
+            out.append(_hammer(fn, (x, x), threads=2, calls=calls))
+    return Measurement(case, min(ft), min(an), tuple(ft), tuple(an))

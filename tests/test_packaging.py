@@ -1,0 +1,34 @@
+"""The package ships typed stubs and declares what it supports."""
+
+import pathlib
+import sys
+
+import ftjit
+import ftjit._core
+
+
+def test_core_stub_is_installed_and_typed():
+    stub = pathlib.Path(ftjit._core.__file__).with_name("_core.pyi")
+    text = stub.read_text()
+    assert "class FunctionCache:" in text
+    assert "def __init__(self, capacity: int = 4096) -> None" in text
+    assert "class JitFunction:" in text
+    assert "def precompile(self, *args: Any, **kwargs: Any) -> bool" in text
+    assert "def clear_caches() -> None" in text
+
+
+def test_py_typed_marker_ships():
+    assert pathlib.Path(ftjit.__file__).with_name("py.typed").exists()
+
+
+def test_gil_stays_disabled_on_free_threaded_builds():
+    # On a free-threaded interpreter, importing the extension (FREE_THREADED in
+    # nanobind_add_module, i.e. the Py_mod_gil slot) must not re-enable the GIL.
+    is_gil_enabled = getattr(sys, "_is_gil_enabled", None)
+    if is_gil_enabled is None:
+        assert sys.version_info < (3, 13) or not hasattr(sys, "_is_gil_enabled")
+        return
+    import sysconfig
+
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        assert is_gil_enabled() is False
