@@ -275,7 +275,7 @@ def test_method_binding_static_self_by_name():
     assert args[0] is b and args[1] == 4.0 and kwargs == {}
 
 
-def test_staticmethod_and_classmethod_wrapping():
+def test_staticmethod_wrapping():
     cache = ftjit.FunctionCache()
     comp = CountingCompiler()
 
@@ -479,7 +479,7 @@ def test_jit_function_type_is_exported():
     assert type(jf) is ftjit.JitFunction
 
 
-def test_jit_function_collected_with_gc_get_referrers_free():
+def test_many_jit_functions_do_not_leak():
     # Creating and dropping many JitFunctions does not leak them.
     cache = ftjit.FunctionCache()
     comp = CountingCompiler()

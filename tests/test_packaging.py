@@ -5,6 +5,7 @@ import sys
 
 import ftjit
 import ftjit._core
+import pytest
 
 
 def test_core_stub_is_installed_and_typed():
@@ -24,11 +25,8 @@ def test_py_typed_marker_ships():
 def test_gil_stays_disabled_on_free_threaded_builds():
     # On a free-threaded interpreter, importing the extension (FREE_THREADED in
     # nanobind_add_module, i.e. the Py_mod_gil slot) must not re-enable the GIL.
-    is_gil_enabled = getattr(sys, "_is_gil_enabled", None)
-    if is_gil_enabled is None:
-        assert sys.version_info < (3, 13) or not hasattr(sys, "_is_gil_enabled")
-        return
     import sysconfig
 
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        assert is_gil_enabled() is False
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        pytest.skip("not a free-threaded interpreter")
+    assert sys._is_gil_enabled() is False
