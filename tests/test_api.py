@@ -8,7 +8,6 @@ import pickle
 import threading
 import weakref
 
-import numpy as np
 import pytest
 
 import ftjit

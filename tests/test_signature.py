@@ -1,0 +1,706 @@
+"""Signature semantics: what makes two calls share a compiled entry.
+
+Each test counts compiler calls on its own FunctionCache: a call with a new
+signature compiles once, a call with a known signature compiles nothing, and
+every result is computed from the call's real values."""
+
+import collections
+import re
+
+import numpy as np
+import pytest
+
+import ftjit
+from helpers import CountingCompiler
+
+
+def make(fun, **options):
+    comp = CountingCompiler()
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), **options)
+    return jf, comp
+
+
+# --------------------------------------------------------------------------
+# Static arguments
+
+
+def test_static_by_type_int_bool_float_are_three_signatures():
+    jf, comp = make(lambda x, n: (x * n, type(n)), static_argnums=1)
+    assert jf(2.0, 1) == (2.0, int)
+    assert jf(2.0, True) == (2.0, bool)
+    assert jf(2.0, 1.0) == (2.0, float)
+    assert comp.calls == 3
+    # And each is found again.
+    assert jf(3.0, 1) == (3.0, int)
+    assert jf(3.0, True) == (3.0, bool)
+    assert jf(3.0, 1.0) == (3.0, float)
+    assert comp.calls == 3
+
+
+def test_static_values_distinguish_signatures():
+    jf, comp = make(lambda x, n: x * n, static_argnums=1)
+    assert jf(2.0, 3) == 6.0
+    assert jf(2.0, 4) == 8.0
+    assert jf(5.0, 3) == 15.0
+    assert jf(5.0, 4) == 20.0
+    assert comp.calls == 2
+
+
+class Key:
+    def __init__(self, v):
+        self.v = v
+
+    def __hash__(self):
+        return hash(self.v)
+
+    def __eq__(self, other):
+        return isinstance(other, Key) and self.v == other.v
+
+
+class OtherKey(Key):
+    """Same hash and (cross-type) equality as Key, but a different type."""
+
+
+def test_static_by_hash_and_eq():
+    jf, comp = make(lambda x, k: k, static_argnums=1)
+    k1, k1b, k2 = Key(1), Key(1), Key(2)
+    assert jf(1.0, k1) is k1
+    # An equal key is the same signature; the executable gets THIS call's key.
+    assert jf(1.0, k1b) is k1b
+    assert comp.calls == 1
+    assert jf(1.0, k2) is k2
+    assert comp.calls == 2
+
+
+def test_static_equal_values_of_different_types_are_different_signatures():
+    jf, comp = make(lambda x, k: type(k), static_argnums=1)
+    a, b = Key(1), OtherKey(1)
+    assert a == b and hash(a) == hash(b)
+    assert jf(1.0, a) is Key
+    assert jf(1.0, b) is OtherKey
+    assert comp.calls == 2
+
+
+def test_static_argnums_int_and_sequences_equivalent():
+    for spec in (1, (1,), [1]):
+        jf, comp = make(lambda x, s: x * len(s), static_argnums=spec)
+        assert jf(2.0, "abc") == 6.0  # a str is only valid as a static argument
+        assert jf(3.0, "abc") == 9.0
+        assert jf(3.0, "ab") == 6.0
+        assert comp.calls == 2, spec
+
+
+def test_static_argnums_several():
+    jf, comp = make(lambda a, b, c: a * len(b) + len(c), static_argnums=(1, 2))
+    assert jf(1.0, "xx", "yyy") == 5.0
+    assert jf(2.0, "xx", "yyy") == 7.0
+    assert jf(2.0, "x", "yyy") == 5.0
+    assert comp.calls == 2
+
+
+def test_static_argnames_str_and_sequences():
+    for spec in ("s", ("s",), ["s"]):
+        jf, comp = make(lambda x, s: x * len(s), static_argnames=spec)
+        assert jf(2.0, s="abc") == 6.0
+        assert jf(3.0, s="abc") == 9.0
+        assert comp.calls == 1, spec
+
+
+def test_negative_static_argnums_resolved_against_call():
+    jf, comp = make(lambda x, n: x * n, static_argnums=-1)
+    assert jf(2.0, 3) == 6.0
+    assert jf(2.0, 4) == 8.0  # n is static: new signature
+    assert jf(5.0, 4) == 20.0
+    assert comp.calls == 2
+
+
+def test_negative_static_argnums_with_varargs():
+    # -1 is the last positional argument of each call, as in JAX.
+    def f(*xs):
+        *dyn, tag = xs
+        return sum(dyn) + len(tag)
+
+    jf, comp = make(f, static_argnums=-1)
+    assert jf(1.0, "a") == 2.0
+    assert jf(1.0, 2.0, "bb") == 5.0  # here 2.0 is dynamic and "bb" static
+    assert jf(3.0, 4.0, "bb") == 9.0
+    assert comp.calls == 2
+    with pytest.raises(ftjit.UnsupportedArgumentError):
+        jf("not static", "a")
+
+
+def test_negative_static_argnums_minus_two():
+    jf, comp = make(lambda a, b, c: a * len(b) + c, static_argnums=-2)
+    assert jf(1.0, "xyz", 1.0) == 4.0
+    assert jf(2.0, "xyz", 5.0) == 11.0
+    assert comp.calls == 1
+
+
+def test_static_argnums_also_makes_keyword_form_static():
+    # static_argnums=1 for def f(x, n): f(x, n=...) is static too.
+    def f(x, n):
+        return x * len(n)
+
+    jf, comp = make(f, static_argnums=1)
+    assert jf(2.0, n="abc") == 6.0  # would be an invalid leaf if dynamic
+    assert jf(3.0, n="abc") == 9.0
+    assert jf(3.0, n="ab") == 6.0
+    assert jf(2.0, "abcd") == 8.0
+    assert comp.calls == 3
+    assert jf(4.0, "abcd") == 16.0
+    assert jf(4.0, n="ab") == 8.0
+    assert comp.calls == 3
+
+
+def test_static_argnames_also_makes_positional_form_static():
+    def f(x, n):
+        return x * len(n)
+
+    jf, comp = make(f, static_argnames="n")
+    assert jf(2.0, "abc") == 6.0  # would be an invalid leaf if dynamic
+    assert jf(3.0, "abc") == 9.0
+    assert jf(3.0, "ab") == 6.0
+    assert comp.calls == 2
+    assert jf(2.0, n="abc") == 6.0
+    assert jf(2.0, n="ab") == 4.0
+
+
+def test_static_keyword_only_argument():
+    def f(x, *, mode):
+        return x + 1 if mode == "inc" else x - 1
+
+    jf, comp = make(f, static_argnames="mode")
+    assert jf(1.0, mode="inc") == 2.0
+    assert jf(1.0, mode="dec") == 0.0
+    assert jf(5.0, mode="inc") == 6.0
+    assert comp.calls == 2
+
+
+def test_unhashable_static_argument_positional():
+    jf, comp = make(lambda x, n: x, static_argnums=1)
+    with pytest.raises(ftjit.UnhashableStaticArgumentError) as ei:
+        jf(1.0, [1, 2])
+    assert isinstance(ei.value, TypeError) and isinstance(ei.value, ValueError)
+    assert "static argument 1" in str(ei.value)
+    assert comp.calls == 0
+
+
+def test_unhashable_static_argument_keyword():
+    jf, comp = make(lambda x, n: x, static_argnames="n")
+    with pytest.raises(ftjit.UnhashableStaticArgumentError) as ei:
+        jf(1.0, n={"a": 1})
+    assert isinstance(ei.value, TypeError) and isinstance(ei.value, ValueError)
+    assert "'n'" in str(ei.value)
+    assert comp.calls == 0
+
+
+def test_unhashable_static_argument_custom_hash_none():
+    class NoHash:
+        __hash__ = None
+
+    jf, comp = make(lambda x, n: x, static_argnums=1)
+    with pytest.raises(ftjit.UnhashableStaticArgumentError):
+        jf(1.0, NoHash())
+    # The function still works afterwards.
+    assert jf(1.0, 3) == 1.0
+    assert comp.calls == 1
+
+
+class EqError(Exception):
+    pass
+
+
+def test_static_eq_raises_propagates_exact_exception():
+    raised = []
+
+    class BadEq:
+        def __init__(self, v):
+            self.v = v
+
+        def __hash__(self):
+            return 12345
+
+        def __eq__(self, other):
+            if other is self:
+                return True
+            e = EqError(f"eq {self.v}")
+            raised.append(e)
+            raise e
+
+    jf, comp = make(lambda x, k: x + k.v, static_argnums=1)
+    a = BadEq(1)
+    assert jf(1.0, a) == 2.0
+    assert comp.calls == 1
+    with pytest.raises(EqError) as ei:
+        jf(1.0, BadEq(2))
+    assert raised and ei.value is raised[-1]
+    # The cache stays usable.
+    assert jf(3.0, a) == 4.0
+    assert comp.calls == 1
+
+
+def test_static_eq_raises_cache_stays_usable():
+    class BadEq:
+        def __init__(self, v):
+            self.v = v
+
+        def __hash__(self):
+            return 777
+
+        def __eq__(self, other):
+            if other is self:
+                return True
+            raise EqError("nope")
+
+    def f(x, k):
+        return x * 10 if isinstance(k, int) else x + k.v
+
+    jf, comp = make(f, static_argnums=1)
+    a = BadEq(1)
+    assert jf(1.0, a) == 2.0
+    for _ in range(3):
+        with pytest.raises(EqError, match="^nope$"):
+            jf(1.0, BadEq(2))
+    assert jf(2.0, a) == 3.0  # the stored entry is still found
+    assert jf(2.0, 5) == 20.0  # and new entries can be added
+    assert jf(3.0, 5) == 30.0
+    assert comp.calls == 2
+    info = jf.cache_info()
+    assert info.size == 2
+
+
+# --------------------------------------------------------------------------
+# Dynamic arguments: pytrees
+
+
+def test_tuple_and_list_are_different_nodes():
+    jf, comp = make(lambda t: t[0] + t[1])
+    assert jf((1.0, 2.0)) == 3.0
+    assert jf([1.0, 2.0]) == 3.0
+    assert comp.calls == 2
+    assert jf((3.0, 4.0)) == 7.0
+    assert jf([5.0, 6.0]) == 11.0
+    assert comp.calls == 2
+
+
+def test_arity_is_part_of_signature():
+    jf, comp = make(lambda t: sum(t))
+    assert jf((1.0,)) == 1.0
+    assert jf((1.0, 2.0)) == 3.0
+    assert jf(()) == 0
+    assert comp.calls == 3
+
+
+def test_dict_keys_sorted():
+    jf, comp = make(lambda d: d["a"] - d["b"])
+    assert jf({"a": 5.0, "b": 2.0}) == 3.0
+    assert jf({"b": 1.0, "a": 10.0}) == 9.0  # insertion order does not matter
+    assert comp.calls == 1
+    assert jf({"a": 1.0, "b": 1.0, "c": 1.0}) == 0.0  # different key set
+    assert comp.calls == 2
+
+
+def test_dict_different_keys_different_signatures():
+    jf, comp = make(lambda d: sum(d.values()))
+    assert jf({"a": 1.0}) == 1.0
+    assert jf({"b": 1.0}) == 1.0
+    assert comp.calls == 2
+
+
+def test_dict_leaf_types_follow_sorted_keys():
+    # {'a': int, 'b': float} and {'b': int, 'a': float} are different.
+    jf, comp = make(lambda d: (type(d["a"]), type(d["b"])))
+    assert jf({"a": 1, "b": 2.0}) == (int, float)
+    assert jf({"b": 2.0, "a": 3}) == (int, float)
+    assert comp.calls == 1
+    assert jf({"b": 2, "a": 3.0}) == (float, int)
+    assert comp.calls == 2
+
+
+def test_none_is_a_node():
+    jf, comp = make(lambda x, y: x if y is None else x + y)
+    assert jf(1.0, None) == 1.0
+    assert jf(2.0, None) == 2.0
+    assert comp.calls == 1
+    assert jf(2.0, 3.0) == 5.0
+    assert comp.calls == 2
+
+
+def test_none_and_empty_tuple_differ():
+    jf, comp = make(lambda t: t)
+    assert jf(None) is None
+    assert jf(()) == ()
+    assert jf([]) == []
+    assert jf({}) == {}
+    assert comp.calls == 4
+
+
+def test_nested_structures():
+    def f(tree):
+        a, (b, c) = tree["x"], tree["y"]
+        return a + b + c["z"]
+
+    jf, comp = make(f)
+    assert jf({"x": 1.0, "y": [2.0, {"z": 3.0}]}) == 6.0
+    assert jf({"y": [20.0, {"z": 30.0}], "x": 10.0}) == 60.0
+    assert comp.calls == 1
+    assert jf({"x": 1.0, "y": (2.0, {"z": 3.0})}) == 6.0  # list -> tuple
+    assert comp.calls == 2
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+Point2 = collections.namedtuple("Point2", ["x", "y"])
+
+
+def test_namedtuple_is_node_keyed_by_type():
+    jf, comp = make(lambda p: p[0] * p[1])
+    assert jf(Point(2.0, 3.0)) == 6.0
+    assert jf(Point(4.0, 5.0)) == 20.0
+    assert comp.calls == 1
+    assert jf(Point2(2.0, 3.0)) == 6.0  # same fields, other type
+    assert comp.calls == 2
+    assert jf((2.0, 3.0)) == 6.0  # a plain tuple
+    assert comp.calls == 3
+
+
+def test_namedtuple_executable_gets_the_namedtuple():
+    jf, comp = make(lambda p: (type(p), p.x + p.y))
+    assert jf(Point(1.0, 2.0)) == (Point, 3.0)
+
+
+def test_kwargs_sorted_by_name():
+    jf, comp = make(lambda a, b: a - b)
+    assert jf(a=5.0, b=1.0) == 4.0
+    assert jf(b=1.0, a=7.0) == 6.0
+    assert comp.calls == 1
+
+
+def test_kwargs_sorted_with_different_leaf_types():
+    jf, comp = make(lambda a, b: (type(a), type(b)))
+    assert jf(a=1, b=2.0) == (int, float)
+    assert jf(b=2.0, a=1) == (int, float)
+    assert comp.calls == 1
+    assert jf(b=1, a=2.0) == (float, int)
+    assert comp.calls == 2
+
+
+def test_positional_vs_keyword_and_var_kwargs():
+    def f(x, **kw):
+        return x + sum(kw.values())
+
+    jf, comp = make(f)
+    assert jf(1.0, p=2.0, q=3.0) == 6.0
+    assert jf(1.0, q=3.0, p=2.0) == 6.0
+    assert comp.calls == 1
+    assert jf(1.0, p=2.0) == 3.0
+    assert comp.calls == 2
+    assert jf(1.0, r=2.0) == 3.0
+    assert comp.calls == 3
+
+
+# --------------------------------------------------------------------------
+# Leaves
+
+
+def test_numpy_arrays_by_dtype_and_shape():
+    jf, comp = make(lambda x: float(x.sum()))
+    assert jf(np.ones(3)) == 3.0
+    assert jf(np.arange(3.0)) == 3.0  # same dtype and shape, other values
+    assert comp.calls == 1
+    assert jf(np.ones(4)) == 4.0  # shape
+    assert comp.calls == 2
+    assert jf(np.ones(3, np.float32)) == 3.0  # dtype
+    assert comp.calls == 3
+    assert jf(np.ones((3, 1))) == 3.0  # rank
+    assert comp.calls == 4
+    assert jf(np.ones((1, 3))) == 3.0
+    assert comp.calls == 5
+    assert jf(np.ones(3, np.int32)) == 3.0
+    assert comp.calls == 6
+    assert jf(np.full(3, 2.0)) == 6.0
+    assert jf(np.full((3, 1), 2.0)) == 6.0
+    assert comp.calls == 6
+
+
+def test_zero_size_and_zero_dim_arrays():
+    jf, comp = make(lambda x: x.shape)
+    assert jf(np.zeros((0,))) == (0,)
+    assert jf(np.zeros((0, 3))) == (0, 3)
+    assert jf(np.zeros((3, 0))) == (3, 0)
+    assert jf(np.zeros(())) == ()
+    assert comp.calls == 4
+    assert jf(np.ones((0, 3))) == (0, 3)
+    assert comp.calls == 4
+
+
+class Duck:
+    """Array-like leaf: anything with dtype and shape."""
+
+    def __init__(self, dtype, shape, weak_type=None):
+        self.dtype = np.dtype(dtype)
+        self.shape = shape
+        if weak_type is not None:
+            self.weak_type = weak_type
+
+
+def test_duck_typed_leaf_by_dtype_and_shape():
+    jf, comp = make(lambda x: (x.dtype, x.shape))
+    d1, d2 = Duck("float32", (2, 3)), Duck("float32", (2, 3))
+    assert jf(d1) == (np.dtype("float32"), (2, 3))
+    assert jf(d2) == (np.dtype("float32"), (2, 3))
+    assert comp.calls == 1
+    assert jf(Duck("float32", (3, 2))) == (np.dtype("float32"), (3, 2))
+    assert comp.calls == 2
+    assert jf(Duck("int8", (2, 3))) == (np.dtype("int8"), (2, 3))
+    assert comp.calls == 3
+
+
+def test_duck_executable_gets_the_call_object():
+    jf, comp = make(lambda x: x)
+    d1, d2 = Duck("float32", (2,)), Duck("float32", (2,))
+    assert jf(d1) is d1
+    assert jf(d2) is d2
+    assert comp.calls == 1
+
+
+def test_duck_weak_type_is_part_of_signature():
+    jf, comp = make(lambda x: getattr(x, "weak_type", None))
+    assert jf(Duck("float32", (2,), weak_type=True)) is True
+    assert jf(Duck("float32", (2,), weak_type=True)) is True
+    assert comp.calls == 1
+    assert jf(Duck("float32", (2,), weak_type=False)) is False
+    assert comp.calls == 2
+
+
+def test_duck_and_numpy_array_with_same_dtype_shape_share_signature():
+    jf, comp = make(lambda x: x.shape)
+    assert jf(np.zeros((2, 3), np.float32)) == (2, 3)
+    assert jf(Duck("float32", (2, 3), weak_type=False)) == (2, 3)
+    assert comp.calls == 1
+
+
+def test_numpy_scalars_by_dtype():
+    jf, comp = make(lambda x: x * 2)
+    assert jf(np.float32(1.5)) == np.float32(3.0)
+    assert jf(np.float32(2.5)) == np.float32(5.0)
+    assert comp.calls == 1
+    assert jf(np.float64(1.5)) == 3.0
+    assert comp.calls == 2
+    assert jf(np.int32(3)) == 6
+    assert jf(np.int64(3)) == 6
+    assert comp.calls == 4
+    assert type(jf(np.float32(1.0))) is np.float32
+
+
+def test_numpy_scalar_same_signature_as_0d_array():
+    jf, comp = make(lambda x: float(x) + 1)
+    assert jf(np.float32(1.0)) == 2.0
+    assert jf(np.array(2.0, np.float32)) == 3.0
+    assert comp.calls == 1
+
+
+def test_python_scalars_weak_and_distinct():
+    jf, comp = make(lambda x: (type(x), x * 2))
+    assert jf(1) == (int, 2)
+    assert jf(1.0) == (float, 2.0)
+    assert jf(True) == (bool, 2)
+    assert jf(1j) == (complex, 2j)
+    assert comp.calls == 4
+    assert jf(5) == (int, 10)
+    assert jf(2.5) == (float, 5.0)
+    assert jf(False) == (bool, 0)
+    assert jf(3j) == (complex, 6j)
+    assert comp.calls == 4
+
+
+def test_python_float_differs_from_numpy_float64():
+    jf, comp = make(lambda x: type(x))
+    assert jf(1.0) is float
+    assert jf(np.float64(1.0)) is np.float64  # weak vs strong
+    assert comp.calls == 2
+
+
+def test_python_int_differs_from_numpy_int():
+    jf, comp = make(lambda x: type(x))
+    assert jf(1) is int
+    assert jf(np.int64(1)) is np.int64
+    assert comp.calls == 2
+
+
+def test_same_signature_different_values_uses_real_values():
+    jf, comp = make(lambda x, y: x * y + 1)
+    assert jf(1.0, 2.0) == 3.0
+    assert jf(2.0, 3.0) == 7.0
+    assert jf(-1.5, 4.0) == -5.0
+    assert comp.calls == 1
+    a = np.arange(4.0)
+    np.testing.assert_array_equal(jf(a, a), a * a + 1)
+    b = np.arange(4.0) + 10
+    np.testing.assert_array_equal(jf(b, b), b * b + 1)
+    assert comp.calls == 2
+
+
+def test_mixed_leaves_in_one_tree():
+    def f(tree):
+        return float(tree["arr"].sum()) + tree["s"] + len(tree["l"])
+
+    jf, comp = make(f)
+    assert jf({"arr": np.ones(2), "s": 1.0, "l": [1, 2]}) == 5.0
+    assert jf({"arr": np.zeros(2), "s": 2.0, "l": [3, 4]}) == 4.0
+    assert comp.calls == 1
+    assert jf({"arr": np.zeros(2), "s": 2, "l": [3, 4]}) == 4.0  # float -> int
+    assert comp.calls == 2
+
+
+@pytest.mark.parametrize("bad", ["a string", object(), b"bytes", {1, 2}],
+                         ids=["str", "object", "bytes", "set"])
+def test_unsupported_leaf_positional(bad):
+    def f(x, label):
+        return x
+
+    jf, comp = make(f)
+    with pytest.raises(ftjit.UnsupportedArgumentError) as ei:
+        jf(1.0, bad)
+    msg = str(ei.value)
+    assert "static_argnames" in msg
+    assert "label" in msg or re.search(r"\b1\b", msg), msg
+    assert comp.calls == 0
+
+
+@pytest.mark.parametrize("bad", ["a string", object()], ids=["str", "object"])
+def test_unsupported_leaf_keyword(bad):
+    def f(x, label):
+        return x
+
+    jf, comp = make(f)
+    with pytest.raises(ftjit.UnsupportedArgumentError) as ei:
+        jf(1.0, label=bad)
+    msg = str(ei.value)
+    assert "static_argnames" in msg
+    assert "label" in msg
+    assert comp.calls == 0
+
+
+def test_unsupported_leaf_nested():
+    jf, comp = make(lambda tree: tree)
+    with pytest.raises(ftjit.UnsupportedArgumentError) as ei:
+        jf(tree={"a": [1.0, "nested string"]})
+    assert "static_argnames" in str(ei.value)
+    assert "tree" in str(ei.value)
+    assert comp.calls == 0
+
+
+def test_unsupported_leaf_does_not_poison_cache():
+    jf, comp = make(lambda x: x)
+    with pytest.raises(ftjit.UnsupportedArgumentError):
+        jf("s")
+    assert jf(1.0) == 1.0
+    assert jf(2.0) == 2.0
+    assert comp.calls == 1
+    assert jf.cache_info().size == 1
+
+
+def test_static_str_is_fine():
+    jf, comp = make(lambda x, name: f"{name}={x}", static_argnames="name")
+    assert jf(1.0, name="a") == "a=1.0"
+    assert jf(2.0, name="a") == "a=2.0"
+    assert comp.calls == 1
+
+
+# --------------------------------------------------------------------------
+# More edge cases
+
+
+def test_dict_non_string_keys_sorted():
+    jf, comp = make(lambda d: d[1] - d[2])
+    assert jf({2: 1.0, 1: 5.0}) == 4.0
+    assert jf({1: 7.0, 2: 1.0}) == 6.0
+    assert comp.calls == 1
+
+
+def test_non_contiguous_array_same_signature_as_contiguous():
+    jf, comp = make(lambda x: float(x.sum()))
+    assert jf(np.ones((3, 4))[:, ::2]) == 6.0
+    assert jf(np.ones((3, 2))) == 6.0
+    assert jf(np.asfortranarray(np.ones((3, 2)))) == 6.0
+    assert comp.calls == 1
+
+
+def test_static_argnames_through_var_kwargs():
+    def f(x, **kw):
+        return x * len(kw["mode"])
+
+    jf, comp = make(f, static_argnames="mode")
+    assert jf(1.0, mode="abc") == 3.0
+    assert jf(2.0, mode="abc") == 6.0
+    assert jf(2.0, mode="ab") == 4.0
+    assert comp.calls == 2
+
+
+def test_static_argument_with_default_not_passed():
+    jf, comp = make(lambda x, n=2: x * n, static_argnums=1)
+    assert jf(1.0) == 2.0
+    assert jf(3.0) == 6.0
+    assert comp.calls == 1
+    assert jf(1.0, 3) == 3.0
+    assert comp.calls == 2
+
+
+def test_static_and_dynamic_keywords_in_any_order():
+    def f(x, *, a, b):
+        return x * a + len(b)
+
+    jf, comp = make(f, static_argnames="b")
+    assert jf(1.0, b="ss", a=2.0) == 4.0
+    assert jf(1.0, a=3.0, b="ss") == 5.0
+    assert comp.calls == 1
+    assert jf(1.0, a=3.0, b="sss") == 6.0
+    assert comp.calls == 2
+
+
+def test_static_eq_not_implemented_means_not_equal():
+    class NoEq:
+        def __hash__(self):
+            return 5
+
+        def __eq__(self, other):
+            return NotImplemented
+
+    jf, comp = make(lambda x, k: k, static_argnums=1)
+    a, b = NoEq(), NoEq()
+    assert jf(1.0, a) is a
+    assert jf(1.0, b) is b  # falls back to identity: a different signature
+    assert jf(2.0, a) is a
+    assert comp.calls == 2
+
+
+def test_static_hash_collision_but_unequal():
+    class Collide:
+        def __init__(self, v):
+            self.v = v
+
+        def __hash__(self):
+            return 1
+
+        def __eq__(self, other):
+            return isinstance(other, Collide) and self.v == other.v
+
+    jf, comp = make(lambda x, k: x + k.v, static_argnums=1)
+    for v in range(10):
+        assert jf(1.0, Collide(v)) == 1.0 + v
+    for v in range(10):
+        assert jf(2.0, Collide(v)) == 2.0 + v
+    assert comp.calls == 10
+    assert jf.cache_info().size == 10
+
+
+def test_deeply_nested_argument_is_not_a_crash():
+    # Either it works or it is a RecursionError; never a crash.
+    t = 1.0
+    for _ in range(100_000):
+        t = [t]
+    jf, comp = make(lambda x: 0)
+    try:
+        assert jf(t) == 0
+    except RecursionError:
+        assert comp.calls == 0

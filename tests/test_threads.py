@@ -1,0 +1,690 @@
+"""Concurrency: compile-once, waiting, errors, re-entrancy, cycles, signals,
+and garbage collection racing with lookups.
+
+Every test starts its threads together on a threading.Barrier (helpers.
+run_threads), joins them with a timeout (a hang fails the test) and re-raises
+worker exceptions."""
+
+import _thread
+import gc
+import itertools
+import re
+import signal
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import ftjit
+from helpers import CountingCompiler, gc_collect_until, run_threads
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def wait_for(predicate, timeout):
+    """Poll `predicate` until true or `timeout` seconds passed; return it."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def test_00_run_threads_helper_reraises_and_detects_hangs():
+    """The helper itself: results in order, worker exceptions re-raised, and a
+    hung thread fails the test instead of stalling it."""
+    assert run_threads(4, lambda i: i * i) == [0, 1, 4, 9]
+
+    def boom(i):
+        if i == 2:
+            raise LookupError("worker 2")
+        return i
+
+    with pytest.raises(LookupError, match="^worker 2$"):
+        run_threads(3, boom)
+    release = threading.Event()
+    try:
+        with pytest.raises(pytest.fail.Exception, match="still running"):
+            run_threads(2, lambda i: release.wait(10) if i else None, timeout=0.3)
+    finally:
+        release.set()
+
+
+@pytest.mark.thread_unsafe(reason="spawns 32 threads and asserts on wall time")
+def test_01_thundering_herd_compiles_once():
+    """32 threads released together onto one new signature whose compile takes
+    0.3 s: one compile, every waiter gets its own result, no serialisation."""
+    n, delay = 32, 0.3
+    comp = CountingCompiler(delay=delay)
+    jf = ftjit.jit(lambda x: x * 2 + 1, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        t0 = time.monotonic()
+        r = jf(float(i))
+        return r, t0, time.monotonic()
+
+    out = run_threads(n, target, timeout=30)
+    assert [r for r, _, _ in out] == [i * 2.0 + 1 for i in range(n)]
+    assert comp.calls == 1
+    assert comp.exec_calls == n
+    herd = max(e for _, _, e in out) - min(s for _, s, _ in out)
+    assert herd < 2 * delay, f"herd took {herd:.3f} s"
+    info = jf.cache_info()
+    assert (info.misses, info.compiles, info.size, info.evictions) == (1, 1, 1, 0)
+    assert info.waits >= 1
+    assert info.hits + info.waits == n - 1
+
+
+@pytest.mark.parametrize("kind", ["static", "shape"])
+def test_02_many_threads_many_signatures(kind):
+    """8 threads x 200 calls spread over 20 signatures: exactly 20 compiles and
+    every result right, with threads hitting signatures in different orders."""
+    n_threads, n_calls, n_sigs = 8, 200, 20
+    comp = CountingCompiler(delay=0.001)
+    if kind == "static":
+        jf = ftjit.jit(lambda x, k: x + k, static_argnums=1, compiler=comp,
+                       cache=ftjit.FunctionCache())
+        call = lambda v, s: jf(v, s)  # noqa: E731
+        expect = lambda v, s: v + s  # noqa: E731
+    else:
+        jf = ftjit.jit(lambda x: float(x.sum()), compiler=comp, cache=ftjit.FunctionCache())
+        call = lambda v, s: jf(np.full(s + 1, v))  # noqa: E731
+        expect = lambda v, s: v * (s + 1)  # noqa: E731
+
+    def target(t):
+        bad = []
+        for k in range(n_calls):
+            s = (t * 7 + k) % n_sigs
+            v = float(t * 1000 + k)
+            r = call(v, s)
+            if r != expect(v, s):
+                bad.append((v, s, r))
+        return bad
+
+    assert run_threads(n_threads, target) == [[]] * n_threads
+    assert comp.calls == n_sigs
+    info = jf.cache_info()
+    assert info.compiles == n_sigs
+    assert info.misses == n_sigs
+    assert info.size == n_sigs
+    assert info.hits + info.waits == n_threads * n_calls - n_sigs
+
+
+def test_03_recursive_compile_same_signature():
+    """A compiler that calls its own jitted function with the signature being
+    compiled: RecursiveCompileError (a RecursionError), not a self-deadlock."""
+    inner = []
+    active = [True]
+
+    def hook(fun, args, kwargs):
+        if active[0]:
+            try:
+                jf(*args, **kwargs)
+            except ftjit.RecursiveCompileError as e:
+                inner.append(e)
+                raise
+
+    comp = CountingCompiler(on_compile=hook)
+
+    def recursing_function(x, n):
+        return x * n
+
+    jf = ftjit.jit(recursing_function, static_argnums=1, compiler=comp,
+                   cache=ftjit.FunctionCache())
+    x = np.ones((3, 5), np.float32)
+    with pytest.raises(ftjit.RecursiveCompileError) as ei:
+        jf(x, 47)
+    assert isinstance(ei.value, RecursionError)
+    assert len(inner) == 1
+    for err in (inner[0], ei.value):
+        msg = str(err)
+        assert recursing_function.__qualname__ in msg, msg
+        # The signature, readably: dtype, dims and the static value.
+        assert "float32" in msg and re.search(r"\b3\b\D{1,4}\b5\b", msg), msg
+        assert "47" in msg, msg
+        assert "weakref" not in msg.lower(), msg
+    # The failed entry is not kept: the next call compiles again.
+    active[0] = False
+    np.testing.assert_array_equal(jf(x, 47), x * 47)
+    assert comp.calls == 2
+    assert jf.cache_info().size == 1
+
+
+def test_04_nested_compile_of_other_signature_is_allowed():
+    """A compiler that calls its own jitted function with a different signature:
+    a nested compile, which succeeds (only the same signature is recursion)."""
+
+    def hook(fun, args, kwargs):
+        if args[0].shape == (3,):
+            np.testing.assert_array_equal(jf(np.ones(2)), np.full(2, 2.0))
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda x: x * 2, compiler=comp, cache=ftjit.FunctionCache())
+    np.testing.assert_array_equal(jf(np.ones(3)), np.full(3, 2.0))
+    assert comp.calls == 2
+    np.testing.assert_array_equal(jf(np.ones(2)), np.full(2, 2.0))
+    np.testing.assert_array_equal(jf(np.ones(3)), np.full(3, 2.0))
+    assert comp.calls == 2
+    assert jf.cache_info().size == 2
+
+
+def test_05_cross_thread_compile_cycle_is_an_error_not_a_hang():
+    """Two threads whose compiles wait on each other (f's compile needs g's
+    in-progress signature and vice versa): a RecursionError within 5 s."""
+    both_compiling = threading.Barrier(2)
+    active = [True]
+
+    def f_hook(fun, args, kwargs):
+        if active[0]:
+            both_compiling.wait(5)
+            g(1.0)
+
+    def g_hook(fun, args, kwargs):
+        if active[0]:
+            both_compiling.wait(5)
+            f(1.0)
+
+    cache = ftjit.FunctionCache()
+    f = ftjit.jit(lambda x: x + 1, compiler=CountingCompiler(on_compile=f_hook), cache=cache)
+    g = ftjit.jit(lambda x: x + 2, compiler=CountingCompiler(on_compile=g_hook), cache=cache)
+
+    def target(i):
+        t0 = time.monotonic()
+        try:
+            out = ("ok", (f, g)[i](1.0))
+        except Exception as e:  # noqa: BLE001 - examined below
+            out = ("err", e)
+        return out, time.monotonic() - t0
+
+    results = run_threads(2, target, timeout=15)
+    errors = [r[1] for (r, _) in results if r[0] == "err"]
+    assert errors, f"no error from a compile cycle: {results}"
+    for e in errors:
+        assert isinstance(e, RecursionError), repr(e)
+    assert any(isinstance(e, ftjit.CompileCycleError) for e in errors), errors
+    for (_, elapsed) in results:
+        assert elapsed < 5.0
+    # Both functions work once the cycle is gone.
+    active[0] = False
+    assert f(1.0) == 2.0
+    assert g(1.0) == 3.0
+
+
+def test_06_failed_compile_reaches_every_waiter_once():
+    """8 threads on one signature whose compile raises: the compiling caller and
+    all waiters get the error, no waiter starts its own compile, and the
+    failed entry is dropped so the next call compiles again."""
+    n = 8
+
+    def hook(fun, args, kwargs):
+        # Keep the compile in progress until the other callers are waiting.
+        wait_for(lambda: jf.cache_info().waits >= n - 1, 1.0)
+
+    comp = CountingCompiler(fail=ValueError("compile failed: boom"), on_compile=hook)
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        try:
+            jf(float(i))
+        except Exception as e:  # noqa: BLE001 - examined below
+            return e
+        return None
+
+    errors = run_threads(n, target)
+    for e in errors:
+        assert type(e) is ValueError, repr(e)
+        assert str(e) == "compile failed: boom"
+    assert comp.calls == 1
+    info = jf.cache_info()
+    assert info.size == 0
+    assert info.compiles == 0
+    assert info.waits == n - 1
+    # Not kept: the next call compiles again.
+    comp.fail = None
+    assert jf(41.0) == 42.0
+    assert comp.calls == 2
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.size) == (1, 2, 1)
+
+
+def test_07_executable_error_propagates_and_entry_stays():
+    """Executables raising in many threads: each caller gets its own error and
+    the compiled entry stays (no recompiles)."""
+
+    def f(x):
+        if x < 0:
+            raise ArithmeticError(f"negative {x}")
+        return x * 2
+
+    comp = CountingCompiler()
+    jf = ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        out = []
+        for k in range(20):
+            v = -float(i * 100 + k + 1)
+            try:
+                jf(v)
+            except ArithmeticError as e:
+                out.append(str(e) == f"negative {v}")
+            out.append(jf(-v) == -2 * v)
+        return all(out) and len(out) == 40
+
+    assert run_threads(8, target) == [True] * 8
+    assert comp.calls == 1
+    assert comp.exec_calls == 8 * 40
+    info = jf.cache_info()
+    assert (info.size, info.compiles, info.misses) == (1, 1, 1)
+
+
+@pytest.mark.thread_unsafe(reason="delivers SIGINT to the main thread")
+def test_08_wait_is_interruptible_by_ctrl_c():
+    """The main thread waiting on another thread's 3 s compile answers Ctrl-C
+    (KeyboardInterrupt) within 0.5 s."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are only delivered to the main thread")
+    started, release = threading.Event(), threading.Event()
+
+    def hook(fun, args, kwargs):
+        started.set()
+        release.wait(3.0)
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+    result = []
+    worker = threading.Thread(target=lambda: result.append(jf(1.0)), daemon=True)
+    worker.start()
+    assert started.wait(5)
+
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    interrupted = False
+    try:
+        t0 = time.monotonic()
+        timer.start()
+        try:
+            jf(2.0)  # same signature: waits on the worker's compile
+        except KeyboardInterrupt:
+            interrupted = True
+        elapsed = time.monotonic() - t0
+        if not interrupted:
+            # Swallow the interrupt still to come, so it cannot hit pytest.
+            try:
+                timer.join()
+                for _ in range(50):
+                    time.sleep(0.01)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        timer.cancel()
+        release.set()
+        signal.signal(signal.SIGINT, old_handler)
+    worker.join(10)
+    assert not worker.is_alive()
+    assert interrupted, "KeyboardInterrupt did not interrupt the wait"
+    assert elapsed < 0.2 + 0.5, f"interrupt took {elapsed:.3f} s"
+    assert result == [2.0]
+    assert comp.calls == 1
+    # The interrupted waiter left the entry intact.
+    assert jf(5.0) == 6.0
+    assert comp.calls == 1
+
+
+class Reentrant:
+    """A static argument whose __eq__ re-enters the jitted function `jf` and
+    clears its cache in the middle of the lookup."""
+
+    depth = threading.local()
+
+    def __init__(self, v, jf_box):
+        self.v = v
+        self.jf_box = jf_box
+
+    def __hash__(self):
+        return 4242
+
+    def __eq__(self, other):
+        if other is self:
+            return True
+        if not isinstance(other, Reentrant):
+            return NotImplemented
+        d = getattr(Reentrant.depth, "n", 0)
+        if d == 0:
+            Reentrant.depth.n = 1
+            try:
+                jf = self.jf_box[0]
+                assert jf(10.0, 3) == 30.0  # re-enter: a different signature
+                jf.clear_cache()  # clear from inside the lookup
+                assert jf(10.0, 3) == 30.0
+            finally:
+                Reentrant.depth.n = 0
+        return self.v == other.v
+
+
+def _reentrant_function(x, k):
+    return x * k if isinstance(k, int) else x + k.v
+
+
+def test_09_static_eq_reenters_and_clears_cache():
+    """A static argument's __eq__ that calls the same jitted function and
+    clear_cache() during the lookup: no crash, no deadlock, right results."""
+    box = []
+    comp = CountingCompiler()
+    jf = ftjit.jit(_reentrant_function, static_argnums=1, compiler=comp,
+                   cache=ftjit.FunctionCache())
+    box.append(jf)
+    r1, r2, r1b = Reentrant(1, box), Reentrant(2, box), Reentrant(1, box)
+    assert jf(1.0, r1) == 2.0
+    for _ in range(5):
+        assert jf(1.0, r2) == 3.0
+        assert jf(2.0, r1) == 3.0
+        assert jf(2.0, r1b) == 3.0  # equal to r1: compares, re-enters, clears
+        assert jf(4.0, 5) == 20.0
+    info = jf.cache_info()
+    assert info.size <= 4
+    assert info.compiles == comp.calls
+    jf.clear_cache()
+    assert jf.cache_info().size == 0
+    assert jf(7.0, r2) == 9.0
+
+
+def test_10_static_eq_reentry_from_many_threads():
+    """The re-entrant, cache-clearing __eq__ from 8 threads at once on one
+    function: every result right, nothing hangs."""
+    box = []
+    comp = CountingCompiler()
+    jf = ftjit.jit(_reentrant_function, static_argnums=1, compiler=comp,
+                   cache=ftjit.FunctionCache())
+    box.append(jf)
+
+    def target(i):
+        keys = [Reentrant(v, box) for v in range(3)]
+        ok = True
+        for k in range(30):
+            key = keys[(i + k) % 3]
+            ok &= jf(float(k), key) == k + key.v
+            ok &= jf(float(k), 2) == 2.0 * k
+        return ok
+
+    assert run_threads(8, target, timeout=60) == [True] * 8
+    assert jf.cache_info().compiles == comp.calls
+
+
+@pytest.mark.thread_unsafe(reason="depends on when the garbage collector runs")
+def test_11_gc_weakref_callback_during_another_threads_lookup():
+    """Functions dying in reference cycles (their weakref callbacks removing
+    entries) while other threads' lookups run __eq__ that allocates and calls
+    gc.collect(), all on one FunctionCache."""
+    cache = ftjit.FunctionCache()
+    eq_calls = itertools.count()
+
+    class Collider:
+        def __init__(self, v):
+            self.v = v
+
+        def __hash__(self):
+            return 99
+
+        def __eq__(self, other):
+            if other is self:
+                return True
+            if not isinstance(other, Collider):
+                return NotImplemented
+            junk = [[] for _ in range(2000)]  # trips automatic collections
+            del junk
+            n = next(eq_calls)
+            gc.collect(2 if n % 16 == 0 else 0)
+            return self.v == other.v
+
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, k: x + k.v, static_argnums=1, compiler=comp, cache=cache)
+    dying_comp = CountingCompiler()
+    dead_refs = []
+    refs_lock = threading.Lock()
+
+    def lookups(t):
+        ok = True
+        for k in range(40):
+            c = Collider(k % 5)
+            ok &= jf(float(k), c) == k + c.v
+        return ok
+
+    def dying(t):
+        for k in range(60):
+            def g(x, n):
+                return x + n
+
+            jg = ftjit.jit(g, static_argnums=1, compiler=dying_comp, cache=cache)
+            assert jg(1.0, 1) == 2.0
+            assert jg(1.0, 2) == 3.0
+            g.cycle = (g, jg)  # only the garbage collector frees these
+            with refs_lock:
+                dead_refs.append(weakref.ref(g))
+            del g, jg
+        return True
+
+    results = run_threads(4, lambda i: lookups(i) if i < 2 else dying(i), timeout=90)
+    assert results == [True] * 4
+    assert comp.calls == 5
+    assert dying_comp.calls == 2 * 60 * 2
+    assert gc_collect_until(lambda: all(r() is None for r in dead_refs))
+    assert gc_collect_until(lambda: cache.size() == 5), cache.size()
+    assert jf.cache_info().size == 5
+    for v in range(5):
+        assert jf(1.0, Collider(v)) == 1.0 + v
+    assert comp.calls == 5
+
+
+def test_12_disable_jit_is_thread_local():
+    """disable_jit() in one thread while another thread calls the same function:
+    only the disabling thread bypasses the compiler."""
+    direct = []
+
+    def f(x):
+        direct.append(threading.get_ident())
+        return x if isinstance(x, str) else x + 1
+
+    comp = CountingCompiler()
+    jf = ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache())
+    inside, compiled, done = (threading.Barrier(2) for _ in range(3))
+
+    def target(i):
+        if i == 0:
+            with ftjit.disable_jit():
+                inside.wait(10)
+                compiled.wait(10)  # thread 1 compiled this signature meanwhile
+                r = jf(1.0)  # still bypasses: fun runs directly, not the executable
+                s = jf("not a leaf")  # no signature is built at all
+                done.wait(10)
+            return r, s
+        inside.wait(10)
+        r = jf(2.0)  # thread 0 is inside disable_jit() right now
+        compiled.wait(10)
+        done.wait(10)
+        return r
+
+    assert run_threads(2, target) == [(2.0, "not a leaf"), 3.0]
+    assert comp.calls == 1  # thread 1's call only
+    assert comp.exec_calls == 1  # thread 0's calls never reached the executable
+    assert len(direct) == 3  # thread 0 twice directly, thread 1 once via the executable
+    # Outside disable_jit() the main thread uses the compiled entry.
+    assert jf(3.0) == 4.0
+    assert (comp.calls, comp.exec_calls) == (1, 2)
+
+
+def test_13_clear_cache_while_other_threads_call():
+    """clear_cache() hammered from two threads while six threads call over four
+    signatures: right results, consistent counters."""
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, k: x * k, static_argnums=1, compiler=comp,
+                   cache=ftjit.FunctionCache())
+
+    def target(i):
+        if i < 2:
+            for _ in range(50):
+                jf.clear_cache()
+                time.sleep(0.0005)
+            return True
+        ok = True
+        for k in range(300):
+            ok &= jf(float(k), k % 4) == float(k) * (k % 4)
+        return ok
+
+    assert run_threads(8, target) == [True] * 8
+    info = jf.cache_info()
+    assert comp.calls >= 4
+    assert info.compiles == comp.calls
+    assert info.misses == comp.calls
+    assert info.size <= 4
+    jf.clear_cache()
+    assert jf.cache_info().size == 0
+
+
+def test_14_wrappers_created_and_dropped_concurrently():
+    """8 threads each creating, calling and dropping 30 jitted functions on one
+    shared FunctionCache: every entry leaves the cache with its function."""
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+    refs = []
+    lock = threading.Lock()
+
+    def target(t):
+        ok = True
+        for k in range(30):
+            def g(x, _c=t * 100 + k):
+                return x + _c
+
+            jg = ftjit.jit(g, compiler=comp, cache=cache)
+            ok &= jg(1.0) == 1.0 + t * 100 + k
+            ok &= jg(2.0) == 2.0 + t * 100 + k
+            with lock:
+                refs.append(weakref.ref(g))
+            del g, jg
+        return ok
+
+    assert run_threads(8, target) == [True] * 8
+    assert comp.calls == 8 * 30
+    assert gc_collect_until(lambda: all(r() is None for r in refs))
+    assert gc_collect_until(lambda: cache.size() == 0), cache.size()
+
+
+def test_15_compiles_of_different_signatures_do_not_block_each_other():
+    """While one signature's compile is held open, another thread compiles and
+    runs a different signature of the same function (no global compile lock)."""
+    started, release = threading.Event(), threading.Event()
+    order = []
+
+    def hook(fun, args, kwargs):
+        if args[0] == "slow":
+            started.set()
+            assert release.wait(10)
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda tag, x: x + 1, static_argnums=0, compiler=comp,
+                   cache=ftjit.FunctionCache())
+
+    def target(i):
+        if i == 0:
+            r = jf("slow", 1.0)
+            order.append("slow")
+            return r
+        assert started.wait(10)
+        r = jf("fast", 2.0)
+        order.append("fast")
+        release.set()
+        return r
+
+    assert run_threads(2, target) == [2.0, 3.0]
+    assert order == ["fast", "slow"]
+    assert comp.calls == 2
+
+
+def test_16_waiters_get_their_own_results():
+    """8 threads on one new signature, the compile held until all 7 others are
+    waiting: one compile, each thread's result computed from its own value."""
+    n = 8
+
+    def hook(fun, args, kwargs):
+        wait_for(lambda: jf.cache_info().waits >= n - 1, 2.0)
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda x, y: x * 10 + y, compiler=comp, cache=ftjit.FunctionCache())
+
+    results = run_threads(n, lambda i: jf(float(i), y=float(-i)))
+    assert results == [i * 10.0 - i for i in range(n)]
+    assert comp.calls == 1
+    info = jf.cache_info()
+    assert (info.misses, info.compiles, info.waits, info.size) == (1, 1, n - 1, 1)
+
+
+def test_17_two_wrappers_of_one_function_compile_once_concurrently():
+    """Two jit wrappers of the same function, options and cache, called from 8
+    threads at once on one new signature: they share one compile."""
+    n = 8
+    comp = CountingCompiler(delay=0.05)
+    cache = ftjit.FunctionCache()
+
+    def f(x):
+        return x - 1
+
+    wrappers = [ftjit.jit(f, compiler=comp, cache=cache) for _ in range(2)]
+    results = run_threads(n, lambda i: wrappers[i % 2](float(i)))
+    assert results == [i - 1.0 for i in range(n)]
+    assert comp.calls == 1
+    assert cache.size() == 1
+
+
+def test_18_failed_compile_then_concurrent_retry():
+    """After a failed compile, 8 threads retry the same signature together:
+    exactly one new compile serves them all."""
+    comp = CountingCompiler(fail=RuntimeError("first compile fails"))
+    jf = ftjit.jit(lambda x: x * 3, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(RuntimeError, match="^first compile fails$"):
+        jf(1.0)
+    assert comp.calls == 1
+    comp.fail = None
+    comp.delay = 0.05
+    assert run_threads(8, lambda i: jf(float(i))) == [3.0 * i for i in range(8)]
+    assert comp.calls == 2
+
+
+def test_19_execution_time_recursion_is_not_compile_recursion():
+    """A function that calls its own jitted self while executing (after its
+    compile finished), from 4 threads: plain recursion, no RecursiveCompileError."""
+    comp = CountingCompiler(delay=0.01)
+
+    def fact(n):
+        return 1 if n <= 1 else n * jf(n - 1)
+
+    jf = ftjit.jit(fact, compiler=comp, cache=ftjit.FunctionCache())
+    assert run_threads(4, lambda i: jf(5 + i)) == [120, 720, 5040, 40320]
+    assert comp.calls == 1  # one signature: a weak-typed Python int
+
+
+def test_20_bounded_cache_under_concurrency_keeps_its_books():
+    """8 threads, each with its own function, churning one small shared LRU:
+    right results, the bound holds, and compiles - evictions == size."""
+    cache = ftjit.FunctionCache(capacity=5)
+    comp = CountingCompiler()
+    fns = [ftjit.jit(lambda x, k, _t=t: x + k + _t, static_argnums=1, compiler=comp,
+                     cache=cache) for t in range(8)]
+
+    def target(t):
+        ok = True
+        for j in range(100):
+            k = (j * 3 + t) % 10
+            ok &= fns[t](1.0, k) == 1.0 + k + t
+        return ok
+
+    assert run_threads(8, target) == [True] * 8
+    infos = [f.cache_info() for f in fns]
+    assert cache.size() <= 5
+    assert sum(i.size for i in infos) == cache.size()
+    assert sum(i.compiles for i in infos) == comp.calls
+    for i in infos:
+        assert i.misses == i.compiles
+        assert i.hits + i.waits + i.misses == 100
+        assert i.compiles - i.evictions == i.size
