@@ -33,6 +33,29 @@ void RegisterCore(const std::shared_ptr<CacheCore>& core) {
   cores.push_back(core);
 }
 
+// Every live FunctionEntries, for ftjit.stats(). Guarded by g_entries_mu (a
+// leaf, like g_cores_mu).
+nb::ft_mutex g_entries_mu;
+std::vector<std::weak_ptr<FunctionEntries>>& AllEntries() {
+  static auto* all = new std::vector<std::weak_ptr<FunctionEntries>>();  // guarded by g_entries_mu
+  return *all;
+}
+
+void RegisterEntries(const std::shared_ptr<FunctionEntries>& fe) {
+  std::vector<std::weak_ptr<FunctionEntries>> dead;  // dropped after unlocking
+  nb::ft_lock_guard lock(g_entries_mu);
+  auto& all = AllEntries();
+  for (auto it = all.begin(); it != all.end();) {
+    if (it->expired()) {
+      dead.push_back(std::move(*it));
+      it = all.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  all.push_back(fe);
+}
+
 bool Evictable(const EntryPtr& e) { return !e->latch.compiling(); }
 
 class FunctionCache {
@@ -132,7 +155,9 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
 
   // Probe weak-referenceability first: a private FunctionEntries otherwise.
   if (!PyType_SUPPORTS_WEAKREFS(Py_TYPE(fun.ptr()))) {
-    return std::make_shared<FunctionEntries>(core, name, /*is_private=*/true);
+    auto fe = std::make_shared<FunctionEntries>(core, name, /*is_private=*/true);
+    RegisterEntries(fe);
+    return fe;
   }
 
   Py_hash_t oh = PyObject_Hash(options.ptr());
@@ -165,6 +190,7 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
                           fresh);
   };
   auto r = core->functions.FindOrInsert(hash, probe, eq, make);
+  if (r.inserted) RegisterEntries(r.value);
   return r.value;
 }
 
@@ -177,6 +203,31 @@ void ClearAllCaches() {
     }
   }
   for (auto& c : live) c->ClearAll();
+}
+
+std::vector<std::shared_ptr<FunctionEntries>> LiveEntries() {
+  std::vector<std::shared_ptr<FunctionEntries>> live;
+  nb::ft_lock_guard lock(g_entries_mu);
+  for (auto& w : AllEntries()) {
+    if (auto fe = w.lock()) live.push_back(std::move(fe));
+  }
+  return live;  // the last reference of one may drop later: no lock is held then
+}
+
+nb::object MakeCacheInfo(FunctionEntries& fe) {
+  Counters& c = fe.counters();
+  auto r = std::memory_order_relaxed;
+  PyObject* info = PyObject_CallFunction(
+      Types().cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.Hits()),
+      static_cast<unsigned long long>(c.misses.load(r)),
+      static_cast<unsigned long long>(c.compiles.load(r)),
+      static_cast<unsigned long long>(c.waits.load(r)),
+      static_cast<unsigned long long>(c.evictions.load(r)), static_cast<Py_ssize_t>(fe.size()),
+      static_cast<unsigned long long>(c.failures.load(r)),
+      static_cast<double>(c.compile_nanos.load(r)) * 1e-9,
+      static_cast<double>(c.wait_nanos.load(r)) * 1e-9);
+  if (!info) throw nb::python_error();
+  return nb::steal(info);
 }
 
 bool IsFunctionCache(nb::handle h) { return nb::isinstance<FunctionCache>(h); }
@@ -196,6 +247,8 @@ void RegisterFunctionCache(nb::module_& m) {
       .def("clear", [](FunctionCache& c) { c.core->ClearAll(); },
            "Drops every entry. Compiles in progress finish and serve their\n"
            "waiters, but are not kept. Safe to call from any thread.")
+      .def("_functions", [](const FunctionCache& c) { return c.core->functions.size(); },
+           "Number of live (function, options) pairs registered (diagnostics).")
       .def("__repr__", [](const FunctionCache& c) {
         return "FunctionCache(capacity=" + std::to_string(c.core->lru.capacity()) +
                ", size=" + std::to_string(c.core->lru.size()) + ")";

@@ -65,6 +65,9 @@ struct Entry {
   nb::object executable;  // see the table above
   nb::object error;       // the compile's exception, when it failed
   double compile_seconds = 0;  // written with `executable`
+  // Hits of this signature: a relaxed counter on its own cache line, so the
+  // read-mostly fields above never share a line with it.
+  alignas(64) std::atomic<uint64_t> hits{0};
   LruHook<std::shared_ptr<Entry>> lru;
 };
 
@@ -166,6 +169,12 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
 
 // Clears every live FunctionCache (ftjit.clear_caches()).
 void ClearAllCaches();
+
+// Every live FunctionEntries (for ftjit.stats()); a snapshot.
+std::vector<std::shared_ptr<FunctionEntries>> LiveEntries();
+
+// CacheInfo(...) snapshot of one function's counters (a new reference).
+nb::object MakeCacheInfo(FunctionEntries& fe);
 
 // Python-visible FunctionCache; registered by RegisterFunctionCache.
 void RegisterFunctionCache(nb::module_& m);

@@ -17,6 +17,8 @@
 #include <nanobind/stl/string.h>
 
 #include <chrono>
+#include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +51,9 @@ struct JitState {
   std::shared_ptr<FunctionEntries> entries;
   bool strip_static = false;  // call executables with dynamic arguments only
   nb::object fallback;        // called instead when NeedsFallback (may be null)
+  double compile_timeout = 0;  // seconds a waiter waits at most; <= 0: forever
+  nb::object on_compile;      // hook(name, signature, seconds, error or None)
+  nb::object on_wait;         // hook(name, signature, seconds)
 };
 
 struct JitFunctionObject {
@@ -105,6 +110,26 @@ nb::object FetchNormalized() {
 [[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg) {
   PyErr_SetString(type, msg.c_str());
   throw nb::python_error();
+}
+
+// Calls an observability hook; its exceptions are reported as unraisable,
+// never allowed to replace the call's own result or error.
+void CallHook(const nb::object& hook, std::initializer_list<PyObject*> args) {
+  if (!hook.is_valid()) return;
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);  // keep a pending error (failed compile) intact
+  std::vector<PyObject*> argv(args);
+  PyObject* r = PyObject_Vectorcall(hook.ptr(), argv.data(), argv.size(), nullptr);
+  if (!r) {
+    PyErr_WriteUnraisable(hook.ptr());
+  } else {
+    Py_DECREF(r);
+  }
+  PyErr_Restore(t, v, tb);
+}
+
+nb::object SignatureString(const JitState& st, const Entry& e) {
+  return nb::steal(PyUnicode_FromString(e.sig->ToString(st.spec.fun_name).c_str()));
 }
 
 uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
@@ -202,6 +227,15 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
   if (!exe.is_valid()) {
     e->error = FetchNormalized();
     publisher.Fail();
+    if (st.on_compile.is_valid()) {
+      nb::object secs = nb::steal(PyFloat_FromDouble(static_cast<double>(NanosSince(t0)) * 1e-9));
+      nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
+      nb::object sig = SignatureString(st, *e);
+      if (secs.is_valid() && name.is_valid() && sig.is_valid()) {
+        CallHook(st.on_compile, {name.ptr(), sig.ptr(), secs.ptr(), e->error.ptr()});
+      }
+      PyErr_Clear();
+    }
     Reraise(e->error.ptr());
   }
   uint64_t nanos = NanosSince(t0);
@@ -212,6 +246,13 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
   publisher.done = true;
   e->latch.Publish(CompileLatch::State::kReady);
   st.entries->TrimLru();
+  if (st.on_compile.is_valid()) {
+    nb::object secs = nb::steal(PyFloat_FromDouble(e->compile_seconds));
+    nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
+    nb::object sig = SignatureString(st, *e);
+    if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
+    CallHook(st.on_compile, {name.ptr(), sig.ptr(), secs.ptr(), Py_None});
+  }
 }
 
 nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args,
@@ -246,20 +287,47 @@ void WaitForCompile(JitState& st, Entry& e) {
   Counters& c = st.entries->counters();
   c.waits.fetch_add(1, std::memory_order_relaxed);
   auto t0 = std::chrono::steady_clock::now();
+  const bool bounded = st.compile_timeout > 0;
+  const auto deadline =
+      t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+               std::chrono::duration<double>(bounded ? st.compile_timeout : 0.0));
   CompileLatch::State s = e.latch.state();
   while (s == CompileLatch::State::kCompiling) {
+    auto slice = std::chrono::steady_clock::duration(std::chrono::milliseconds(100));
+    if (bounded) {
+      auto left = deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::steady_clock::duration::zero()) {
+        c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+        char secs[32];
+        std::snprintf(secs, sizeof(secs), "%g", st.compile_timeout);
+        RaiseMessage(Types().compile_timeout,
+                     "gave up after compile_timeout=" + std::string(secs) + " s waiting for " +
+                         e.sig->ToString(st.spec.fun_name) +
+                         ", which another thread is compiling; the compile carries on and "
+                         "later calls will use it");
+      }
+      if (left < slice) slice = left;
+    }
     // Explicit calls, not an RAII guard: during interpreter shutdown
     // PyEval_RestoreThread may end this (daemon) thread with pthread_exit,
     // whose forced unwind must not start inside a noexcept destructor.
     PyThreadState* ts = PyEval_SaveThread();
-    s = e.latch.WaitFor(std::chrono::milliseconds(100));
+    s = e.latch.WaitFor(slice);
     PyEval_RestoreThread(ts);
     if (s == CompileLatch::State::kCompiling && PyErr_CheckSignals() != 0) {
       c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
       throw nb::python_error();
     }
   }
-  c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+  uint64_t waited = NanosSince(t0);
+  c.wait_nanos.fetch_add(waited, std::memory_order_relaxed);
+  if (st.on_wait.is_valid()) {
+    nb::object secs = nb::steal(PyFloat_FromDouble(static_cast<double>(waited) * 1e-9));
+    nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
+    nb::object sig = SignatureString(st, e);
+    if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
+    CallHook(st.on_wait, {name.ptr(), sig.ptr(), secs.ptr()});
+  }
   if (s == CompileLatch::State::kFailed) RaiseForWaiter(e.error);
 }
 
@@ -280,6 +348,7 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
   if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
   if (e.latch.state() == CompileLatch::State::kReady) {
     st.entries->counters().Hit();
+    e.hits.fetch_add(1, std::memory_order_relaxed);
   } else {
     WaitForCompile(st, e);
   }
@@ -321,6 +390,8 @@ extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) 
     Py_VISIT(st->spec.context_fn.ptr());
     Py_VISIT(st->spec.fallback_types.ptr());
     Py_VISIT(st->fallback.ptr());
+    Py_VISIT(st->on_compile.ptr());
+    Py_VISIT(st->on_wait.ptr());
     Py_VISIT(st->spec.plain_types_owner.ptr());
     Py_VISIT(st->spec.aval_types_owner.ptr());
   }
@@ -336,7 +407,8 @@ extern "C" int JitFunction_clear(PyObject* self) {
                cache = std::move(st->cache), options = std::move(st->options),
                pickle = std::move(st->pickle_options), names = std::move(st->spec.arg_names),
                flatten = std::move(st->spec.pytree_flatten), ctx = std::move(st->spec.context_fn),
-               fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback);
+               fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback),
+               on_compile = std::move(st->on_compile), on_wait = std::move(st->on_wait);
   }
   return 0;
 }
@@ -368,19 +440,12 @@ extern "C" PyObject* JitFunction_repr(PyObject* self) {
 }
 
 extern "C" PyObject* JitFunction_cache_info(PyObject* self, PyObject*) {
-  JitState& st = StateOf(self);
-  Counters& c = st.entries->counters();
-  auto r = std::memory_order_relaxed;
-  return PyObject_CallFunction(
-      Types().cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.Hits()),
-      static_cast<unsigned long long>(c.misses.load(r)),
-      static_cast<unsigned long long>(c.compiles.load(r)),
-      static_cast<unsigned long long>(c.waits.load(r)),
-      static_cast<unsigned long long>(c.evictions.load(r)),
-      static_cast<Py_ssize_t>(st.entries->size()),
-      static_cast<unsigned long long>(c.failures.load(r)),
-      static_cast<double>(c.compile_nanos.load(r)) * 1e-9,
-      static_cast<double>(c.wait_nanos.load(r)) * 1e-9);
+  try {
+    return MakeCacheInfo(*StateOf(self).entries).release().ptr();
+  } catch (nb::python_error& err) {
+    err.restore();
+    return nullptr;
+  }
 }
 
 extern "C" PyObject* JitFunction_clear_cache(PyObject* self, PyObject*) {
@@ -395,7 +460,8 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
     nb::list out;
     for (const EntryPtr& e : entries) {
       if (e->latch.state() != CompileLatch::State::kReady) continue;
-      out.append(nb::make_tuple(e->sig->ToString(st.spec.fun_name), e->compile_seconds));
+      out.append(nb::make_tuple(e->sig->ToString(st.spec.fun_name),
+                                e->hits.load(std::memory_order_relaxed), e->compile_seconds));
     }
     return out.release().ptr();
   } catch (nb::python_error& err) {
@@ -435,6 +501,23 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
   }
 }
 
+extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* args,
+                                              Py_ssize_t nargs, PyObject* kwnames) {
+  JitState& st = StateOf(self);
+  try {
+    CallSignature sig;
+    try {
+      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig);
+    } catch (const NeedsFallback&) {
+      return PyUnicode_FromString((st.spec.fun_name + "(<traced>)").c_str());
+    }
+    return PyUnicode_FromString(sig.ToString(st.spec.fun_name).c_str());
+  } catch (nb::python_error& err) {
+    err.restore();
+    return nullptr;
+  }
+}
+
 extern "C" PyObject* JitFunction_get_fun(PyObject* self, void*) {
   JitState& st = StateOf(self);
   return Py_NewRef(st.fun.is_valid() ? st.fun.ptr() : Py_None);
@@ -468,7 +551,10 @@ PyMethodDef kMethods[] = {
      "clear_cache() -> None\n\nDrops this function's compiled entries. Compiles in progress\n"
      "finish and serve their waiters, but are not kept. Thread-safe."},
     {"_cached_signatures", JitFunction_signatures, METH_NOARGS,
-     "A snapshot list of (readable signature, compile seconds) of ready entries."},
+     "A snapshot list of (readable signature, hits, compile seconds) of ready entries."},
+    {"_signature_of", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(JitFunction_signature_of)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "_signature_of(*args, **kwargs) -> str: the readable signature these arguments have."},
     {"_precompile", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(JitFunction_precompile)),
      METH_FASTCALL | METH_KEYWORDS,
      "_precompile(*args, **kwargs) -> bool\n\nCompiles the signature of these arguments if it is not\n"
@@ -524,7 +610,8 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
                            nb::object pickle_options, nb::object pytree_flatten,
                            nb::object context_fn, bool strip_static, nb::object fallback,
                            nb::object fallback_types, nb::object plain_types,
-                           nb::object aval_types) {
+                           nb::object aval_types, double compile_timeout,
+                           nb::object on_compile, nb::object on_wait) {
   if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
   if (!PyCallable_Check(compiler.ptr())) throw nb::type_error("compiler must be callable");
   if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
@@ -547,6 +634,9 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   if (!pytree_flatten.is_none()) st->spec.pytree_flatten = pytree_flatten;
   if (!context_fn.is_none()) st->spec.context_fn = context_fn;
   if (!fallback.is_none()) st->fallback = fallback;
+  st->compile_timeout = compile_timeout;
+  if (!on_compile.is_none()) st->on_compile = on_compile;
+  if (!on_wait.is_none()) st->on_wait = on_wait;
   if (!fallback_types.is_none()) st->spec.fallback_types = fallback_types;
   if (!plain_types.is_none()) {
     for (nb::handle t : plain_types) {
@@ -596,7 +686,8 @@ void RegisterJitFunction(nb::module_& m) {
         nb::arg("pytree_flatten").none(), nb::arg("context_fn").none(),
         nb::arg("strip_static"), nb::arg("fallback").none() = nb::none(),
         nb::arg("fallback_types").none() = nb::none(), nb::arg("plain_types").none() = nb::none(),
-        nb::arg("aval_types").none() = nb::none());
+        nb::arg("aval_types").none() = nb::none(), nb::arg("compile_timeout") = 0.0,
+        nb::arg("on_compile").none() = nb::none(), nb::arg("on_wait").none() = nb::none());
   m.def("_disable_jit_enter", []() { ++t_disabled; });
   m.def("_disable_jit_exit", []() {
     if (t_disabled > 0) --t_disabled;

@@ -5,6 +5,8 @@
 #include "jit_function.h"
 #include "signature.h"
 
+#include <nanobind/stl/string.h>
+
 namespace nb = nanobind;
 
 NB_MODULE(_core, m) {
@@ -14,12 +16,22 @@ NB_MODULE(_core, m) {
   nb::set_leak_warnings(false);
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
+  m.def(
+      "_live_functions",
+      []() {
+        nb::list out;
+        for (auto& fe : ftjit::LiveEntries()) {
+          out.append(nb::make_tuple(fe->name(), ftjit::MakeCacheInfo(*fe)));
+        }
+        return out;
+      },
+      "A snapshot [(name, CacheInfo)] of every live (function, options) pair.");
   m.def("clear_caches", &ftjit::ClearAllCaches,
         "Drops the compiled entries of every live FunctionCache.");
   m.def(
       "_set_python_types",
       [](nb::object unhashable, nb::object unsupported, nb::object recursive,
-         nb::object cycle, nb::object cache_info, nb::object rebuild, nb::object copy,
+         nb::object cycle, nb::object timeout, nb::object cache_info, nb::object rebuild, nb::object copy,
          nb::object ndarray, nb::object generic) {
         ftjit::PythonTypes& t = ftjit::Types();
         if (t.cache_info) throw std::runtime_error("_set_python_types may be called once");
@@ -28,6 +40,7 @@ NB_MODULE(_core, m) {
         t.unsupported_argument = unsupported.release().ptr();
         t.recursive_compile = recursive.release().ptr();
         t.compile_cycle = cycle.release().ptr();
+        t.compile_timeout = timeout.release().ptr();
         t.cache_info = cache_info.release().ptr();
         t.rebuild = rebuild.release().ptr();
         t.copy = copy.release().ptr();

@@ -124,6 +124,7 @@ struct PythonTypes {
   PyObject* unsupported_argument = nullptr;
   PyObject* recursive_compile = nullptr;
   PyObject* compile_cycle = nullptr;
+  PyObject* compile_timeout = nullptr;     // CompileTimeoutError
   PyObject* cache_info = nullptr;          // CacheInfo(...) factory
   PyObject* rebuild = nullptr;             // rebuild(fun, options) for pickle
   PyObject* copy = nullptr;                // copy.copy

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from . import errors
 from ._jax import JaxCompiler
-from ._jit import CacheInfo, FunctionCache, JitFunction, clear_caches, default_cache, disable_jit, jit
-from .errors import CompileCycleError, RecursiveCompileError, UnhashableStaticArgumentError, UnsupportedArgumentError
+from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
+from ._observe import FunctionStats, Stats, set_explain_misses, stats
+from ._warmup import Spec, WarmupReport, WarmupResult
+from .errors import (
+    CompileCycleError,
+    CompileTimeoutError,
+    RecompileLimitError,
+    RecursiveCompileError,
+    UnhashableStaticArgumentError,
+    UnsupportedArgumentError,
+)
 
 __version__ = "0.1.0"
 
@@ -23,7 +32,17 @@ __all__ = [
     "default_cache",
     "disable_jit",
     "errors",
+    "SignatureInfo",
+    "Stats",
+    "FunctionStats",
+    "stats",
+    "set_explain_misses",
+    "Spec",
+    "WarmupReport",
+    "WarmupResult",
     "CompileCycleError",
+    "CompileTimeoutError",
+    "RecompileLimitError",
     "RecursiveCompileError",
     "UnhashableStaticArgumentError",
     "UnsupportedArgumentError",

@@ -10,9 +10,10 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, _observe
 from . import errors
 from ._jax import JaxCompiler
+from ._warmup import warmup as _warmup_impl
 
 __all__ = ["jit", "JitFunction", "FunctionCache", "CacheInfo", "clear_caches", "disable_jit"]
 
@@ -126,6 +127,10 @@ def jit(
     cache: FunctionCache | None = ...,
     donate_argnums: int | Sequence[int] | None = ...,
     donate_argnames: str | Sequence[str] | None = ...,
+    compile_timeout: float | None = ...,
+    max_signatures: int | None = ...,
+    on_excess: str = ...,
+    explain_misses: bool | None = ...,
     **jax_options: Any,
 ) -> F: ...
 @overload
@@ -138,6 +143,10 @@ def jit(
     cache: FunctionCache | None = ...,
     donate_argnums: int | Sequence[int] | None = ...,
     donate_argnames: str | Sequence[str] | None = ...,
+    compile_timeout: float | None = ...,
+    max_signatures: int | None = ...,
+    on_excess: str = ...,
+    explain_misses: bool | None = ...,
     **jax_options: Any,
 ) -> Callable[[F], F]: ...
 def jit(
@@ -149,6 +158,10 @@ def jit(
     cache: FunctionCache | None = None,
     donate_argnums: int | Sequence[int] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
+    compile_timeout: float | None = None,
+    max_signatures: int | None = None,
+    on_excess: str = "warn",
+    explain_misses: bool | None = None,
     **jax_options: Any,
 ) -> Any:
     """Wraps ``fun`` so that each new call signature is compiled exactly once.
@@ -163,6 +176,15 @@ def jit(
     keyword (``jax_options``), passed through to ``jax.jit``. ``cache`` is the
     FunctionCache to use (the process-wide default when None).
 
+    Serving guards: ``compile_timeout`` (seconds) bounds how long a call
+    waits for another thread's compile (``CompileTimeoutError``; the compile
+    carries on). ``max_signatures=N`` with ``on_excess="warn"`` warns once
+    when a call would compile past N distinct signatures, and with
+    ``"raise"`` raises ``RecompileLimitError`` instead of compiling.
+    ``explain_misses=True`` logs (logger "ftjit", INFO) how each new
+    signature differs from the closest cached one; None follows
+    ``ftjit.set_explain_misses()``.
+
     Thread-safety: a JitFunction may be called from any number of threads at
     once. Exactly one thread compiles a given signature; the others wait with
     the GIL released (answering Ctrl-C) and share the result or the error.
@@ -176,9 +198,25 @@ def jit(
             cache=cache,
             donate_argnums=donate_argnums,
             donate_argnames=donate_argnames,
+            compile_timeout=compile_timeout,
+            max_signatures=max_signatures,
+            on_excess=on_excess,
+            explain_misses=explain_misses,
             **jax_options,
         )
     _check_callable(fun)
+    if compile_timeout is not None and (
+        isinstance(compile_timeout, bool) or not isinstance(compile_timeout, (int, float)) or compile_timeout <= 0
+    ):
+        raise ValueError(f"compile_timeout must be a positive number of seconds or None, got {compile_timeout!r}")
+    if max_signatures is not None and (
+        isinstance(max_signatures, bool) or not isinstance(max_signatures, int) or max_signatures < 1
+    ):
+        raise ValueError(f"max_signatures must be a positive int or None, got {max_signatures!r}")
+    if on_excess not in ("warn", "raise"):
+        raise ValueError(f'on_excess must be "warn" or "raise", got {on_excess!r}')
+    if explain_misses is not None and not isinstance(explain_misses, bool):
+        raise TypeError(f"explain_misses must be a bool or None, got {explain_misses!r}")
     nums_given = static_argnums not in ((), None)
     names_given = static_argnames not in ((), None)
     argnums = _as_tuple(static_argnums, int, "static_argnums")
@@ -213,25 +251,44 @@ def jit(
         compiler_key: object = compiler
     except TypeError:
         compiler_key = _IdentityKey(compiler)
-    options = (tuple(sorted(set(argnums))), tuple(sorted(set(argnames))), compiler_key)
+    options = (
+        tuple(sorted(set(argnums))),
+        tuple(sorted(set(argnames))),
+        compiler_key,
+        max_signatures,
+        on_excess if max_signatures is not None else None,
+    )
     pickle_options = {
         "static_argnums": static_argnums,
         "static_argnames": static_argnames,
         "compiler": user_compiler,
         "donate_argnums": donate_argnums,
         "donate_argnames": donate_argnames,
+        "compile_timeout": compile_timeout,
+        "max_signatures": max_signatures,
+        "on_excess": on_excess,
+        "explain_misses": explain_misses,
         **jax_options,
     }
+    name = _name_of(fun)
+    guarded = _observe.GuardedCompiler(
+        compiler,
+        name,
+        _observe.Describer(argnums, argnames, arg_names, use_jax=isinstance(compiler, JaxCompiler)),
+        max_signatures,
+        on_excess,
+        explain_misses,
+    )
     # The optional compiler protocol (see JaxCompiler): hooks the core uses.
     fallback_maker = getattr(compiler, "fallback", None)
     jf = _core._make_jit_function(
         fun=fun,
-        compiler=compiler,
+        compiler=guarded,
         cache=cache,
         static_argnums=argnums,
         static_argnames=argnames,
         arg_names=arg_names,
-        name=_name_of(fun),
+        name=name,
         options=options,
         pickle_options=pickle_options,
         pytree_flatten=getattr(compiler, "pytree_flatten", None),
@@ -241,6 +298,9 @@ def jit(
         fallback_types=getattr(compiler, "fallback_types", None),
         plain_types=getattr(compiler, "plain_types", None),
         aval_types=getattr(compiler, "aval_types", None),
+        compile_timeout=float(compile_timeout or 0.0),
+        on_compile=_observe.on_compile,
+        on_wait=_observe.on_wait,
     )
     functools.update_wrapper(jf, fun)
     return jf
@@ -251,9 +311,10 @@ def _lower(self: Any, *args: Any, **kwargs: Any) -> Any:
 
     Thread-safe; does not touch the cache.
     """
-    lower = getattr(self._compiler, "lower", None)
+    compiler = self._compiler.inner
+    lower = getattr(compiler, "lower", None)
     if lower is None:
-        raise TypeError(f"lower() needs a compiler with a lower() method; {self._compiler!r} has none")
+        raise TypeError(f"lower() needs a compiler with a lower() method; {compiler!r} has none")
     return lower(self._fun, args, kwargs)
 
 
@@ -268,8 +329,31 @@ def _precompile(self: Any, *args: Any, **kwargs: Any) -> bool:
     return self._precompile(*args, **kwargs)
 
 
+class SignatureInfo(NamedTuple):
+    """One cached, compiled signature of a function (see ``signatures()``)."""
+
+    signature: str  #: readable, e.g. "f(float32[8,128], n=3)"
+    hits: int  #: calls served by this entry from the cache
+    compile_seconds: float
+
+
+def _signatures(self: Any) -> list[SignatureInfo]:
+    """The compiled signatures now cached for this function, readable, with hits and compile time.
+
+    A snapshot; entries may be added or evicted concurrently.
+    """
+    return [SignatureInfo(*row) for row in self._cached_signatures()]
+
+
+def _warmup(self: Any, specs: Any, workers: int = 1, strict: bool = False, progress: bool | None = None) -> Any:
+    """Compiles a list of signatures in ``workers`` threads; returns a WarmupReport (see ftjit._warmup)."""
+    return _warmup_impl(self, specs, workers=workers, strict=strict, progress=progress)
+
+
 JitFunction.lower = _lower
 JitFunction.precompile = _precompile
+JitFunction.signatures = _signatures
+JitFunction.warmup = _warmup
 
 
 def _rebuild(fun: Callable[..., Any], options: dict) -> Any:
@@ -305,6 +389,7 @@ _core._set_python_types(
     errors.UnsupportedArgumentError,
     errors.RecursiveCompileError,
     errors.CompileCycleError,
+    errors.CompileTimeoutError,
     CacheInfo,
     _rebuild,
     copy.copy,

@@ -7,6 +7,8 @@ __all__ = [
     "UnsupportedArgumentError",
     "RecursiveCompileError",
     "CompileCycleError",
+    "CompileTimeoutError",
+    "RecompileLimitError",
 ]
 
 
@@ -35,4 +37,19 @@ class CompileCycleError(RecursionError):
     """Compiles in several threads wait on each other in a cycle.
 
     Raised in one of the threads of the cycle instead of deadlocking them all.
+    """
+
+
+class CompileTimeoutError(TimeoutError):
+    """A thread gave up waiting for another thread's compile (``compile_timeout``).
+
+    The compile itself carries on; later calls use its result.
+    """
+
+
+class RecompileLimitError(RuntimeError):
+    """A function hit ``max_signatures`` with ``on_excess="raise"``.
+
+    Raised instead of compiling a new signature; the message explains how the
+    call differs from the closest cached signature.
     """

@@ -1,0 +1,340 @@
+"""Observability and guards: compile logging, miss explanations, recompile limits, stats().
+
+Everything here runs on the miss path (or on demand), never on a cache hit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import warnings
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
+
+from . import _core
+from .errors import RecompileLimitError
+
+logger = logging.getLogger("ftjit")
+
+# The global switch for miss explanations (jit(explain_misses=None) follows it).
+_explain_all = os.environ.get("FTJIT_EXPLAIN_MISSES", "") not in ("", "0")
+
+
+def set_explain_misses(enabled: bool) -> None:
+    """Turns miss explanations on or off for every function jitted with ``explain_misses=None``.
+
+    Thread-safe (a single flag, read at each miss).
+    """
+    global _explain_all
+    _explain_all = bool(enabled)
+
+
+def explain_misses_enabled() -> bool:
+    return _explain_all
+
+
+# --- logging hooks (called by the C++ core after each compile / wait) --------
+
+
+def on_compile(name: str, signature: str, seconds: float, error: BaseException | None) -> None:
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    thread = threading.current_thread().name
+    if error is None:
+        logger.info("compiled %s in %.3f s (thread %s)", signature, seconds, thread)
+    else:
+        logger.info(
+            "compile of %s failed after %.3f s (thread %s): %s: %s",
+            signature,
+            seconds,
+            thread,
+            type(error).__name__,
+            error,
+        )
+
+
+def on_wait(name: str, signature: str, seconds: float) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "waited %.3f s for %s, compiled by another thread (thread %s)",
+            seconds,
+            signature,
+            threading.current_thread().name,
+        )
+
+
+# --- call descriptions, for miss explanations --------------------------------
+
+
+def _leaf(x: Any) -> str:
+    if type(x) is bool:
+        return "bool"
+    if type(x) in (int, float, complex):
+        return type(x).__name__
+    dtype = getattr(x, "dtype", None)
+    shape = getattr(x, "shape", None)
+    if dtype is not None and isinstance(shape, tuple):
+        weak = "{weak}" if getattr(x, "weak_type", False) else ""
+        return f"{dtype}[{','.join(str(d) for d in shape)}]{weak}"
+    return f"<{type(x).__name__}>"
+
+
+def _flatten_builtin(x: Any, path: str, out: list[tuple[str, str]], shape: list[str]) -> None:
+    """Leaves as (path, description) and a skeleton of the containers."""
+    if x is None:
+        shape.append("None")
+    elif type(x) in (tuple, list) or (isinstance(x, tuple) and hasattr(type(x), "_fields")):
+        open_, close = ("[", "]") if type(x) is list else (f"{type(x).__name__}(", ")")
+        shape.append(f"{open_}{len(x)}")
+        for i, item in enumerate(x):
+            _flatten_builtin(item, f"{path}[{i}]", out, shape)
+        shape.append(close)
+    elif type(x) is dict:
+        try:
+            keys = sorted(x)
+        except TypeError:
+            keys = list(x)
+        shape.append("{" + ",".join(repr(k) for k in keys))
+        for k in keys:
+            _flatten_builtin(x[k], f"{path}[{k!r}]", out, shape)
+        shape.append("}")
+    else:
+        shape.append("*")
+        out.append((path, _leaf(x)))
+
+
+def _flatten_jax(x: Any, path: str, out: list[tuple[str, str]], shape: list[str]) -> None:
+    from jax import tree_util
+
+    try:
+        leaves, treedef = tree_util.tree_flatten_with_path(x)
+    except Exception:
+        return _flatten_builtin(x, path, out, shape)
+    shape.append(str(treedef))
+    for key_path, leaf in leaves:
+        out.append((path + tree_util.keystr(key_path), _leaf(leaf)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CallDescription:
+    """A call's signature as comparable parts: leaves by path, statics by name, tree skeletons."""
+
+    leaves: tuple[tuple[str, str], ...]
+    statics: tuple[tuple[str, str], ...]
+    trees: tuple[tuple[str, str], ...]
+
+    def key(self) -> tuple:
+        return (self.leaves, self.statics, self.trees)
+
+
+class Describer:
+    """Builds CallDescriptions for one jitted function (fixed options; thread-safe)."""
+
+    def __init__(
+        self,
+        static_argnums: Sequence[int],
+        static_argnames: Sequence[str],
+        arg_names: Sequence[str],
+        use_jax: bool,
+    ):
+        self.static_argnums = tuple(static_argnums)
+        self.static_argnames = frozenset(static_argnames)
+        self.arg_names = tuple(arg_names)
+        self.flatten = _flatten_jax if use_jax else _flatten_builtin
+
+    def _name(self, i: int) -> str:
+        return f"'{self.arg_names[i]}'" if i < len(self.arg_names) else f"args[{i}]"
+
+    def __call__(self, args: tuple, kwargs: dict) -> CallDescription:
+        leaves: list[tuple[str, str]] = []
+        statics: list[tuple[str, str]] = []
+        trees: list[tuple[str, str]] = []
+        n = len(args)
+        for i, value in enumerate(args):
+            if i in self.static_argnums or (i - n) in self.static_argnums:
+                statics.append((self._name(i), repr(value)))
+                continue
+            skeleton: list[str] = []
+            self.flatten(value, self._name(i), leaves, skeleton)
+            trees.append((self._name(i), " ".join(skeleton)))
+        for key in sorted(kwargs):
+            if key in self.static_argnames:
+                statics.append((f"'{key}'", repr(kwargs[key])))
+                continue
+            skeleton = []
+            self.flatten(kwargs[key], f"'{key}'", leaves, skeleton)
+            trees.append((f"'{key}'", " ".join(skeleton)))
+        return CallDescription(tuple(leaves), tuple(statics), tuple(trees))
+
+
+def _differences(old: CallDescription, new: CallDescription) -> list[str]:
+    out: list[str] = []
+    old_trees, new_trees = dict(old.trees), dict(new.trees)
+    for name in sorted(set(old_trees) | set(new_trees)):
+        if old_trees.get(name) != new_trees.get(name):
+            if name not in old_trees or name not in new_trees:
+                out.append(f"argument {name}: {'added' if name not in old_trees else 'missing'}")
+            else:
+                out.append(f"argument {name}: tree structure {old_trees[name]} -> {new_trees[name]}")
+    old_leaves, new_leaves = dict(old.leaves), dict(new.leaves)
+    for path in [p for p, _ in new.leaves]:
+        if path in old_leaves and old_leaves[path] != new_leaves[path]:
+            out.append(f"argument {path}: {old_leaves[path]} -> {new_leaves[path]}")
+    old_statics, new_statics = dict(old.statics), dict(new.statics)
+    for name in sorted(set(old_statics) | set(new_statics)):
+        if old_statics.get(name) != new_statics.get(name):
+            out.append(f"static {name}: {old_statics.get(name, '<absent>')} -> {new_statics.get(name, '<absent>')}")
+    return out
+
+
+def explain(cached: Iterable[CallDescription], new: CallDescription) -> str | None:
+    """How `new` differs from the closest of `cached` (fewest differences), or None if none cached."""
+    best: list[str] | None = None
+    for old in cached:
+        diffs = _differences(old, new)
+        if best is None or len(diffs) < len(best):
+            best = diffs
+    if best is None:
+        return None
+    return "; ".join(best) if best else "no visible difference (context, e.g. jax config, changed)"
+
+
+class GuardedCompiler:
+    """Wraps a compiler with miss explanations and the ``max_signatures`` guard.
+
+    Thread-safe: the set of signatures seen is guarded by a lock, so concurrent
+    misses at the limit admit exactly ``max_signatures`` distinct signatures.
+    The compiler protocol's hooks are read from the inner compiler by jit().
+    """
+
+    def __init__(
+        self,
+        inner: Callable[..., Any],
+        name: str,
+        describe: Describer,
+        max_signatures: int | None,
+        on_excess: str,
+        explain_misses: bool | None,
+    ):
+        self.inner = inner
+        self.name = name
+        self.describe = describe
+        self.max_signatures = max_signatures
+        self.on_excess = on_excess
+        self.explain_misses = explain_misses
+        self._lock = threading.Lock()
+        self._seen: dict[tuple, CallDescription] = {}  # guarded by _lock
+        self._warned = False  # guarded by _lock
+
+    def _explaining(self) -> bool:
+        return _explain_all if self.explain_misses is None else self.explain_misses
+
+    def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        explaining = self._explaining()
+        guarded = self.max_signatures is not None
+        if not (explaining or guarded):
+            return self.inner(fun, args, kwargs)
+        desc = self.describe(args, kwargs)
+        key = desc.key()
+        with self._lock:
+            known = key in self._seen
+            cached = list(self._seen.values())
+            excess = guarded and not known and len(self._seen) >= self.max_signatures  # type: ignore[operator]
+            warn_now = excess and self.on_excess == "warn" and not self._warned
+            if warn_now:
+                self._warned = True
+            if not excess or self.on_excess == "warn":
+                self._seen.setdefault(key, desc)
+        why = explain(cached, desc) if cached and not known else None
+        if explaining and why is not None:
+            logger.info("cache miss of %s: %s", self.name, why)
+        if excess:
+            message = (
+                f"{self.name}() would compile a signature past max_signatures={self.max_signatures}"
+                + (f" (differs from the closest cached one by: {why})" if why else "")
+            )
+            if self.on_excess == "raise":
+                raise RecompileLimitError(message + "; raise the limit or make the varying argument static/bucketed")
+            if warn_now:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+        try:
+            return self.inner(fun, args, kwargs)
+        except BaseException:
+            with self._lock:
+                if not known and self._seen.get(key) is desc:
+                    del self._seen[key]
+            raise
+
+
+# --- process-wide stats --------------------------------------------------------
+
+
+class FunctionStats(NamedTuple):
+    name: str
+    hits: int
+    misses: int
+    compiles: int
+    waits: int
+    evictions: int
+    size: int
+    failures: int
+    compile_seconds: float
+    wait_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A snapshot over every live jitted function (see ``ftjit.stats()``)."""
+
+    functions: tuple[FunctionStats, ...]  # sorted by compile time, largest first
+    totals: FunctionStats
+
+    def top(self, n: int = 10) -> tuple[FunctionStats, ...]:
+        return self.functions[:n]
+
+    def as_dict(self, top: int = 10) -> dict[str, Any]:
+        return {"totals": self.totals._asdict(), "functions": [f._asdict() for f in self.top(top)]}
+
+    def __str__(self) -> str:
+        header = ("function", "hits", "misses", "compiles", "waits", "evict", "size", "fail", "compile s", "wait s")
+        rows = [header]
+        for f in (*self.top(10), self.totals):
+            rows.append(
+                (
+                    f.name,
+                    str(f.hits),
+                    str(f.misses),
+                    str(f.compiles),
+                    str(f.waits),
+                    str(f.evictions),
+                    str(f.size),
+                    str(f.failures),
+                    f"{f.compile_seconds:.3f}",
+                    f"{f.wait_seconds:.3f}",
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = []
+        for j, r in enumerate(rows):
+            cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
+            lines.append("  ".join(cells))
+            if j == 0 or j == len(rows) - 2:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+def stats() -> Stats:
+    """Snapshot of every live jitted function's counters, with totals.
+
+    One entry per (function, options) pair (wrappers of the same function
+    share it). Each function's counters are read atomically; the whole is not a
+    consistent cut across functions under concurrent calls.
+    """
+    funcs = [FunctionStats(name, *info) for name, info in _core._live_functions()]
+    funcs.sort(key=lambda f: f.compile_seconds, reverse=True)
+    total = FunctionStats(
+        f"TOTAL ({len(funcs)} functions)",
+        *(sum(getattr(f, field) for f in funcs) for field in FunctionStats._fields[1:]),
+    )
+    return Stats(tuple(funcs), total)

@@ -1,0 +1,142 @@
+"""fn.warmup(specs, workers=N): compile many signatures in parallel threads, before traffic arrives."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import sys
+import threading
+import time
+from typing import Any, Iterable, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One call to warm up: positional and keyword arguments (values or jax.ShapeDtypeStruct)."""
+
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def of(spec: Any) -> "Spec":
+        if isinstance(spec, Spec):
+            return spec
+        if isinstance(spec, tuple):
+            return Spec(spec, {})
+        raise TypeError(
+            f"a warmup spec must be a tuple of positional arguments or ftjit.Spec(args, kwargs), got {spec!r}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupResult:
+    signature: str
+    seconds: float
+    compiled: bool  # False: it was cached already (or compiled by another thread meanwhile)
+    error: BaseException | None
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupReport:
+    """What warmup() did, in the order of the specs."""
+
+    results: tuple[WarmupResult, ...]
+    wall_seconds: float
+    workers: int
+
+    @property
+    def ok(self) -> bool:
+        return all(r.error is None for r in self.results)
+
+    @property
+    def errors(self) -> tuple[WarmupResult, ...]:
+        return tuple(r for r in self.results if r.error is not None)
+
+    def __str__(self) -> str:
+        rows = [("signature", "seconds", "result")]
+        for r in self.results:
+            what = "compiled" if r.compiled else "cached"
+            if r.error is not None:
+                what = f"{type(r.error).__name__}: {r.error}"
+            rows.append((r.signature, f"{r.seconds:.3f}", what))
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        lines = [f"{a.ljust(w0)}  {b.rjust(w1)}  {c}" for a, b, c in rows]
+        lines.insert(1, f"{'-' * w0}  {'-' * w1}  ------")
+        n_ok = sum(r.error is None for r in self.results)
+        lines.append(
+            f"warmup: {n_ok}/{len(self.results)} ok in {self.wall_seconds:.2f} s with {self.workers} worker(s)"
+        )
+        return "\n".join(lines)
+
+
+class _Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, total: int, label: str, enabled: bool | None):
+        self.total = total
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.done = 0
+        self._lock = threading.Lock()  # guards done and the drawing
+
+    def step(self) -> None:
+        with self._lock:
+            self.done += 1
+            if self.enabled:
+                width = 30
+                filled = width * self.done // max(self.total, 1)
+                sys.stderr.write(
+                    f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+                )
+                if self.done == self.total:
+                    sys.stderr.write("\n")
+                sys.stderr.flush()
+
+
+def warmup(
+    fn: Any,
+    specs: Iterable[Any],
+    workers: int = 1,
+    strict: bool = False,
+    progress: bool | None = None,
+) -> WarmupReport:
+    """Compiles each spec's signature into ``fn``'s cache, ``workers`` at a time.
+
+    Specs are tuples of positional arguments or ``ftjit.Spec(args, kwargs)``;
+    arguments may be concrete or ``jax.ShapeDtypeStruct``. Nothing is executed.
+    XLA compiles release the GIL, so several workers overlap them. Errors are
+    collected in the report; with ``strict=True`` the first one (in spec
+    order) is raised after all specs ran. Thread-safe, and compile-once holds
+    against concurrent calls of ``fn``.
+    """
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    items: Sequence[Spec] = [Spec.of(s) for s in specs]
+    bar = _Progress(len(items), f"warmup {getattr(fn, '__name__', 'fn')}", progress)
+
+    def run(spec: Spec) -> WarmupResult:
+        t0 = time.perf_counter()
+        try:
+            signature = fn._signature_of(*spec.args, **spec.kwargs)
+        except BaseException as exc:
+            bar.step()
+            return WarmupResult(f"<{type(exc).__name__}>", 0.0, False, exc)
+        try:
+            compiled = fn.precompile(*spec.args, **spec.kwargs)
+            error = None
+        except Exception as exc:
+            compiled, error = False, exc
+        bar.step()
+        return WarmupResult(signature, time.perf_counter() - t0, bool(compiled), error)
+
+    t0 = time.perf_counter()
+    if workers == 1:
+        results = [run(s) for s in items]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ftjit-warmup") as pool:
+            results = list(pool.map(run, items))
+    report = WarmupReport(tuple(results), time.perf_counter() - t0, workers)
+    if strict and report.errors:
+        raise report.errors[0].error  # type: ignore[misc]
+    return report
