@@ -306,16 +306,36 @@ def jit(
     return jf
 
 
+def _jax_jitted(self: Any, method: str) -> Any:
+    """The ``jax.jit`` of this function with its options (the JAX compiler only)."""
+    compiler = self._compiler.inner
+    make = getattr(compiler, "jax_jit", None)
+    if make is None:
+        raise TypeError(f"{method}() needs the JAX compiler; this function uses {compiler!r}")
+    return make(self._fun)
+
+
 def _lower(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``jax.stages.Lowered`` for these arguments (the JAX compiler only).
 
     Thread-safe; does not touch the cache.
     """
-    compiler = self._compiler.inner
-    lower = getattr(compiler, "lower", None)
-    if lower is None:
-        raise TypeError(f"lower() needs a compiler with a lower() method; {compiler!r} has none")
-    return lower(self._fun, args, kwargs)
+    return _jax_jitted(self, "lower").lower(*args, **kwargs)
+
+
+def _trace(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``jax.stages.Traced`` for these arguments (the JAX compiler only). Does not touch the cache."""
+    return _jax_jitted(self, "trace").trace(*args, **kwargs)
+
+
+def _eval_shape(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Output shapes/dtypes (``jax.ShapeDtypeStruct`` pytree) without compiling (the JAX compiler only)."""
+    return _jax_jitted(self, "eval_shape").eval_shape(*args, **kwargs)
+
+
+def _cache_size(self: Any) -> int:
+    """Number of signatures of this function in the cache now (jax.jit's ``_cache_size``)."""
+    return self.cache_info().size
 
 
 def _precompile(self: Any, *args: Any, **kwargs: Any) -> bool:
@@ -351,6 +371,9 @@ def _warmup(self: Any, specs: Any, workers: int = 1, strict: bool = False, progr
 
 
 JitFunction.lower = _lower
+JitFunction.trace = _trace
+JitFunction.eval_shape = _eval_shape
+JitFunction._cache_size = _cache_size
 JitFunction.precompile = _precompile
 JitFunction.signatures = _signatures
 JitFunction.warmup = _warmup
