@@ -271,10 +271,13 @@ def jit(
         **jax_options,
     }
     name = _name_of(fun)
+    describer = _observe.Describer(argnums, argnames, arg_names, use_jax=isinstance(compiler, JaxCompiler))
+    context_fn = getattr(compiler, "context", None)
+    describer.context = context_fn if callable(context_fn) else None
     guarded = _observe.GuardedCompiler(
         compiler,
         name,
-        _observe.Describer(argnums, argnames, arg_names, use_jax=isinstance(compiler, JaxCompiler)),
+        describer,
         max_signatures,
         on_excess,
         explain_misses,
@@ -292,7 +295,7 @@ def jit(
         options=options,
         pickle_options=pickle_options,
         pytree_flatten=getattr(compiler, "pytree_flatten", None),
-        context_fn=getattr(compiler, "context", None),
+        context_fn=context_fn,
         strip_static=bool(getattr(compiler, "strip_static", False)),
         fallback=fallback_maker(fun) if callable(fallback_maker) else None,
         fallback_types=getattr(compiler, "fallback_types", None),

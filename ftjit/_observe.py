@@ -123,9 +123,13 @@ class CallDescription:
     leaves: tuple[tuple[str, str], ...]
     statics: tuple[tuple[str, str], ...]
     trees: tuple[tuple[str, str], ...]
+    #: how the call passed its arguments: ("f(x, y=)" style), so f(a) and f(x=a) differ
+    layout: str = ""
+    #: the compiler's tracing context (e.g. jax config) when the call was made
+    context: Any = None
 
     def key(self) -> tuple:
-        return (self.leaves, self.statics, self.trees)
+        return (self.leaves, self.statics, self.trees, self.layout, self.context)
 
 
 class Describer:
@@ -142,6 +146,7 @@ class Describer:
         self.static_argnames = frozenset(static_argnames)
         self.arg_names = tuple(arg_names)
         self.flatten = _flatten_jax if use_jax else _flatten_builtin
+        self.context: Callable[[], Any] | None = None  # set by jit() from the compiler's hook
 
     def _name(self, i: int) -> str:
         return f"'{self.arg_names[i]}'" if i < len(self.arg_names) else f"args[{i}]"
@@ -165,11 +170,15 @@ class Describer:
             skeleton = []
             self.flatten(kwargs[key], f"'{key}'", leaves, skeleton)
             trees.append((f"'{key}'", " ".join(skeleton)))
-        return CallDescription(tuple(leaves), tuple(statics), tuple(trees))
+        layout = ", ".join([self._name(i).strip("'") for i in range(n)] + [f"{key}=" for key in sorted(kwargs)])
+        context = self.context() if self.context is not None else None
+        return CallDescription(tuple(leaves), tuple(statics), tuple(trees), f"({layout})", context)
 
 
 def _differences(old: CallDescription, new: CallDescription) -> list[str]:
     out: list[str] = []
+    if old.layout != new.layout:
+        out.append(f"arguments passed as {old.layout} -> {new.layout}")
     old_trees, new_trees = dict(old.trees), dict(new.trees)
     for name in sorted(set(old_trees) | set(new_trees)):
         if old_trees.get(name) != new_trees.get(name):
@@ -189,15 +198,27 @@ def _differences(old: CallDescription, new: CallDescription) -> list[str]:
 
 
 def explain(cached: Iterable[CallDescription], new: CallDescription) -> str | None:
-    """How `new` differs from the closest of `cached` (fewest differences), or None if none cached."""
+    """How `new` differs from the closest of `cached`, or None if none cached.
+
+    Closest means fewest tree-structure differences first (a different tree is
+    a different kind of call), then fewest differences overall; ties go to the
+    signature cached first.
+    """
     best: list[str] | None = None
+    best_rank: tuple[int, int] | None = None
     for old in cached:
         diffs = _differences(old, new)
-        if best is None or len(diffs) < len(best):
-            best = diffs
+        structural = (": tree structure ", "arguments passed as ")
+        rank = (sum(any(t in d for t in structural) or d.endswith((": added", ": missing")) for d in diffs), len(diffs))
+        if best_rank is None or rank < best_rank:
+            best, best_rank = diffs, rank
     if best is None:
         return None
-    return "; ".join(best) if best else "no visible difference (context, e.g. jax config, changed)"
+    return "; ".join(best) if best else "no visible difference in the arguments (the tracing context, e.g. a jax config option, changed)"
+
+
+#: Descriptions remembered per unguarded function, for miss explanations.
+_MAX_REMEMBERED = 4096
 
 
 class GuardedCompiler:
@@ -233,8 +254,11 @@ class GuardedCompiler:
     def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         explaining = self._explaining()
         guarded = self.max_signatures is not None
-        if not (explaining or guarded):
+        if not guarded and self.explain_misses is False:
             return self.inner(fun, args, kwargs)
+        # Otherwise every compile is described and remembered (a few strings per
+        # signature, next to a compile), so that turning the global switch on
+        # later explains misses against signatures compiled before it.
         desc = self.describe(args, kwargs)
         key = desc.key()
         with self._lock:
@@ -244,7 +268,8 @@ class GuardedCompiler:
             warn_now = excess and self.on_excess == "warn" and not self._warned
             if warn_now:
                 self._warned = True
-            if not excess or self.on_excess == "warn":
+            room = guarded or len(self._seen) < _MAX_REMEMBERED
+            if room and (not excess or self.on_excess == "warn"):
                 self._seen.setdefault(key, desc)
         why = explain(cached, desc) if cached and not known else None
         if explaining and why is not None:

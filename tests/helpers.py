@@ -172,3 +172,99 @@ def gc_collect_until(predicate, timeout=5.0):
         if time.monotonic() > deadline:
             return bool(predicate())
         time.sleep(0.01)
+
+
+# --- helpers for tests/test_observe.py -----------------------------------------
+
+import logging as _logging
+import uuid as _uuid
+
+_level_lock = threading.Lock()
+_level_users = {}  # logger name -> [count, saved level]; guarded by _level_lock
+
+
+def unique_name(prefix="fn"):
+    """A function name no other test (or parallel copy of a test) uses."""
+    return f"{prefix}_{_uuid.uuid4().hex[:12]}"
+
+
+def named(fun, name):
+    """Gives ``fun`` the ``__name__``/``__qualname__`` ``name`` (ftjit names functions by qualname)."""
+    fun.__name__ = name
+    fun.__qualname__ = name
+    return fun
+
+
+class _Dispatcher(_logging.Handler):
+    """One handler per logger, installed once and never removed: adding and
+    removing handlers while other threads log can make them skip a handler
+    (Logger.callHandlers iterates the list that removeHandler mutates)."""
+
+    def __init__(self):
+        super().__init__(level=_logging.NOTSET)
+        self.captures = set()  # guarded by _level_lock
+
+    def emit(self, record):
+        with _level_lock:
+            captures = list(self.captures)
+        for capture in captures:
+            capture._offer(record)
+
+
+_dispatchers = {}  # logger name -> _Dispatcher; guarded by _level_lock
+
+
+class LogCapture:
+    """Collects the records of one logger whose message contains ``needle``.
+
+    A context manager. While any LogCapture of a logger is active, the logger's
+    level is at most ``level`` (reference-counted, so parallel copies of a test
+    do not restore it under each other's feet). Thread-safe.
+    """
+
+    def __init__(self, needle, logger_name="ftjit", level=_logging.DEBUG):
+        self.needle = needle
+        self.logger = _logging.getLogger(logger_name)
+        self.level = level
+        self._records = []
+        self._lock = threading.Lock()
+
+    def _offer(self, record):
+        if self.needle in record.getMessage():
+            with self._lock:
+                self._records.append(record)
+
+    @property
+    def records(self):
+        with self._lock:
+            return list(self._records)
+
+    def messages(self, level=None):
+        return [r.getMessage() for r in self.records if level is None or r.levelno == level]
+
+    def __enter__(self):
+        name = self.logger.name
+        with _level_lock:
+            dispatcher = _dispatchers.get(name)
+            if dispatcher is None:
+                dispatcher = _dispatchers[name] = _Dispatcher()
+                self.logger.addHandler(dispatcher)
+            dispatcher.captures.add(self)
+            entry = _level_users.get(name)
+            if entry is None:
+                entry = _level_users[name] = [0, self.logger.level]
+            entry[0] += 1
+            if self.logger.level == _logging.NOTSET or self.logger.level > self.level:
+                self.logger.setLevel(self.level)
+        return self
+
+    def __exit__(self, *exc):
+        name = self.logger.name
+        with _level_lock:
+            _dispatchers[name].captures.discard(self)
+            entry = _level_users[name]
+            entry[0] -= 1
+            if entry[0] == 0:
+                self.logger.setLevel(entry[1])
+                del _level_users[name]
+        return False

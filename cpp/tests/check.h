@@ -1,6 +1,7 @@
 // ftjit tests: minimal CHECK/CHECK_EQ macros and a barrier-released thread runner.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -98,6 +99,34 @@ void RunThreads(size_t n, Fn&& fn) {
   if (first_error) std::rethrow_exception(first_error);
 }
 
+// Aborts the process if not destroyed within `seconds` (a hung test).
+class Watchdog {
+ public:
+  Watchdog(const char* name, int seconds)
+      : thread_([this, name, seconds] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!cv_.wait_for(lock, std::chrono::seconds(seconds), [this] { return done_; })) {
+            std::fprintf(stderr, "watchdog: %s still running after %d s (hang?)\n", name, seconds);
+            std::fflush(stderr);
+            std::abort();
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
 }  // namespace ftjit_test
 
 #define CHECK(cond)                                                  \
@@ -109,9 +138,13 @@ void RunThreads(size_t n, Fn&& fn) {
 // temporaries (and references into them) live until the check is done.
 #define CHECK_EQ(a, b) ::ftjit_test::CheckEq((a), (b), #a, #b, __FILE__, __LINE__)
 
+// Runs one test function under a watchdog, so that a hang fails fast and by name.
 #define RUN_TEST(fn)                                  \
   do {                                                \
     std::fprintf(stderr, "[ RUN  ] %s\n", #fn);       \
-    fn();                                             \
+    {                                                 \
+      ::ftjit_test::Watchdog ftjit_watchdog_(#fn, 60);  \
+      fn();                                           \
+    }                                                 \
     std::fprintf(stderr, "[  OK  ] %s\n", #fn);       \
   } while (0)

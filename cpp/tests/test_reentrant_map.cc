@@ -564,6 +564,8 @@ void TestConcurrentEraseClear() {
   for (const auto& c : counts) CHECK_EQ(c.second, 1);
   CHECK_EQ(inserted_total.load(), removed_total.load() + static_cast<long>(m.size()));
   CHECK(inserted_total.load() >= static_cast<long>(m.size()));
+  std::fprintf(stderr, "  %ld inserts, %ld removals, %zu survivors, %d snapshots\n",
+               inserted_total.load(), removed_total.load(), m.size(), snapshots.load());
 }
 
 }  // namespace

@@ -294,6 +294,8 @@ void TestConcurrent() {
   CHECK_EQ(lru.size(), size_t{0});
   CHECK_EQ(linked_total.load(), unlinked_total.load());
   CHECK(linked_total.load() > static_cast<long>(kCapacity));
+  std::fprintf(stderr, "  %ld links, %ld unlinks reported\n", linked_total.load(),
+               unlinked_total.load());
   rest.clear();
   trimmed.clear();
   for (auto& mine : owned) {

@@ -1,0 +1,945 @@
+"""Serving features: compile/wait timings, signatures(), ftjit.stats(), logging,
+miss explanations, recompile guards, compile_timeout, error classes, warmup().
+
+Every test builds its own FunctionCache and fresh functions. Functions whose
+names show up in process-wide places (logs, stats()) get a unique name per
+test run (helpers.unique_name), so parallel copies of a test never see each
+other's records. Thread tests start on a Barrier (helpers.run_threads), join
+with a timeout and re-raise worker exceptions.
+"""
+
+import json
+import logging
+import re
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import ftjit
+import ftjit.errors
+from helpers import (
+    CountingCompiler,
+    LogCapture,
+    gc_collect_until,
+    named,
+    run_threads,
+    unique_name,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+INFO = logging.INFO
+DEBUG = logging.DEBUG
+
+
+def z(*shape, dtype=np.float32):
+    return np.zeros(shape, dtype)
+
+
+def f(x, n):
+    """Module-level, so its qualname is exactly 'f'."""
+    return x * n
+
+
+def fresh(prefix="fn", body=lambda x: x + 1):
+    """A new function object with a unique name; returns (function, name)."""
+    name = unique_name(prefix)
+
+    def fun(*args, **kwargs):
+        return body(*args, **kwargs)
+
+    return named(fun, name), name
+
+
+def fresh1(prefix="fn", body=lambda x: x + 1):
+    """Like fresh(), with a real one-parameter signature named 'x'."""
+    name = unique_name(prefix)
+
+    def fun(x):
+        return body(x)
+
+    return named(fun, name), name
+
+
+def gated_compiler(hold):
+    """A CountingCompiler whose compiles set `started` then sleep `hold` seconds."""
+    started = threading.Event()
+
+    def hook(fun, args, kwargs):
+        started.set()
+        time.sleep(hold)
+
+    return CountingCompiler(on_compile=hook), started
+
+
+# --- cache_info() timings -----------------------------------------------------
+
+
+def test_cache_info_compile_seconds_total():
+    comp = CountingCompiler(delay=0.1)
+    jf = ftjit.jit(lambda x: x * 2, compiler=comp, cache=ftjit.FunctionCache())
+    info0 = jf.cache_info()
+    assert type(info0.compile_seconds) is float and type(info0.wait_seconds) is float
+    assert info0.compile_seconds == 0.0 and info0.wait_seconds == 0.0
+    assert jf(z(3)).shape == (3,)
+    info1 = jf.cache_info()
+    assert info1.compile_seconds >= 0.1
+    assert info1.compile_seconds < 5.0
+    jf(z(3))  # a hit adds no compile time
+    assert jf.cache_info().compile_seconds == info1.compile_seconds
+    jf(z(4))
+    info2 = jf.cache_info()
+    assert info2.compile_seconds >= info1.compile_seconds + 0.1
+    assert info2.wait_seconds == 0.0
+    assert (info2.hits, info2.misses, info2.compiles, info2.waits) == (1, 2, 2, 0)
+    # The per-signature compile times add up to the total.
+    assert sum(s.compile_seconds for s in jf.signatures()) == pytest.approx(info2.compile_seconds, abs=1e-6)
+
+
+def test_cache_info_wait_seconds_for_waiter_of_slow_compile():
+    comp, started = gated_compiler(0.3)
+    jf = ftjit.jit(lambda x: x + 1.0, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        if i == 1:
+            assert started.wait(10)
+        return jf(z(4))
+
+    out = run_threads(2, target)
+    assert all(np.array_equal(r, np.ones(4, np.float32)) for r in out)
+    info = jf.cache_info()
+    assert comp.calls == 1
+    assert (info.misses, info.compiles, info.waits, info.hits) == (1, 1, 1, 0)
+    assert info.compile_seconds >= 0.3
+    assert info.wait_seconds > 0.0
+    assert info.wait_seconds <= info.compile_seconds + 0.05
+
+
+# --- signatures() -------------------------------------------------------------
+
+
+def test_signatures_module_level_function_exact_string():
+    comp = CountingCompiler()
+    jf = ftjit.jit(f, static_argnames="n", compiler=comp, cache=ftjit.FunctionCache())
+    assert jf.signatures() == []
+    out = jf(np.ones((8, 128), np.float32), n=3)
+    assert np.array_equal(out, np.full((8, 128), 3, np.float32))
+    sigs = jf.signatures()
+    assert len(sigs) == 1
+    info = sigs[0]
+    assert isinstance(info, ftjit.SignatureInfo)
+    assert info.signature == "f(float32[8,128], n=3)"
+    assert info.hits == 0  # the first call compiled; not a hit
+    assert type(info.compile_seconds) is float and info.compile_seconds >= 0.0
+    jf(np.ones((8, 128), np.float32), n=3)
+    jf(np.ones((8, 128), np.float32), n=3)
+    assert [(s.signature, s.hits) for s in jf.signatures()] == [("f(float32[8,128], n=3)", 2)]
+
+
+def test_signatures_use_qualname_and_print_scalars():
+    def g(x, n):
+        return x
+
+    comp = CountingCompiler()
+    jf = ftjit.jit(g, static_argnames="n", compiler=comp, cache=ftjit.FunctionCache())
+    q = g.__qualname__
+    assert q.endswith("<locals>.g")
+    jf(1.5, n=1)
+    jf(2, n=1)
+    jf(True, n=1)
+    jf(1j, n=1)
+    jf((z(3, dtype=np.float64),), n=1)
+    jf(z(2, 2, dtype=np.int32), n="a")
+    jf(2, n=1)
+    jf(3, n=1)  # same signature as 2: a hit
+    got = {s.signature: s.hits for s in jf.signatures()}
+    assert got == {
+        f"{q}(float, n=1)": 0,
+        f"{q}(int, n=1)": 2,
+        f"{q}(bool, n=1)": 0,
+        f"{q}(complex, n=1)": 0,
+        f"{q}((float64[3],), n=1)": 0,
+        f"{q}(int32[2,2], n='a')": 0,
+    }
+    assert comp.calls == 6
+    assert jf.cache_info().hits == 2
+
+
+def test_signature_hits_exact_under_concurrent_hits():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    jf(z(5))
+    jf(z(6))
+    per_thread = 200
+
+    def target(i):
+        a = z(5)
+        for _ in range(per_thread):
+            jf(a)
+
+    run_threads(8, target)
+    hits = {s.signature.split("(", 1)[1]: s.hits for s in jf.signatures()}
+    assert hits == {"float32[5])": 8 * per_thread, "float32[6])": 0}
+    assert jf.cache_info().hits == 8 * per_thread
+    assert comp.calls == 2
+
+
+# --- ftjit.stats() -------------------------------------------------------------
+
+
+def _row(stats, name):
+    rows = [r for r in stats.functions if r.name == name]
+    assert len(rows) == 1, [r.name for r in stats.functions if name in r.name]
+    return rows[0]
+
+
+def test_stats_row_matches_cache_info_and_is_consistent():
+    fun, name = fresh("stats_fn")
+    comp = CountingCompiler(delay=0.02)
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache())
+    jf(1.0)
+    jf(1.0)
+    jf(2)
+    s = ftjit.stats()
+    assert isinstance(s, ftjit.Stats)
+    row = _row(s, name)
+    assert isinstance(row, ftjit.FunctionStats)
+    assert tuple(row[1:]) == tuple(jf.cache_info())
+    assert (row.hits, row.misses, row.compiles, row.size, row.failures) == (1, 2, 2, 2, 0)
+    assert row.compile_seconds >= 0.04
+    # Sorted by compile time, largest first; top(n) is a prefix.
+    secs = [r.compile_seconds for r in s.functions]
+    assert secs == sorted(secs, reverse=True)
+    assert s.top(3) == s.functions[:3]
+    assert s.top(len(s.functions) + 5) == s.functions
+    # Totals over the same snapshot.
+    t = s.totals
+    assert isinstance(t, ftjit.FunctionStats)
+    assert t.name == f"TOTAL ({len(s.functions)} functions)"
+    for field in ("hits", "misses", "compiles", "waits", "evictions", "size", "failures"):
+        assert getattr(t, field) == sum(getattr(r, field) for r in s.functions), field
+    assert t.compile_seconds == pytest.approx(sum(r.compile_seconds for r in s.functions))
+    assert t.compile_seconds >= row.compile_seconds
+
+
+def test_stats_as_dict_is_json_serializable():
+    fun, name = fresh("stats_json")
+    jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    jf(z(2))
+    s = ftjit.stats()
+    d = s.as_dict(top=len(s.functions))
+    back = json.loads(json.dumps(d))
+    assert back["totals"]["name"] == s.totals.name
+    mine = [r for r in back["functions"] if r["name"] == name]
+    assert len(mine) == 1
+    assert mine[0] == dict(_row(s, name)._asdict())
+    assert set(mine[0]) == set(ftjit.FunctionStats._fields)
+    assert len(s.as_dict(top=1)["functions"]) == min(1, len(s.functions))
+
+
+def test_stats_str_table_contains_names():
+    fun, name = fresh("stats_str")
+    jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    jf(z(2))
+    jf(z(2))
+    s = ftjit.stats()
+    row = _row(s, name)
+    text = str(s)
+    assert "compile s" in text and "function" in text.splitlines()[0]
+    assert s.totals.name in text
+    for r in s.top(10):
+        assert r.name in text
+    # A table of just this function's row.
+    mine = ftjit.Stats((row,), row._replace(name="TOTAL (1 functions)"))
+    lines = str(mine).splitlines()
+    assert lines[0].split()[0] == "function"
+    body = [ln for ln in lines if ln.startswith(name)]
+    assert len(body) == 1
+    assert body[0].split()[:8] == [name, "1", "1", "1", "0", "0", "1", "0"]
+    assert "TOTAL (1 functions)" in lines[-1]
+
+
+@pytest.mark.thread_unsafe(reason="asserts this function is in the process-wide top 10")
+def test_stats_str_lists_slow_function():
+    fun, name = fresh("stats_slow")
+    jf = ftjit.jit(fun, compiler=CountingCompiler(delay=0.3), cache=ftjit.FunctionCache())
+    jf(z(2))
+    s = ftjit.stats()
+    assert _row(s, name) in s.top(10)
+    assert name in str(s)
+
+
+def test_stats_drop_dead_functions():
+    fun, name = fresh("stats_dead")
+    jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    jf(z(2))
+    _row(ftjit.stats(), name)
+    del jf, fun
+    assert gc_collect_until(lambda: all(r.name != name for r in ftjit.stats().functions))
+
+
+# --- logging -------------------------------------------------------------------
+
+_COMPILED = re.compile(r"^compiled (?P<sig>.+) in (?P<secs>\d+\.\d{3}) s \(thread (?P<thread>.+)\)$")
+
+
+def test_compile_logs_one_info_record_with_signature_seconds_thread():
+    fun, name = fresh("log_fn")
+    comp = CountingCompiler(delay=0.05)
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache())
+    with LogCapture(name) as cap:
+        jf(z(8, 128))
+        jf(z(8, 128))
+        jf(3)
+    recs = cap.records
+    assert [r.levelno for r in recs] == [INFO, INFO]
+    assert all(r.name == "ftjit" for r in recs)
+    parsed = [_COMPILED.match(r.getMessage()) for r in recs]
+    assert all(parsed), [r.getMessage() for r in recs]
+    assert [m["sig"] for m in parsed] == [f"{name}(float32[8,128])", f"{name}(int)"]
+    me = threading.current_thread().name
+    assert [m["thread"] for m in parsed] == [me, me]
+    by_sig = {s.signature: s.compile_seconds for s in jf.signatures()}
+    for m in parsed:
+        secs = float(m["secs"])
+        assert secs >= 0.05 - 0.0005
+        assert secs == pytest.approx(by_sig[m["sig"]], abs=0.0006)
+
+
+def test_failed_compile_logs_info_with_error():
+    fun, name = fresh("log_fail")
+    comp = CountingCompiler(fail=ValueError("no kernel for size 3"))
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache())
+    with LogCapture(name) as cap:
+        with pytest.raises(ValueError, match="^no kernel for size 3$"):
+            jf(z(3))
+    msgs = cap.messages()
+    assert [r.levelno for r in cap.records] == [INFO]
+    m = re.match(
+        rf"^compile of {re.escape(name)}\(float32\[3\]\) failed after \d+\.\d{{3}} s "
+        rf"\(thread {re.escape(threading.current_thread().name)}\): ValueError: no kernel for size 3$",
+        msgs[0],
+    )
+    assert m, msgs
+    assert jf.cache_info().failures == 1
+
+
+def test_waiter_logs_debug_waited_record():
+    fun, name = fresh("log_wait")
+    comp, started = gated_compiler(0.3)
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        if i == 1:
+            assert started.wait(10)
+        return jf(z(4))
+
+    with LogCapture(name) as cap:
+        run_threads(2, target)
+    debug = [r for r in cap.records if r.levelno == DEBUG]
+    info = [r for r in cap.records if r.levelno == INFO]
+    assert len(info) == 1
+    assert _COMPILED.match(info[0].getMessage())["thread"] == "ftjit-test-0"
+    assert len(debug) == 1
+    m = re.match(
+        rf"^waited (?P<secs>\d+\.\d{{3}}) s for {re.escape(name)}\(float32\[4\]\), "
+        r"compiled by another thread \(thread ftjit-test-1\)$",
+        debug[0].getMessage(),
+    )
+    assert m, debug[0].getMessage()
+    assert float(m["secs"]) > 0.0
+    assert comp.calls == 1
+
+
+# --- miss explanations -----------------------------------------------------------
+
+
+def _explanations(cap, name):
+    prefix = f"cache miss of {name}: "
+    return [m[len(prefix):] for m in cap.messages(INFO) if m.startswith(prefix)]
+
+
+def test_explain_shape_dtype_static_tree_changes():
+    name = unique_name("explain")
+
+    def fun(x, n):
+        return x
+
+    named(fun, name)
+    jf = ftjit.jit(fun, static_argnames="n", compiler=CountingCompiler(), cache=ftjit.FunctionCache(),
+                   explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(z(8), n=3)
+        assert _explanations(cap, name) == []  # never on the very first compile
+        assert len(cap.messages(INFO)) == 1
+        jf(z(8), n=3)  # a hit: nothing
+        assert len(cap.messages(INFO)) == 1
+        jf(z(16), n=3)
+        assert _explanations(cap, name) == ["argument 'x': float32[8] -> float32[16]"]
+        jf(z(8), n=4)
+        assert _explanations(cap, name)[-1] == "static 'n': 3 -> 4"
+        jf(z(8, dtype=np.int32), n=3)
+        assert _explanations(cap, name)[-1] == "argument 'x': float32[8] -> int32[8]"
+        jf((z(8),), n=3)
+        last = _explanations(cap, name)[-1]
+        assert last.startswith("argument 'x': tree structure "), last
+        assert "->" in last
+        jf(z(8), n=3)  # cached: no explanation
+    assert len(_explanations(cap, name)) == 4
+
+
+def test_explain_names_path_inside_pytree():
+    name = unique_name("explain_tree")
+
+    def fun(x):
+        return x
+
+    named(fun, name)
+    jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf({"a": z(2), "b": 1.0})
+        jf({"a": z(5), "b": 1.0})
+        jf({"a": z(5), "b": 1})
+    assert _explanations(cap, name) == [
+        "argument 'x'['a']: float32[2] -> float32[5]",
+        "argument 'x'['b']: float -> int",
+    ]
+
+
+def test_explain_compares_with_the_closest_signature():
+    """With a plain array and {'a': float32[2]} cached, a call with
+    {'a': float32[5]} is closest to the dict one (same structure, one leaf
+    differs): the explanation must name that leaf, not a tree-structure change
+    against the unrelated array signature."""
+    name = unique_name("explain_closest")
+
+    def fun(x):
+        return x
+
+    named(fun, name)
+    jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(z(8))
+        jf({"a": z(2)})
+        jf({"a": z(5)})
+    got = _explanations(cap, name)
+    assert len(got) == 2
+    assert got[0].startswith("argument 'x': tree structure ")
+    assert got[1] == "argument 'x'['a']: float32[2] -> float32[5]"
+
+
+def test_explain_off_by_default_and_explicit_false():
+    fun, name = fresh1("explain_off")
+    jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), explain_misses=False)
+    with LogCapture(name) as cap:
+        jf(z(1))
+        jf(z(2))
+    assert _explanations(cap, name) == []
+    assert len(cap.messages(INFO)) == 2  # the compiles are still logged
+
+
+@pytest.mark.thread_unsafe(reason="flips the process-wide ftjit.set_explain_misses switch")
+def test_global_explain_switch():
+    saved = ftjit._observe.explain_misses_enabled()
+    try:
+        ftjit.set_explain_misses(True)
+        fun, name = fresh1("explain_global")
+        jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())  # None: follows switch
+        fun2, name2 = fresh1("explain_forced_off")
+        jf2 = ftjit.jit(fun2, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), explain_misses=False)
+        with LogCapture(name) as cap, LogCapture(name2) as cap2:
+            jf(z(1))
+            assert _explanations(cap, name) == []
+            jf(z(2))
+            assert _explanations(cap, name) == ["argument 'x': float32[1] -> float32[2]"]
+            jf2(z(1))
+            jf2(z(2))
+            assert _explanations(cap2, name2) == []
+            assert len(cap2.messages(INFO)) == 2
+            ftjit.set_explain_misses(False)  # read at each miss
+            jf(z(3))
+            assert len(_explanations(cap, name)) == 1
+            assert len(cap.messages(INFO)) == 4  # 3 compiles + 1 explanation
+    finally:
+        ftjit.set_explain_misses(saved)
+
+
+@pytest.mark.thread_unsafe(reason="flips the process-wide ftjit.set_explain_misses switch")
+def test_global_explain_switch_turned_on_later_explains_existing_signatures():
+    """A function that compiled signatures while the switch was off already has
+    compiled signatures: once the switch is on, its next miss is explained."""
+    saved = ftjit._observe.explain_misses_enabled()
+    try:
+        ftjit.set_explain_misses(False)
+        fun, name = fresh1("explain_later")
+        jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+        with LogCapture(name) as cap:
+            jf(z(1))
+            jf(z(2))
+            assert _explanations(cap, name) == []
+            ftjit.set_explain_misses(True)
+            jf(z(3))
+            got = _explanations(cap, name)
+            assert len(got) == 1, got
+            assert re.fullmatch(r"argument 'x': float32\[[12]\] -> float32\[3\]", got[0]), got
+    finally:
+        ftjit.set_explain_misses(saved)
+
+
+def test_explain_concurrent_misses_one_per_signature():
+    n = 8
+    fun, name = fresh1("explain_threads")
+    comp = CountingCompiler(delay=0.05)
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(z(1))
+        run_threads(n, lambda i: jf(z(i + 2)))
+    got = _explanations(cap, name)
+    assert len(got) == n, got
+    pat = re.compile(r"^argument 'x': float32\[(\d+)\] -> float32\[(\d+)\]$")
+    pairs = [pat.match(g) for g in got]
+    assert all(pairs), got
+    new = sorted(int(m[2]) for m in pairs)
+    assert new == list(range(2, n + 2))
+    for m in pairs:
+        assert int(m[1]) != int(m[2]) and 1 <= int(m[1]) <= n + 1
+    assert comp.calls == n + 1
+
+
+# --- max_signatures guards ---------------------------------------------------------
+
+
+@pytest.mark.thread_unsafe(reason="warnings.catch_warnings is process-global")
+def test_max_signatures_warn_once_and_still_compiles():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        jf(z(1))
+        jf(z(2))
+        jf(z(1))
+        assert [x for x in w if issubclass(x.category, RuntimeWarning)] == []
+        out = jf(z(3))
+        assert np.array_equal(out, np.ones(3, np.float32))
+        rw = [x for x in w if issubclass(x.category, RuntimeWarning)]
+        assert len(rw) == 1
+        assert "max_signatures=2" in str(rw[0].message)
+        assert comp.calls == 3
+        jf(z(4))
+        jf(z(5))
+        assert len([x for x in w if issubclass(x.category, RuntimeWarning)]) == 1
+    assert comp.calls == 5
+    assert jf.cache_info().compiles == 5
+
+
+@pytest.mark.thread_unsafe(reason="pytest.warns is process-global")
+def test_max_signatures_warn_with_pytest_warns():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x * 2, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="warn")
+    jf(1.0)
+    with pytest.warns(RuntimeWarning, match=r"max_signatures=1"):
+        assert jf(z(2)).shape == (2,)
+    assert comp.calls == 2
+
+
+def test_max_signatures_raise():
+    fun, name = fresh1("limit_raise", body=lambda x: x * 3)
+    comp = CountingCompiler()
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2, on_excess="raise")
+    jf(z(2))
+    jf(z(3))
+    assert comp.calls == 2
+    with pytest.raises(ftjit.RecompileLimitError) as ei:
+        jf(z(5))
+    assert isinstance(ei.value, RuntimeError)
+    msg = str(ei.value)
+    assert "max_signatures=2" in msg
+    assert name in msg
+    assert re.search(r"argument 'x': float32\[[23]\] -> float32\[5\]", msg), msg
+    assert comp.calls == 2  # not compiled
+    with pytest.raises(ftjit.RecompileLimitError):
+        jf(z(5))  # still refused, still not compiled
+    assert comp.calls == 2
+    # Already-compiled signatures keep working, as hits.
+    hits0 = jf.cache_info().hits
+    assert np.array_equal(jf(np.ones(2, np.float32)), np.full(2, 3, np.float32))
+    assert np.array_equal(jf(np.ones(3, np.float32)), np.full(3, 3, np.float32))
+    assert jf.cache_info().hits == hits0 + 2
+    assert comp.calls == 2
+    assert sorted(s.signature for s in jf.signatures()) == sorted([f"{name}(float32[2])", f"{name}(float32[3])"])
+
+
+def test_max_signatures_failed_compile_frees_the_slot():
+    comp = CountingCompiler(fail=ValueError("broken"))
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="raise")
+    with pytest.raises(ValueError, match="^broken$"):
+        jf(z(1))
+    comp.fail = None
+    jf(z(2))  # the failed signature did not use up the only slot
+    assert comp.calls == 2
+    with pytest.raises(ftjit.RecompileLimitError):
+        jf(z(1))
+    assert comp.calls == 2
+
+
+def test_max_signatures_counts_cached_signatures():
+    """The limit bounds distinct cached signatures: f(x) and f(x=x) are two
+    (signatures() lists both), so with max_signatures=1 the second must not compile."""
+    fun, name = fresh1("limit_kw")
+    comp = CountingCompiler()
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="raise")
+    a = z(3)
+    jf(a)
+    with pytest.raises(ftjit.RecompileLimitError, match=r"arguments passed as \(x\) -> \(x=\)"):
+        jf(x=a)
+    assert [s.signature for s in jf.signatures()] == [f"{name}(float32[3])"]
+    assert comp.calls == 1
+
+
+def test_max_signatures_raise_concurrent_misses_admit_exactly_n():
+    limit, extra = 3, 3
+    comp = CountingCompiler(delay=0.1)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=limit, on_excess="raise")
+
+    def target(i):
+        try:
+            jf(z(i + 1))
+            return "ok"
+        except ftjit.RecompileLimitError:
+            return "raised"
+
+    out = run_threads(limit + extra, target)
+    assert out.count("ok") == limit, out
+    assert out.count("raised") == extra, out
+    assert comp.calls == limit
+    info = jf.cache_info()
+    assert info.compiles == limit and info.size == limit
+    admitted = [i for i, r in enumerate(out) if r == "ok"]
+    refused = [i for i, r in enumerate(out) if r == "raised"]
+    for i in admitted:
+        jf(z(i + 1))
+    for i in refused:
+        with pytest.raises(ftjit.RecompileLimitError):
+            jf(z(i + 1))
+    assert comp.calls == limit
+    assert jf.cache_info().hits == limit
+
+
+@pytest.mark.thread_unsafe(reason="warnings.catch_warnings is process-global")
+def test_max_signatures_warn_concurrent_exactly_one_warning():
+    limit, extra = 2, 4
+    comp = CountingCompiler(delay=0.05)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=limit)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        run_threads(limit + extra, lambda i: jf(z(i + 1)))
+    rw = [x for x in w if issubclass(x.category, RuntimeWarning) and "max_signatures" in str(x.message)]
+    assert len(rw) == 1
+    assert comp.calls == limit + extra
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_signatures": 0},
+        {"max_signatures": -1},
+        {"max_signatures": 1.5},
+        {"max_signatures": True},
+        {"max_signatures": 2, "on_excess": "boom"},
+        {"on_excess": "boom"},
+        {"compile_timeout": 0},
+        {"compile_timeout": -1},
+        {"compile_timeout": -0.5},
+        {"compile_timeout": True},
+        {"compile_timeout": "1"},
+    ],
+)
+def test_invalid_guard_options(kwargs):
+    comp = CountingCompiler()
+    with pytest.raises(ValueError):
+        ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), **kwargs)
+
+
+def test_invalid_explain_misses_option():
+    with pytest.raises(TypeError):
+        ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), explain_misses="yes")
+
+
+def test_valid_guard_options_accepted():
+    comp = CountingCompiler()
+    for kwargs in ({"max_signatures": 1}, {"on_excess": "raise"}, {"compile_timeout": 0.01}, {"compile_timeout": 3}):
+        jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), **kwargs)
+        assert jf(1.0) == 1.0
+
+
+# --- compile_timeout -------------------------------------------------------------
+
+
+@pytest.mark.thread_unsafe(reason="asserts on wall time")
+def test_compile_timeout_waiter_gives_up_and_compile_carries_on():
+    timeout = 0.3
+    fun, name = fresh1("timeout_fn", body=lambda x: x + 2)
+    comp, started = gated_compiler(1.0)
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), compile_timeout=timeout)
+
+    def target(i):
+        if i == 0:
+            return jf(np.ones(4, np.float32))
+        assert started.wait(10)
+        t0 = time.monotonic()
+        try:
+            jf(np.ones(4, np.float32))
+        except ftjit.CompileTimeoutError as e:
+            return e, time.monotonic() - t0
+        return None, time.monotonic() - t0
+
+    first, (err, elapsed) = run_threads(2, target)
+    assert np.array_equal(first, np.full(4, 3, np.float32))
+    assert isinstance(err, ftjit.CompileTimeoutError), (err, elapsed)
+    assert isinstance(err, TimeoutError)
+    assert timeout <= elapsed < timeout + 0.5, elapsed
+    msg = str(err)
+    assert f"{name}(float32[4])" in msg
+    assert "compile_timeout=0.3" in msg
+    # The compile carried on; a later call uses it.
+    assert np.array_equal(jf(np.ones(4, np.float32)), np.full(4, 3, np.float32))
+    assert comp.calls == 1
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.waits, info.hits, info.failures) == (1, 1, 1, 1, 0)
+    assert info.wait_seconds >= timeout
+
+
+def test_compile_timeout_not_hit_when_compile_is_quick_enough():
+    comp, started = gated_compiler(0.1)
+    jf = ftjit.jit(lambda x: x * 2, compiler=comp, cache=ftjit.FunctionCache(), compile_timeout=10.0)
+
+    def target(i):
+        if i == 1:
+            assert started.wait(10)
+        return jf(np.ones(2, np.float32))
+
+    out = run_threads(2, target)
+    assert all(np.array_equal(r, np.full(2, 2, np.float32)) for r in out)
+    assert comp.calls == 1
+    assert jf.cache_info().waits == 1
+
+
+def test_compile_timeout_does_not_limit_the_compiling_thread():
+    comp = CountingCompiler(delay=0.2)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), compile_timeout=0.05)
+    assert jf(1.0) == 1.0
+    assert comp.calls == 1
+
+
+# --- error classes --------------------------------------------------------------
+
+_ERRORS = {
+    "RecursiveCompileError": (RecursionError,),
+    "CompileCycleError": (RecursionError,),
+    "CompileTimeoutError": (TimeoutError,),
+    "RecompileLimitError": (RuntimeError,),
+    "UnhashableStaticArgumentError": (TypeError, ValueError),
+    "UnsupportedArgumentError": (TypeError,),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ERRORS))
+def test_error_classes_exported_and_subclass_builtins(name):
+    cls = getattr(ftjit.errors, name)
+    assert getattr(ftjit, name) is cls
+    assert name in ftjit.errors.__all__
+    assert name in ftjit.__all__
+    assert cls.__module__ == "ftjit.errors"
+    for base in _ERRORS[name]:
+        assert issubclass(cls, base)
+    assert ftjit.errors is ftjit.__dict__["errors"]
+
+
+def test_error_module_lists_exactly_these():
+    assert sorted(ftjit.errors.__all__) == sorted(_ERRORS)
+
+
+def test_raised_errors_are_the_exported_classes():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, n: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(ftjit.UnhashableStaticArgumentError) as ei:
+        jf(1.0, [1, 2])
+    assert isinstance(ei.value, TypeError) and isinstance(ei.value, ValueError)
+    with pytest.raises(ftjit.UnsupportedArgumentError) as ei2:
+        jf(object(), 1)
+    assert isinstance(ei2.value, TypeError)
+    assert comp.calls == 0
+
+    holder = {}
+    rec = CountingCompiler(on_compile=lambda fun, args, kwargs: holder["jf"](*args, **kwargs))
+    holder["jf"] = ftjit.jit(lambda x: x, compiler=rec, cache=ftjit.FunctionCache())
+    with pytest.raises(ftjit.RecursiveCompileError) as ei3:
+        holder["jf"](1.0)
+    assert isinstance(ei3.value, RecursionError)
+
+
+# --- warmup() -------------------------------------------------------------------
+
+
+def test_warmup_results_in_order_then_hits():
+    name = unique_name("warm")
+
+    def fun(x, n):
+        return x * n
+
+    named(fun, name)
+    comp = CountingCompiler(delay=0.02)
+    jf = ftjit.jit(fun, static_argnames="n", compiler=comp, cache=ftjit.FunctionCache())
+    specs = [(z(4), 2), ftjit.Spec((z(4),), {"n": 3}), (z(2, 2, dtype=np.int32), 2), (1.5, 2)]
+    report = jf.warmup(specs, workers=2)
+    assert isinstance(report, ftjit.WarmupReport)
+    assert report.ok and report.errors == ()
+    assert [r.signature for r in report.results] == [
+        f"{name}(float32[4], 2)",
+        f"{name}(float32[4], n=3)",
+        f"{name}(int32[2,2], 2)",
+        f"{name}(float, 2)",
+    ]
+    assert all(isinstance(r, ftjit.WarmupResult) for r in report.results)
+    assert all(r.compiled and r.error is None and r.seconds >= 0.02 for r in report.results)
+    assert comp.calls == 4
+    assert comp.exec_calls == 0  # nothing executed
+    info = jf.cache_info()
+    assert (info.compiles, info.hits) == (4, 0)
+    # Real calls of those signatures are hits.
+    assert np.array_equal(jf(np.ones(4, np.float32), 2), np.full(4, 2, np.float32))
+    assert np.array_equal(jf(np.ones(4, np.float32), n=3), np.full(4, 3, np.float32))
+    assert jf(1.5, 2) == 3.0
+    assert comp.calls == 4
+    assert jf.cache_info().hits == 3
+    text = str(report)
+    for r in report.results:
+        assert r.signature in text
+    assert "compiled" in text
+    assert text.splitlines()[-1].startswith("warmup: 4/4 ok")
+    assert "2 worker(s)" in text.splitlines()[-1]
+    # Warming again: everything is cached already.
+    again = jf.warmup(specs)
+    assert [r.compiled for r in again.results] == [False] * 4
+    assert "cached" in str(again)
+    assert comp.calls == 4
+
+
+def test_warmup_duplicates_compile_once():
+    comp = CountingCompiler(delay=0.1)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    specs = [(z(1),), (z(1),), (z(2),), (z(1),)]
+    report = jf.warmup(specs, workers=4)
+    assert report.ok
+    assert comp.calls == 2
+    assert jf.cache_info().compiles == 2
+    assert sum(report.results[i].compiled for i in (0, 1, 3)) == 1
+    assert report.results[2].compiled
+    sigs = [r.signature for r in report.results]
+    assert sigs[0] == sigs[1] == sigs[3] != sigs[2]
+    serial = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    rep = serial.warmup(specs, workers=1)
+    assert [r.compiled for r in rep.results] == [True, False, True, False]
+
+
+def _picky_compiler(bad_sizes, delay=0.0):
+    inner = CountingCompiler(delay=delay)
+
+    def compiler(fun, args, kwargs):
+        size = args[0].shape[0]
+        if size in bad_sizes:
+            raise bad_sizes[size]
+        return inner(fun, args, kwargs)
+
+    return compiler, inner
+
+
+def test_warmup_reports_errors_without_raising():
+    compiler, inner = _picky_compiler({3: ValueError("bad size 3")})
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache())
+    specs = [(z(1),), (z(3),), (object(),), (z(2),)]
+    report = jf.warmup(specs, workers=2)
+    assert not report.ok
+    res = report.results
+    assert [r.error is None for r in res] == [True, False, False, True]
+    assert [r.compiled for r in res] == [True, False, False, True]
+    assert isinstance(res[1].error, ValueError) and str(res[1].error) == "bad size 3"
+    assert isinstance(res[2].error, ftjit.UnsupportedArgumentError)
+    assert report.errors == (res[1], res[2])
+    assert inner.calls == 2
+    text = str(report)
+    assert "ValueError: bad size 3" in text
+    assert "UnsupportedArgumentError" in text
+    assert text.splitlines()[-1].startswith("warmup: 2/4 ok")
+
+
+def test_warmup_strict_raises_first_error_in_spec_order_after_all_ran():
+    compiler, inner = _picky_compiler({3: ValueError("bad size 3"), 5: KeyError("bad size 5")}, delay=0.05)
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache())
+    specs = [(z(1),), (z(5),), (z(3),), (z(2),), (z(4),)]
+    with pytest.raises(KeyError, match="bad size 5"):
+        jf.warmup(specs, workers=3, strict=True)
+    assert inner.calls == 3  # every good spec still ran
+    assert jf.cache_info().compiles == 3
+    specs2 = [(z(1),), (z(3),), (z(5),)]
+    with pytest.raises(ValueError, match="^bad size 3$"):
+        jf.warmup(specs2, workers=1, strict=True)
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 1.0])
+def test_warmup_invalid_workers(workers):
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(ValueError):
+        jf.warmup([(z(1),)], workers=workers)
+    assert comp.calls == 0
+
+
+def test_warmup_rejects_bad_spec():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(TypeError, match="warmup spec"):
+        jf.warmup([z(1)])
+    assert comp.calls == 0
+
+
+@pytest.mark.thread_unsafe(reason="asserts on wall time")
+def test_warmup_workers_run_in_parallel():
+    specs = [(z(i + 1),) for i in range(8)]
+
+    def timed(workers):
+        comp = CountingCompiler(delay=0.2)
+        jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+        t0 = time.monotonic()
+        report = jf.warmup(specs, workers=workers)
+        wall = time.monotonic() - t0
+        assert report.ok and comp.calls == 8
+        assert report.workers == workers
+        return wall
+
+    t1 = timed(1)
+    t4 = timed(4)
+    assert t1 >= 8 * 0.2
+    assert t4 < 0.6 * t1, (t1, t4)
+
+
+def test_warmup_jax_shape_dtype_structs():
+    jax = pytest.importorskip("jax")
+    fun, name = fresh1("warm_jax", body=lambda x: x * 2 + 1)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
+    sizes = [4, 8, 16, 32]
+    specs = [(jax.ShapeDtypeStruct((n,), np.float32),) for n in sizes]
+    report = jf.warmup(specs, workers=2)
+    assert report.ok, str(report)
+    assert [r.signature for r in report.results] == [f"{name}(float32[{n}])" for n in sizes]
+    assert all(r.compiled for r in report.results)
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.hits) == (4, 4, 0)
+    out = jf(np.ones(8, np.float32))
+    np.testing.assert_array_equal(np.asarray(out), np.full(8, 3, np.float32))
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.hits) == (4, 4, 1)
+    assert {s.signature for s in jf.signatures()} == {f"{name}(float32[{n}])" for n in sizes}
