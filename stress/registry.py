@@ -38,6 +38,7 @@ class Result:
     errors: int = 0
     latencies_ns: list[int] = dataclasses.field(default_factory=list, repr=False)
     violations: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  #: measurements shown under the table
     seconds: float = 0.0
     runs: int = 1
 
@@ -68,6 +69,7 @@ class Result:
             errors=self.errors + other.errors,
             latencies_ns=self.latencies_ns + other.latencies_ns,
             violations=self.violations + other.violations,
+            notes=self.notes + other.notes,
             seconds=self.seconds + other.seconds,
             runs=self.runs + other.runs,
         )

@@ -55,8 +55,17 @@ def format_violations(results: Sequence[Result]) -> str:
     return "violated invariants:\n" + "\n".join(lines) if lines else ""
 
 
+def format_notes(results: Sequence[Result]) -> str:
+    """Each scenario's measurements (e.g. RSS), one line each; empty when there are none."""
+    lines = [f"  {result.scenario}: {note}" for result in results for note in result.notes[:_MAX_VIOLATIONS_SHOWN]]
+    return "notes:\n" + "\n".join(lines) if lines else ""
+
+
 def print_summary(results: Sequence[Result], stream: TextIO) -> None:
     print(format_table(results), file=stream)
+    notes = format_notes(results)
+    if notes:
+        print(notes, file=stream)
     violations = format_violations(results)
     if violations:
         print(violations, file=stream)

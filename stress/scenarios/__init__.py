@@ -1,7 +1,14 @@
-"""Built-in stress scenarios; importing this package registers them all."""
+"""Built-in stress scenarios; importing this package registers them all (in this order)."""
 
 from __future__ import annotations
 
-from . import herd
+from . import herd  # noqa: I001  (registration order is the order of the summary table)
+from . import mixed
+from . import churn
+from . import clear_storm
+from . import reentrant_keys
+from . import recursion
+from . import failing_compiles
+from . import jax_default
 
-__all__ = ["herd"]
+__all__ = ["herd", "mixed", "churn", "clear_storm", "reentrant_keys", "recursion", "failing_compiles", "jax_default"]
