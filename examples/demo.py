@@ -1,0 +1,94 @@
+"""The end-to-end demo: serve the MLP in-process, load it, check it, print one summary table.
+
+Starts examples/serve.py's server on an ephemeral loopback port (every batch
+bucket compiled by the warmup), runs examples/load.py's load generator
+against it, reads ``/stats``, shuts the server down and prints one table and
+a verdict. The exit code is 1 if any request failed or was answered wrongly,
+or if the MLP compiled anything but exactly one signature per bucket, all
+during warmup.
+
+Run it as ``python examples/demo.py [--threads 8] [--requests 2000] [--seconds 60]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from examples.load import fetch_json, format_rows, run_load
+from examples.serve import DEFAULT_MAX_BATCH, serve_in_thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the demo; returns the exit code (0: every check passed)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=8, help="load threads (default: 8)")
+    parser.add_argument("--requests", type=int, default=2000, help="total requests (default: 2000)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="load time limit in seconds (default: 60)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random batches (default: 0)")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch (default: 32)")
+    parser.add_argument("--warmup-workers", type=int, default=4, help="warmup compile threads (default: 4)")
+    args = parser.parse_args(argv)
+
+    try:
+        running = serve_in_thread(max_batch=args.max_batch, warmup_workers=args.warmup_workers)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        compiles_after_warmup = running.model.fn.cache_info().compiles
+        try:
+            report = run_load(running.port, args.threads, args.requests, args.seconds, args.seed, args.max_batch)
+        except ValueError as exc:
+            parser.error(str(exc))
+        status, stats = fetch_json("127.0.0.1", running.port, "/stats")
+    finally:
+        running.shutdown()
+    if status != 200:
+        print(f"FAIL: GET /stats answered HTTP {status}")
+        return 1
+
+    info = stats["function"]["cache_info"]
+    buckets = stats["buckets"]
+    warmup = stats["warmup"]
+    rows = [
+        ("requests", str(report.requests)),
+        ("req/s", f"{report.rps:.1f}"),
+        ("p50 ms", f"{report.p50_ms:.2f}"),
+        ("p99 ms", f"{report.p99_ms:.2f}"),
+        ("max ms", f"{report.max_ms:.2f}"),
+        ("errors", str(report.errors)),
+        ("wrong answers", str(report.wrong)),
+        ("buckets", str(len(buckets))),
+        ("compiles", str(info["compiles"])),
+        ("hits", str(info["hits"])),
+        ("waits", str(info["waits"])),
+        ("compile seconds", f"{info['compile_seconds']:.3f}"),
+        ("warmup seconds", f"{warmup['wall_seconds']:.3f}"),
+    ]
+    print(format_rows(rows))
+
+    problems = []
+    if report.errors:
+        problems.append(f"{report.errors} failed request(s) (first: {report.first_error})")
+    if report.wrong:
+        problems.append(f"{report.wrong} wrong answer(s) (first: {report.first_error})")
+    if info["compiles"] != len(buckets):
+        problems.append(f"{info['compiles']} compiles for {len(buckets)} buckets")
+    if info["compiles"] != compiles_after_warmup:
+        problems.append(f"{info['compiles'] - compiles_after_warmup} compile(s) under load, after warmup")
+    if problems:
+        print("FAIL: " + "; ".join(problems))
+        return 1
+    print(
+        f"PASS: {report.requests} requests answered correctly by {args.threads} threads; "
+        f"{len(buckets)} buckets compiled once each, all during warmup"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
