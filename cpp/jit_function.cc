@@ -608,7 +608,8 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
                            nb::object static_argnums, nb::object static_argnames,
                            nb::object arg_names, std::string name, nb::object options,
                            nb::object pickle_options, nb::object pytree_flatten,
-                           nb::object context_fn, bool strip_static, nb::object fallback,
+                           nb::object context_fn, bool strip_static, bool jax_style_errors,
+                           nb::object fallback,
                            nb::object fallback_types, nb::object plain_types,
                            nb::object aval_types, double compile_timeout,
                            nb::object on_compile, nb::object on_wait) {
@@ -622,6 +623,7 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   st->options = options;
   st->pickle_options = pickle_options;
   st->strip_static = strip_static;
+  st->spec.jax_style_errors = jax_style_errors;
   st->spec.static_argnums = ToIntVector(static_argnums);
   for (nb::handle h : static_argnames) {
     if (!PyUnicode_Check(h.ptr())) throw nb::type_error("static_argnames must be str");
@@ -684,7 +686,8 @@ void RegisterJitFunction(nb::module_& m) {
         nb::arg("cache"), nb::arg("static_argnums"), nb::arg("static_argnames"),
         nb::arg("arg_names"), nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"),
         nb::arg("pytree_flatten").none(), nb::arg("context_fn").none(),
-        nb::arg("strip_static"), nb::arg("fallback").none() = nb::none(),
+        nb::arg("strip_static"), nb::arg("jax_style_errors") = false,
+        nb::arg("fallback").none() = nb::none(),
         nb::arg("fallback_types").none() = nb::none(), nb::arg("plain_types").none() = nb::none(),
         nb::arg("aval_types").none() = nb::none(), nb::arg("compile_timeout") = 0.0,
         nb::arg("on_compile").none() = nb::none(), nb::arg("on_wait").none() = nb::none());

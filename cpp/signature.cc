@@ -80,6 +80,32 @@ bool SameObjectOrEqual(PyObject* a, PyObject* b) {
   return r == 1;
 }
 
+// Throws jax.jit's report of a static argument whose __eq__ raised: a
+// ValueError naming both types, with the original traceback in its message
+// and the original exception as its __cause__.
+[[noreturn]] void RaiseStaticComparisonError(nb::python_error& err, PyObject* a, PyObject* b) {
+  nb::object original = nb::borrow(err.value());
+  nb::object formatted;
+  try {
+    nb::object lines = nb::module_::import_("traceback").attr("format_exception")(original);
+    formatted = nb::str("").attr("join")(lines);
+  } catch (nb::python_error&) {
+    formatted = nb::str(original);
+  }
+  nb::object message = nb::steal(PyUnicode_FromFormat(
+      "static arguments should be comparable using __eq__.The following error was raised when "
+      "comparing two objects of types %R and %R. The error was:\n%U",
+      reinterpret_cast<PyObject*>(Py_TYPE(a)), reinterpret_cast<PyObject*>(Py_TYPE(b)),
+      formatted.ptr()));
+  if (!message.is_valid()) throw nb::python_error();
+  nb::object wrapped = nb::steal(PyObject_CallOneArg(PyExc_ValueError, message.ptr()));
+  if (!wrapped.is_valid()) throw nb::python_error();
+  PyException_SetCause(wrapped.ptr(), original.inc_ref().ptr());
+  PyException_SetContext(wrapped.ptr(), original.inc_ref().ptr());
+  PyErr_SetObject(PyExc_ValueError, wrapped.ptr());
+  throw nb::python_error();
+}
+
 std::string Repr(PyObject* o) {
   PyObject* r = PyObject_Repr(o);
   if (!r) {
@@ -511,6 +537,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
     b.MixIn(static_cast<size_t>(ContextHash(out.context)));
   }
   out.hash = b.hash();
+  out.jax_style_errors = spec.jax_style_errors;
 }
 
 bool CallSignature::Equals(const CallSignature& o) const {
@@ -540,7 +567,14 @@ bool CallSignature::Equals(const CallSignature& o) const {
     if (!StrictEqual(aux[i].ptr(), o.aux[i].ptr())) return false;
   }
   for (size_t i = 0; i < statics.size(); ++i) {
-    if (!StrictEqual(statics[i].ptr(), o.statics[i].ptr())) return false;
+    bool equal;
+    try {
+      equal = StrictEqual(statics[i].ptr(), o.statics[i].ptr());
+    } catch (nb::python_error& err) {
+      if (!jax_style_errors) throw;
+      RaiseStaticComparisonError(err, statics[i].ptr(), o.statics[i].ptr());
+    }
+    if (!equal) return false;
   }
   if (context.is_valid() && !SameObjectOrEqual(context.ptr(), o.context.ptr())) return false;
   return true;

@@ -56,6 +56,7 @@ struct CallSignature {
   SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
   nb::object context;                  // from the compiler's context hook
   size_t hash = 0;
+  bool jax_style_errors = false;       // from SignatureSpec, see there
 
   // Exact equality. Runs Python `__eq__` for static arguments, dict keys,
   // node keys, dtypes and the context (after the cheap C++ comparisons), so it
@@ -79,6 +80,10 @@ struct SignatureSpec {
   std::vector<PyTypeObject*> aval_types;     // exact types read through .aval
   nb::object plain_types_owner;              // keeps plain_types alive
   nb::object aval_types_owner;               // keeps aval_types alive
+  // A static argument's failing __eq__ is reported as jax.jit reports it: a
+  // ValueError ("static arguments should be comparable using __eq__...")
+  // caused by the original exception. Otherwise the original propagates.
+  bool jax_style_errors = false;
 
   // Positional argument `i` of a call with `nargs` positional arguments is
   // static if i or i - nargs is listed.

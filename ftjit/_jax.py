@@ -95,6 +95,8 @@ class JaxCompiler:
     """
 
     strip_static = True
+    #: a static argument's failing __eq__ raises jax.jit's ValueError (caused by the original)
+    jax_style_errors = True
 
     __slots__ = ("static_argnums", "static_argnames", "jit_options")
 

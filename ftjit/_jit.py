@@ -297,6 +297,7 @@ def jit(
         pytree_flatten=getattr(compiler, "pytree_flatten", None),
         context_fn=context_fn,
         strip_static=bool(getattr(compiler, "strip_static", False)),
+        jax_style_errors=bool(getattr(compiler, "jax_style_errors", False)),
         fallback=fallback_maker(fun) if callable(fallback_maker) else None,
         fallback_types=getattr(compiler, "fallback_types", None),
         plain_types=getattr(compiler, "plain_types", None),
