@@ -119,6 +119,13 @@ FunctionEntries::Lookup FunctionEntries::FindOrInsert(CallSignature& sig) {
 
 void FunctionEntries::AdmitLru(const EntryPtr& e) {
   std::vector<EntryPtr> evicted = core_->lru.Insert(e, Evictable);
+  // A clear (of this function, its cache, or all caches) may have removed `e`
+  // from the map between its insertion and this link. Every clear empties
+  // the map first and unlinks from the LRU second, so checking the map after
+  // linking closes the gap: either that clear's unlink comes after our link
+  // and removes it, or we see `e` gone and unlink it ourselves. Without this
+  // the LRU would count an entry no map holds, keeping its executable alive.
+  if (!map_.ContainsValue(e->sig->hash, e)) core_->lru.Remove(e);
   ReleaseEvicted(evicted);
 }
 

@@ -86,23 +86,39 @@ nb::object FetchNormalized() {
   throw nb::python_error();
 }
 
-// Each waiter raises its own copy of the compile's exception, so that threads
-// unwinding at once never write the same exception's __traceback__.
-[[noreturn]] void RaiseForWaiter(const nb::object& error) {
-  PyObject* exc = error.ptr();
+// A copy of `exc` (same type, args, __dict__), carrying its traceback, cause
+// and context, or null when the type cannot be copied. Clears any error the
+// copy raised.
+PyObject* CopyException(PyObject* exc) {
   PyObject* copy = PyObject_CallOneArg(Types().copy, exc);
   if (!copy || Py_TYPE(copy) != Py_TYPE(exc)) {
     PyErr_Clear();
     Py_XDECREF(copy);
-    Reraise(exc);
+    return nullptr;
   }
-  PyObject* tb = PyException_GetTraceback(exc);
-  if (tb) {
+  if (PyObject* tb = PyException_GetTraceback(exc)) {
     PyException_SetTraceback(copy, tb);
     Py_DECREF(tb);
   }
   if (PyObject* cause = PyException_GetCause(exc)) PyException_SetCause(copy, cause);
   if (PyObject* ctx = PyException_GetContext(exc)) PyException_SetContext(copy, ctx);
+  return copy;
+}
+
+// The compile's exception as waiters will read it. The compiling thread
+// raises the original, and unwinding writes the original's __traceback__;
+// waiters read (and copy) this private copy instead, which nobody raises or
+// writes after Publish(). Falls back to the original for uncopyable types.
+nb::object ErrorForWaiters(const nb::object& original) {
+  PyObject* copy = CopyException(original.ptr());
+  return copy ? nb::steal(copy) : original;
+}
+
+// Each waiter raises its own copy of the compile's exception, so that threads
+// unwinding at once never write the same exception's __traceback__.
+[[noreturn]] void RaiseForWaiter(const nb::object& error) {
+  PyObject* copy = CopyException(error.ptr());
+  if (!copy) Reraise(error.ptr());
   nb::object owned = nb::steal(copy);
   Reraise(owned.ptr());
 }
@@ -225,18 +241,19 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
     }
   }
   if (!exe.is_valid()) {
-    e->error = FetchNormalized();
+    nb::object error = FetchNormalized();
+    e->error = ErrorForWaiters(error);
     publisher.Fail();
     if (st.on_compile.is_valid()) {
       nb::object secs = nb::steal(PyFloat_FromDouble(static_cast<double>(NanosSince(t0)) * 1e-9));
       nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
       nb::object sig = SignatureString(st, *e);
       if (secs.is_valid() && name.is_valid() && sig.is_valid()) {
-        CallHook(st.on_compile, {name.ptr(), sig.ptr(), secs.ptr(), e->error.ptr()});
+        CallHook(st.on_compile, {name.ptr(), sig.ptr(), secs.ptr(), error.ptr()});
       }
       PyErr_Clear();
     }
-    Reraise(e->error.ptr());
+    Reraise(error.ptr());
   }
   uint64_t nanos = NanosSince(t0);
   e->executable = std::move(exe);
@@ -408,7 +425,12 @@ extern "C" int JitFunction_clear(PyObject* self) {
                pickle = std::move(st->pickle_options), names = std::move(st->spec.arg_names),
                flatten = std::move(st->spec.pytree_flatten), ctx = std::move(st->spec.context_fn),
                fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback),
-               on_compile = std::move(st->on_compile), on_wait = std::move(st->on_wait);
+               on_compile = std::move(st->on_compile), on_wait = std::move(st->on_wait),
+               plain = std::move(st->spec.plain_types_owner),
+               aval = std::move(st->spec.aval_types_owner);
+    // The raw type pointers borrowed from the two owners must not outlive them.
+    st->spec.plain_types.clear();
+    st->spec.aval_types.clear();
   }
   return 0;
 }

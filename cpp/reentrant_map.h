@@ -87,6 +87,17 @@ class ReentrantMap {
     }
   }
 
+  // Whether a slot with this hash holds `value` (identity of the shared
+  // handle). Python-free: never calls `eq`.
+  bool ContainsValue(size_t hash, const Value& value) const {
+    std::lock_guard<Mutex> lock(mu_);
+    auto range = slots_.equal_range(hash);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second.value == value) return true;
+    }
+    return false;
+  }
+
   // Removes the slot with this hash whose value equals `value` (identity of
   // the shared handle). Returns the removed value (default if none) so the
   // caller drops it outside the lock.

@@ -648,3 +648,71 @@ def test_gc_in_static_eq_while_other_function_dies_in_cycle():
     assert dying_refs
     assert gc_collect_until(lambda: all(r() is None for r in dying_refs))
     assert gc_collect_until(lambda: cache.size() == 6), cache.size()
+
+
+def test_non_weakrefable_callable_entries_leave_the_shared_cache_with_the_wrapper():
+    # A callable that cannot be weakly referenced gets a private entry map;
+    # its entries still count in the shared LRU and must leave it when the
+    # JitFunction holding that map dies.
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+    other = ftjit.jit(lambda x: x, compiler=comp, cache=cache)
+    other(1.0)
+    jf = ftjit.jit(SlotsCallable(), compiler=comp, cache=cache)
+    assert jf(1.0) == 7.0
+    assert jf(np.ones(2))[0] == 7.0
+    assert cache.size() == 3
+    del jf
+    assert cache.size() == 1
+    assert other.cache_info().size == 1
+
+
+def test_clear_between_insert_and_lru_link_leaves_no_orphan():
+    # A miss inserts its entry in the function's map, then links it into the
+    # shared LRU. Here a clear_cache() runs in between: the lookup's last
+    # reference to an older signature (dropped right after the insert) owns
+    # the only reference to a static argument whose __del__ clears the cache.
+    # The LRU must not keep (and count) an entry that no map holds.
+    cache = ftjit.FunctionCache()
+    comp = CountingCompiler()
+    cleared = []
+    eq_calls = []
+
+    class Key:
+        def __init__(self, v, clear_on_del):
+            self.v = v
+            self.clear_on_del = clear_on_del
+
+        def __hash__(self):
+            return 17  # every Key collides: the lookup of B compares with A
+
+        def __eq__(self, other):
+            if other is self:
+                return True
+            if self.clear_on_del:
+                eq_calls.append(other.v)
+                # The first comparison is the lock-free probe; the second is
+                # the insert's: clearing there leaves A's last reference with
+                # the insert, which drops it just after inserting B.
+                if len(eq_calls) == 2:
+                    jf.clear_cache()
+            return isinstance(other, Key) and self.v == other.v
+
+        def __del__(self):
+            if self.clear_on_del and not cleared:
+                cleared.append(self.v)
+                jf.clear_cache()  # runs after B's insert, before its LRU link
+
+    jf = ftjit.jit(lambda x, k: x + k.v, static_argnums=1, compiler=comp, cache=cache)
+    assert jf(1.0, Key(1, clear_on_del=True)) == 2.0
+    assert jf(1.0, Key(2, clear_on_del=False)) == 3.0
+    assert cleared == [1]
+    assert eq_calls == [2, 2]
+    assert comp.calls == 2
+    # B's entry was removed from the map by the clear in A's __del__; the
+    # shared LRU agrees.
+    assert jf.cache_info().size == 0
+    assert cache.size() == 0
+    assert jf(1.0, Key(2, clear_on_del=False)) == 3.0
+    assert comp.calls == 3
+    assert jf.cache_info().size == cache.size() == 1

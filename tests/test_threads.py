@@ -11,6 +11,7 @@ import itertools
 import re
 import signal
 import threading
+import traceback
 import time
 import weakref
 
@@ -237,6 +238,12 @@ def test_06_failed_compile_reaches_every_waiter_once():
     for e in errors:
         assert type(e) is ValueError, repr(e)
         assert str(e) == "compile failed: boom"
+    # Every thread unwinds its own exception object (the compiling thread the
+    # original, each waiter a copy), so no two write one __traceback__.
+    assert len({id(e) for e in errors}) == n
+    # Each copy keeps the compile's traceback: it shows where it failed.
+    for e in errors:
+        assert "raise _make_exception(fail)" in "".join(traceback.format_exception(e))
     assert comp.calls == 1
     info = jf.cache_info()
     assert info.size == 0

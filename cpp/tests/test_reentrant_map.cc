@@ -87,14 +87,18 @@ void TestBasic() {
   CHECK(m.Find(kH, 6, PlainEq) == nullptr);
   CHECK(m.Find(kH + 1, 1, PlainEq) == nullptr);  // same key, other hash
 
-  // Erase matches on (hash, value identity) only.
+  // ContainsValue and Erase match on (hash, value identity) only.
   auto stranger = MakePair(1, 99).second;
+  CHECK(m.ContainsValue(kH, vals[1]));
+  CHECK(!m.ContainsValue(kH, stranger));
+  CHECK(!m.ContainsValue(kH + 1, vals[1]));
   CHECK(m.Erase(kH, stranger) == nullptr);
   CHECK(m.Erase(kH + 1, vals[1]) == nullptr);
   CHECK_EQ(m.size(), size_t{5});
   CHECK(m.Erase(kH, vals[1]) == vals[1]);
   CHECK_EQ(m.size(), size_t{4});
   CHECK(m.Find(kH, 1, PlainEq) == nullptr);
+  CHECK(!m.ContainsValue(kH, vals[1]));
   CHECK(m.Erase(kH, vals[1]) == nullptr);
   CHECK_EQ(vals[1].use_count(), 3L);  // vals[1], r1.value, r1b.value: the map kept none
 
