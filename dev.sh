@@ -2,6 +2,7 @@
 # ftjit developer entry point: sets up .venv, builds ftjit into it, and runs
 # the demo, the tests or the benchmarks. Safe to run on a fresh clone.
 #
+#   bash dev.sh demo [--threads N|--requests N|--seconds S]        serve + load demo, summary table
 #   bash dev.sh stress [--quick|--minutes N|--scenario NAME|...]   main job
 #   bash dev.sh test                                               all tests
 #   bash dev.sh bench [--quick]                                    benchmarks
@@ -69,7 +70,16 @@ shift || true
 case "$cmd" in
   build) build ;;
   stress) build; exec "$VPY" -m stress "$@" ;;
-  bench) build; exec "$VPY" -m bench "$@" ;;
+  bench)
+    build
+    # The PNG chart needs matplotlib (optional: only the benchmarks use it).
+    if ! "$VPY" -c "import matplotlib" 2>/dev/null; then
+      log "installing matplotlib for the bench chart"
+      "$VPY" -m pip install -q matplotlib
+    fi
+    exec "$VPY" -m bench "$@"
+    ;;
+  demo) build; exec "$VPY" examples/demo.py "$@" ;;
   tsan) setup; tsan ;;
   test)
     build
@@ -79,5 +89,5 @@ case "$cmd" in
     log "unit tests again, each test body in 8 threads at once (pytest-run-parallel)"
     pytest_strict tests --parallel-threads=8 --timeout=600 -q -p no:randomly "$@"
     ;;
-  *) echo "usage: bash dev.sh {stress|test|bench|build|tsan} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash dev.sh {demo|stress|test|bench|build|tsan} [args]" >&2; exit 2 ;;
 esac

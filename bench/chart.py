@@ -1,14 +1,25 @@
-"""Optional bar chart of the results (ns/call per case, ftjit vs anchor) written with matplotlib."""
+"""Optional bar chart of the results (ftjit vs anchor per case; dispatch in ns, warm-up in ms), via matplotlib."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Optional, Sequence
 
 from .timing import Measurement
 
+_SCALE = {"ns": 1.0, "ms": 1e-6}
+_YLABEL = {"ns": "ns per call (lower is better)", "ms": "ms per signature (lower is better)"}
+_TITLE = {"ns": "ftjit hit latency vs anchor", "ms": "parallel warm-up vs loop"}
+
+
+def _label(m: Measurement) -> str:
+    if m.case.target is None:
+        return f"{m.ratio:.2f}x"
+    return f"{m.ratio:.2f}x{'' if m.passed else ' MISS'}"
+
 
 def write_png(path: str, measurements: Sequence[Measurement]) -> Optional[str]:
-    """Writes the chart; returns None on success, or why it was skipped (matplotlib missing)."""
+    """Writes the chart (one panel per unit); returns None on success, or why it was skipped (matplotlib missing)."""
     try:
         import matplotlib
 
@@ -16,19 +27,35 @@ def write_png(path: str, measurements: Sequence[Measurement]) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed"
-    names = [m.case.name for m in measurements]
-    xs = range(len(measurements))
+    groups = [(unit, [m for m in measurements if m.case.unit == unit]) for unit in _SCALE]
+    groups = [(unit, ms) for unit, ms in groups if ms]
+    if not groups:
+        return "nothing to chart"
+    counts = [len(ms) for _, ms in groups]
+    fig, axes = plt.subplots(1, len(groups), figsize=(1.8 + 1.9 * sum(counts) + 0.8 * len(groups), 4.6),
+                             gridspec_kw={"width_ratios": [c + 0.6 for c in counts]}, squeeze=False)
     width = 0.38
-    fig, ax = plt.subplots(figsize=(1.8 + 1.9 * len(measurements), 4.2))
-    ft = ax.bar([x - width / 2 for x in xs], [m.ftjit_ns for m in measurements], width, label="ftjit.jit")
-    an = ax.bar([x + width / 2 for x in xs], [m.anchor_ns for m in measurements], width, label="anchor")
-    for bar, m in zip(ft, measurements):
-        ax.annotate(f"{m.ratio:.2f}x {'' if m.passed else 'MISS'}".strip(), (bar.get_x() + bar.get_width() / 2,
-                    bar.get_height()), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(list(xs), [f"{n}\n(vs {m.case.anchor.label})" for n, m in zip(names, measurements)], fontsize=8)
-    ax.set_ylabel("ns per call (lower is better)")
-    ax.set_title("ftjit hit latency vs anchor")
-    ax.legend(handles=[ft, an], loc="upper left")
+    for ax, (unit, ms) in zip(axes[0], groups):
+        scale = _SCALE[unit]
+        xs = range(len(ms))
+        first = ms[0].case
+        ft_label, an_label = ("ftjit.jit", "anchor") if unit == "ns" else (first.ftjit.label, first.anchor.label)
+        ft = ax.bar([x - width / 2 for x in xs], [m.ftjit_ns * scale for m in ms], width, label=ft_label)
+        an = ax.bar([x + width / 2 for x in xs], [m.anchor_ns * scale for m in ms], width, label=an_label)
+        for bar, m in zip(ft, ms):
+            ax.annotate(_label(m), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=8)
+        ax.set_xticks(list(xs), [f"{textwrap.fill(m.case.name, 18)}\n(vs {m.case.anchor.label})" for m in ms],
+                      fontsize=7)
+        values = [v for m in ms for v in (m.ftjit_ns * scale, m.anchor_ns * scale)]
+        if max(values) > 50 * min(values):  # lru_cache rows next to jax.jit rows: a log axis keeps both readable
+            ax.set_yscale("log")
+            ax.set_ylim(min(values) / 2, max(values) * 6)  # headroom for the labels and the legend
+        else:
+            ax.set_ylim(0, max(values) * 1.35)
+        ax.set_ylabel(_YLABEL[unit] + (", log scale" if ax.get_yscale() == "log" else ""))
+        ax.set_title(_TITLE[unit])
+        ax.legend(handles=[ft, an], loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -9,25 +9,39 @@ from typing import Any, Sequence
 
 from .timing import Measurement
 
-_HEADER = ("case", "ftjit ns/call", "anchor", "anchor ns/call", "ratio", "target", "goal", "status")
+_HEADER = ("case", "ftjit /call", "anchor", "anchor /call", "ratio", "target", "goal", "status")
 _LEFT_ALIGNED = {0, 2, 7}
+
+
+def format_time(ns: float, unit: str) -> str:
+    """A per-call time stored in ns, shown in the row's unit ("ns" or "ms")."""
+    if unit == "ms":
+        return f"{ns / 1e6:.1f} ms"
+    return f"{ns:.1f} ns"
+
+
+def _bound(value: float | None) -> str:
+    return "-" if value is None else f"<= {value:.3g}"
 
 
 def _row(m: Measurement, footnote: str) -> tuple[str, ...]:
     return (
         m.case.name + footnote,
-        f"{m.ftjit_ns:.1f}",
+        format_time(m.ftjit_ns, m.case.unit),
         m.case.anchor.label,
-        f"{m.anchor_ns:.1f}",
+        format_time(m.anchor_ns, m.case.unit),
         f"{m.ratio:.2f}x",
-        f"<= {m.case.target:g}",
-        f"<= {m.case.goal:g}",
+        _bound(m.case.target),
+        _bound(m.case.goal),
         m.status,
     )
 
 
 def format_table(measurements: Sequence[Measurement]) -> str:
-    """The table, then numbered notes for the rows that have one, then a MISS summary line if any."""
+    """The table, then numbered notes for the rows that have one, then a MISS summary line if any.
+
+    ratio = ftjit/anchor (lower is better); rows without a target show "-" and status "report".
+    """
     notes: list[str] = []
     rows = [_HEADER]
     for m in measurements:
@@ -63,8 +77,9 @@ def to_json(measurements: Sequence[Measurement], meta: dict[str, Any]) -> dict[s
                 "ratio": m.ratio,
                 "target": m.case.target,
                 "goal": m.case.goal,
-                "status": "MISS" if not m.passed else "PASS",
+                "status": m.status,
                 "goal_met": m.goal_met,
+                "unit": m.case.unit,
                 "note": m.case.note,
                 "ftjit_samples_ns": list(m.ftjit_samples_ns),
                 "anchor_samples_ns": list(m.anchor_samples_ns),

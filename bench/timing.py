@@ -26,14 +26,17 @@ class Measurement:
 
     @property
     def passed(self) -> bool:
-        return self.ratio <= self.case.target
+        """Met the target (True for a row without one: it cannot miss)."""
+        return self.case.target is None or self.ratio <= self.case.target
 
     @property
-    def goal_met(self) -> bool:
-        return self.ratio <= self.case.goal
+    def goal_met(self) -> Optional[bool]:
+        return None if self.case.goal is None else self.ratio <= self.case.goal
 
     @property
     def status(self) -> str:
+        if self.case.target is None:
+            return "report"
         if not self.passed:
             return "MISS"
         return "PASS (goal)" if self.goal_met else "PASS"

@@ -2,12 +2,16 @@
 
 Starts examples/serve.py's server on an ephemeral loopback port (every batch
 bucket compiled by the warmup), runs examples/load.py's load generator
-against it, reads ``/stats``, shuts the server down and prints one table and
-a verdict. The exit code is 1 if any request failed or was answered wrongly,
-or if the MLP compiled anything but exactly one signature per bucket, all
-during warmup.
+against it, reads ``/stats``, shuts the server down, then times the warm-up
+of fresh copies of the MLP with one worker and with ``--warmup-workers``
+(XLA compiles release the GIL, so the threads overlap them), and prints one
+table and a verdict. The exit code is 1 if any request failed or was
+answered wrongly, or if the MLP compiled anything but exactly one signature
+per bucket, all during warmup.
 
-Run it as ``python examples/demo.py [--threads 8] [--requests 2000] [--seconds 60]``.
+Run it as ``python examples/demo.py [--threads 8] [--requests 8000] [--seconds 15]``
+(the defaults take ~10-20 s on two cores; the load stops at whichever limit
+comes first).
 """
 
 from __future__ import annotations
@@ -15,20 +19,42 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.load import fetch_json, format_rows, run_load
-from examples.serve import DEFAULT_MAX_BATCH, serve_in_thread
+from examples.serve import DEFAULT_MAX_BATCH, Model, mlp, serve_in_thread
+
+
+def _fresh_mlp(name: str) -> Any:
+    """A new function object computing ``mlp``: JAX caches traces per function, so a copy compiles from scratch."""
+
+    def fresh(params: Any, x: Any) -> Any:
+        return mlp(params, x)
+
+    fresh.__name__ = fresh.__qualname__ = name
+    return fresh
+
+
+def compare_warmup(max_batch: int, workers: int) -> tuple[float, float]:
+    """Wall seconds to warm every bucket of a fresh MLP copy with 1 worker, then another with ``workers``."""
+    seconds = []
+    for n in (1, workers):
+        report = Model(max_batch=max_batch, fun=_fresh_mlp(f"mlp_warm_{n}")).warm(workers=n)
+        if not report.ok:
+            raise RuntimeError(f"warmup failed:\n{report}")
+        seconds.append(report.wall_seconds)
+    return seconds[0], seconds[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the demo; returns the exit code (0: every check passed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=8, help="load threads (default: 8)")
-    parser.add_argument("--requests", type=int, default=2000, help="total requests (default: 2000)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="load time limit in seconds (default: 60)")
+    parser.add_argument("--requests", type=int, default=8000, help="total requests (default: 8000)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="load time limit in seconds (default: 15)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random batches (default: 0)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch (default: 32)")
     parser.add_argument("--warmup-workers", type=int, default=4, help="warmup compile threads (default: 4)")
@@ -50,12 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     if status != 200:
         print(f"FAIL: GET /stats answered HTTP {status}")
         return 1
+    loop_seconds, parallel_seconds = compare_warmup(args.max_batch, args.warmup_workers)
 
     info = stats["function"]["cache_info"]
     buckets = stats["buckets"]
     warmup = stats["warmup"]
+    workers = args.warmup_workers
     rows = [
         ("requests", str(report.requests)),
+        ("stopped by", report.stopped_by),
         ("req/s", f"{report.rps:.1f}"),
         ("p50 ms", f"{report.p50_ms:.2f}"),
         ("p99 ms", f"{report.p99_ms:.2f}"),
@@ -68,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         ("waits", str(info["waits"])),
         ("compile seconds", f"{info['compile_seconds']:.3f}"),
         ("warmup seconds", f"{warmup['wall_seconds']:.3f}"),
+        ("fresh warmup s, 1 worker", f"{loop_seconds:.3f}"),
+        (f"fresh warmup s, {workers} worker{'s' * (workers > 1)}", f"{parallel_seconds:.3f}"),
+        ("warmup speed-up", f"{loop_seconds / parallel_seconds:.2f}x"),
     ]
     print(format_rows(rows))
 

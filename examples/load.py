@@ -39,6 +39,10 @@ ATOL = 1e-5
 #: Seconds a request (connect, send, answer) may take before it counts as an error.
 REQUEST_TIMEOUT = 30.0
 
+#: LoadReport.stopped_by: every request of the count was sent, or the time limit came first.
+STOPPED_BY_COUNT = "request count"
+STOPPED_BY_TIME = "time limit"
+
 
 @dataclasses.dataclass(frozen=True)
 class LoadReport:
@@ -56,6 +60,7 @@ class LoadReport:
     max_ms: float
     compiles: int | None  #: the server's compiles of the MLP after the run (from /stats), None if unavailable
     first_error: str | None  #: a description of the first error or wrong answer, for diagnosis
+    stopped_by: str = STOPPED_BY_COUNT  #: which limit ended the run: STOPPED_BY_COUNT or STOPPED_BY_TIME
 
 
 def check_loopback(host: str) -> None:
@@ -126,14 +131,17 @@ class _Run:
         self.wrong = 0
         self.rows = 0
         self.first_error: str | None = None
+        self.stopped_by: str | None = None  # the limit that first refused a request
         self.progress = progress
 
     def take(self) -> int | None:
         """The index of the next request to send, or None when the budget or the time is spent."""
         with self._lock:
             if self._budget is not None and self._next >= self._budget:
+                self.stopped_by = self.stopped_by or STOPPED_BY_COUNT
                 return None
             if self._deadline is not None and time.monotonic() >= self._deadline:
+                self.stopped_by = self.stopped_by or STOPPED_BY_TIME
                 return None
             index = self._next
             self._next += 1
@@ -264,6 +272,7 @@ def run_load(
         max_ms=float(latencies_ms.max()) if sent else 0.0,
         compiles=compiles,
         first_error=run.first_error,
+        stopped_by=run.stopped_by or STOPPED_BY_COUNT,
     )
 
 
@@ -282,6 +291,7 @@ def report_rows(report: LoadReport) -> list[tuple[str, str]]:
         ("rows", str(report.rows)),
         ("threads", str(report.threads)),
         ("seconds", f"{report.seconds:.2f}"),
+        ("stopped by", report.stopped_by),
         ("req/s", f"{report.rps:.1f}"),
         ("p50 ms", f"{report.p50_ms:.2f}"),
         ("p99 ms", f"{report.p99_ms:.2f}"),

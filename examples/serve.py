@@ -108,14 +108,15 @@ class Model:
     so several models in one process (tests, the demo) count compiles apart.
     """
 
-    def __init__(self, max_batch: int = DEFAULT_MAX_BATCH, seed: int = DEFAULT_SEED):
+    def __init__(self, max_batch: int = DEFAULT_MAX_BATCH, seed: int = DEFAULT_SEED, fun: Any = None):
+        """``fun`` replaces ``mlp`` (same arguments and result), e.g. a fresh copy that no JAX cache has seen."""
         import jax.numpy as jnp
 
         self.max_batch = max_batch
         self.buckets = batch_buckets(max_batch)
         self.weights = make_weights(seed)
         self.params = {name: jnp.asarray(value) for name, value in self.weights.items()}
-        self.fn = ftjit.jit(mlp, cache=ftjit.FunctionCache())
+        self.fn = ftjit.jit(mlp if fun is None else fun, cache=ftjit.FunctionCache())
         self.warmup_report: ftjit.WarmupReport | None = None
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import threading
 import warnings
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
@@ -197,24 +198,48 @@ def _differences(old: CallDescription, new: CallDescription) -> list[str]:
     return out
 
 
+_LEAF = re.compile(r"^(\w+)\[([^\]]*)\](\{weak\})?$")
+
+
+def _leaf_distance(old: str, new: str) -> int:
+    """How many of dtype, shape and weak type differ between two leaf descriptions (3 if not both arrays)."""
+    a, b = _LEAF.match(old), _LEAF.match(new)
+    if a is None or b is None:
+        return 0 if old == new else 3
+    return sum(x != y for x, y in zip(a.groups(), b.groups()))
+
+
+def _distance(old: CallDescription, new: CallDescription) -> int:
+    old_leaves = dict(old.leaves)
+    return sum(_leaf_distance(old_leaves[path], leaf) for path, leaf in new.leaves if path in old_leaves)
+
+
 def explain(cached: Iterable[CallDescription], new: CallDescription) -> str | None:
     """How `new` differs from the closest of `cached`, or None if none cached.
 
     Closest means fewest tree-structure differences first (a different tree is
-    a different kind of call), then fewest differences overall; ties go to the
+    a different kind of call), then fewest differences overall, then fewest
+    differing dtypes, shapes and weak types among the leaves (so a weak-type
+    change is explained against the same dtype and shape); ties go to the
     signature cached first.
     """
     best: list[str] | None = None
-    best_rank: tuple[int, int] | None = None
+    best_rank: tuple[int, int, int] | None = None
     for old in cached:
         diffs = _differences(old, new)
         structural = (": tree structure ", "arguments passed as ")
-        rank = (sum(any(t in d for t in structural) or d.endswith((": added", ": missing")) for d in diffs), len(diffs))
+        rank = (
+            sum(any(t in d for t in structural) or d.endswith((": added", ": missing")) for d in diffs),
+            len(diffs),
+            _distance(old, new),
+        )
         if best_rank is None or rank < best_rank:
             best, best_rank = diffs, rank
     if best is None:
         return None
-    return "; ".join(best) if best else "no visible difference in the arguments (the tracing context, e.g. a jax config option, changed)"
+    if best:
+        return "; ".join(best)
+    return "no visible difference in the arguments (the tracing context, e.g. a jax config option, changed)"
 
 
 #: Descriptions remembered per unguarded function, for miss explanations.
@@ -275,12 +300,15 @@ class GuardedCompiler:
         if explaining and why is not None:
             logger.info("cache miss of %s: %s", self.name, why)
         if excess:
+            raising = self.on_excess == "raise"
             message = (
-                f"{self.name}() would compile a signature past max_signatures={self.max_signatures}"
+                f"{self.name}() {'would compile' if raising else 'is compiling'} a signature past "
+                f"max_signatures={self.max_signatures}"
                 + (f" (differs from the closest cached one by: {why})" if why else "")
+                + "; raise the limit or make the varying argument static/bucketed"
             )
-            if self.on_excess == "raise":
-                raise RecompileLimitError(message + "; raise the limit or make the varying argument static/bucketed")
+            if raising:
+                raise RecompileLimitError(message)
             if warn_now:
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
         try:

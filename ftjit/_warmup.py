@@ -7,7 +7,7 @@ import dataclasses
 import sys
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TextIO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,27 +71,47 @@ class WarmupReport:
 
 
 class _Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+    """A one-line progress bar (``label [####....] done/total``), ended by a newline once every spec is done.
 
-    def __init__(self, total: int, label: str, enabled: bool | None):
+    ``progress``: None draws on stderr only when stderr is a terminal; True
+    always draws on stderr; False never draws; a writable text stream (an
+    object with ``write``) always draws on that stream.
+    """
+
+    def __init__(self, total: int, label: str, progress: Any):
         self.total = total
         self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.stream: TextIO | None = _progress_stream(progress)
         self.done = 0
         self._lock = threading.Lock()  # guards done and the drawing
 
     def step(self) -> None:
         with self._lock:
             self.done += 1
-            if self.enabled:
+            if self.stream is not None:
                 width = 30
                 filled = width * self.done // max(self.total, 1)
-                sys.stderr.write(
+                self.stream.write(
                     f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
                 )
                 if self.done == self.total:
-                    sys.stderr.write("\n")
-                sys.stderr.flush()
+                    self.stream.write("\n")
+                self.stream.flush()
+
+
+def _progress_stream(progress: Any) -> TextIO | None:
+    """Where the bar is drawn, or None (see _Progress); TypeError for anything but bool, None or a stream."""
+    if progress is None:
+        stderr = sys.stderr
+        isatty = getattr(stderr, "isatty", None)
+        return stderr if isatty is not None and isatty() else None
+    if progress is True:
+        return sys.stderr
+    if progress is False:
+        return None
+    if callable(getattr(progress, "write", None)):
+        return progress
+    raise TypeError(f"progress must be True, False, None or a writable text stream, got {progress!r}")
 
 
 def warmup(
@@ -99,7 +119,7 @@ def warmup(
     specs: Iterable[Any],
     workers: int = 1,
     strict: bool = False,
-    progress: bool | None = None,
+    progress: bool | None | TextIO = None,
 ) -> WarmupReport:
     """Compiles each spec's signature into ``fn``'s cache, ``workers`` at a time.
 
@@ -107,8 +127,10 @@ def warmup(
     arguments may be concrete or ``jax.ShapeDtypeStruct``. Nothing is executed.
     XLA compiles release the GIL, so several workers overlap them. Errors are
     collected in the report; with ``strict=True`` the first one (in spec
-    order) is raised after all specs ran. Thread-safe, and compile-once holds
-    against concurrent calls of ``fn``.
+    order) is raised after all specs ran. ``progress`` draws a one-line bar:
+    None (default) on stderr when it is a terminal, True always on stderr,
+    False never, or a text stream to draw on. Thread-safe, and compile-once
+    holds against concurrent calls of ``fn``.
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")

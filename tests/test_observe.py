@@ -943,3 +943,141 @@ def test_warmup_jax_shape_dtype_structs():
     info = jf.cache_info()
     assert (info.compiles, info.misses, info.hits) == (4, 4, 1)
     assert {s.signature for s in jf.signatures()} == {f"{name}(float32[{n}])" for n in sizes}
+
+
+# --- warm-up progress bar, warn-with-explanation, weak-type explanations ------
+
+
+def _bar(label, done, total, width=30):
+    filled = width * done // total
+    return f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_warmup_progress_bar_on_a_stream_draws_every_count_then_a_newline(workers):
+    import io
+
+    fun, name = fresh1("warm_bar")
+    comp = CountingCompiler()
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache())
+    out = io.StringIO()
+    report = jf.warmup([(z(1),), (z(2),), (z(3),)], workers=workers, progress=out)
+    assert report.ok and comp.calls == 3
+    # Counts are taken under the bar's lock, so they come out 1, 2, 3 whichever worker finishes first.
+    assert out.getvalue() == "".join(_bar(f"warmup {name}", k, 3) for k in (1, 2, 3)) + "\n"
+
+
+def test_warmup_progress_rejects_what_is_not_a_bool_none_or_stream():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(TypeError, match=r"^progress must be True, False, None or a writable text stream, got 'yes'$"):
+        jf.warmup([(z(1),)], progress="yes")
+    assert comp.calls == 0
+
+
+@pytest.mark.thread_unsafe(reason="capsys and a patched sys.stderr are process-global")
+def test_warmup_progress_true_draws_on_stderr_none_only_on_a_terminal(capsys, monkeypatch):
+    import io
+    import sys
+
+    specs = [(z(1),), (z(2),), (z(3),)]
+
+    def warm(progress):
+        fun, name = fresh1("warm_tty")
+        jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+        assert jf.warmup(specs, workers=2, progress=progress).ok
+        return name
+
+    assert not sys.stderr.isatty()  # pytest's capture: not a terminal
+    warm(None)
+    warm(False)
+    assert capsys.readouterr() == ("", "")
+    name = warm(True)
+    assert capsys.readouterr() == ("", "".join(_bar(f"warmup {name}", k, 3) for k in (1, 2, 3)) + "\n")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    name = warm(None)
+    assert terminal.getvalue() == "".join(_bar(f"warmup {name}", k, 3) for k in (1, 2, 3)) + "\n"
+    warm(False)
+    assert terminal.getvalue().count("\n") == 1
+
+
+@pytest.mark.thread_unsafe(reason="warnings.catch_warnings is process-global")
+def test_max_signatures_warn_once_with_the_miss_explanation():
+    """on_excess="warn" (the default) warns exactly once, past N, and the
+    warning says what differs from the closest cached signature: the argument
+    path and the old -> new dtype/shape. Explanations need not be switched on."""
+    fun, name = fresh1("limit_warn_explain", body=lambda x: x)
+    comp = CountingCompiler()
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2, explain_misses=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        jf({"a": z(1)})
+        jf({"a": z(2)})
+        jf({"a": z(1)})  # a hit
+        assert [x for x in w if issubclass(x.category, RuntimeWarning)] == []
+        jf({"a": z(2, dtype=np.int32)})  # the third signature: past N=2
+        jf({"a": z(4)})
+        jf({"a": z(5, dtype=np.int64)})
+        jf({"a": z(2, dtype=np.int32)})  # a hit
+    runtime = [x for x in w if issubclass(x.category, RuntimeWarning)]
+    assert len(runtime) == 1, [str(x.message) for x in runtime]
+    # Both cached signatures differ by one leaf; the closer one (same shape) is named.
+    assert str(runtime[0].message) == (
+        f"{name}() is compiling a signature past max_signatures=2 (differs from the closest cached one by: "
+        "argument 'x'['a']: float32[2] -> int32[2]); raise the limit or make the varying argument static/bucketed"
+    )
+    assert comp.calls == 5
+
+
+def test_explain_weak_type_changes_exactly():
+    """JAX compiler: a Python float, a numpy float32 scalar, and weak vs
+    strong float32[] jax arrays are four signatures; each miss names the
+    closest one (a weak-type flip is explained against the same dtype/shape)."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    fun, name = fresh1("explain_weak", body=lambda x: x * 2)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(1.0)
+        jf(np.float32(1.0))
+        jf(jnp.asarray(2.0))  # weak-typed float32[]
+        jf(jnp.float32(3.0))  # strong float32[]: the same signature as np.float32
+        jf(jnp.asarray(np.float32(4.0)))  # strong too
+    assert _explanations(cap, name) == [
+        "argument 'x': float -> float32[]",
+        "argument 'x': float32[] -> float32[]{weak}",
+    ]
+    assert jnp.asarray(2.0).weak_type and not jnp.float32(3.0).weak_type
+    assert sorted(s.signature for s in jf.signatures()) == sorted(
+        [f"{name}(float)", f"{name}(float32[])", f"{name}(float32[]{{weak}})"]
+    )
+    assert jf.cache_info().compiles == 3
+
+
+def test_explain_weak_type_flip_is_explained_against_the_same_dtype_and_shape():
+    """Cached int32[2] first, then float32[2]: a weak float32[2] differs from
+    each by one leaf, but from float32[2] only in its weak type, so that is the
+    explanation (not the first-cached int32[2])."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    fun, name = fresh1("explain_weak_flip", body=lambda x: x + 1)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
+    weak = jnp.broadcast_to(jnp.asarray(1.0), (2,))
+    assert weak.weak_type and weak.dtype == jnp.float32
+    with LogCapture(name) as cap:
+        jf(jnp.zeros((2,), jnp.int32))
+        jf(jnp.zeros((2,), jnp.float32))
+        out = jf(weak)
+    assert out.weak_type and out.tolist() == [2.0, 2.0]
+    assert _explanations(cap, name) == [
+        "argument 'x': int32[2] -> float32[2]",
+        "argument 'x': float32[2] -> float32[2]{weak}",
+    ]

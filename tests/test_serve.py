@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,7 @@ def test_load_is_answered_correctly_and_compiles_only_during_warmup():
         signatures = model.fn.signatures()
 
     assert report.requests == 200
+    assert report.stopped_by == load.STOPPED_BY_COUNT == "request count"
     assert report.errors == 0, report.first_error
     assert report.wrong == 0, report.first_error
     assert report.first_error is None
@@ -289,15 +291,54 @@ def test_demo_script_passes_and_prints_the_table():
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
-    table = dict(line.rsplit(None, 1) for line in lines if line and not line.startswith(("-", "PASS", "FAIL")))
-    table = {name.strip(): value for name, value in table.items()}
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines if line and not line.startswith(("-", "PASS", "FAIL"))]
+    assert all(len(row) == 2 for row in rows), rows
+    table = dict(rows)
     expected_names = [
-        "requests", "req/s", "p50 ms", "p99 ms", "max ms", "errors", "wrong answers",
+        "requests", "stopped by", "req/s", "p50 ms", "p99 ms", "max ms", "errors", "wrong answers",
         "buckets", "compiles", "hits", "waits", "compile seconds", "warmup seconds",
+        "fresh warmup s, 1 worker", "fresh warmup s, 4 workers", "warmup speed-up",
     ]  # fmt: skip
     assert list(table) == expected_names
     assert table["requests"] == "50"
+    assert table["stopped by"] == "request count"
     assert table["errors"] == table["wrong answers"] == "0"
     assert table["buckets"] == table["compiles"] == "4"
     assert table["hits"] == "50"
+    loop, parallel = float(table["fresh warmup s, 1 worker"]), float(table["fresh warmup s, 4 workers"])
+    assert loop > 0 and parallel > 0
+    speed_up = table["warmup speed-up"]
+    assert re.fullmatch(r"\d+\.\d\dx", speed_up)
+    # loop / parallel, within what rounding the two seconds to 3 decimals and the ratio to 2 allows
+    assert (loop - 5e-4) / (parallel + 5e-4) - 5e-3 <= float(speed_up[:-1]) <= (loop + 5e-4) / (parallel - 5e-4) + 5e-3
     assert lines[-1].startswith("PASS")
+
+
+@starts_servers
+@pytest.mark.timeout(120)
+def test_load_time_limit_stops_a_huge_run_and_reports_it(running):
+    total = 10**9
+    t0 = time.monotonic()
+    report = load.run_load(running.port, threads=2, requests=total, seconds=1.0, seed=3, max_batch=8, progress=False)
+    elapsed = time.monotonic() - t0
+    assert report.stopped_by == load.STOPPED_BY_TIME == "time limit"
+    assert 0 < report.requests < total
+    assert report.errors == 0 and report.wrong == 0, report.first_error
+    assert report.seconds >= 1.0  # the run ended only once the deadline refused a request
+    assert elapsed < 10  # generous: requests in flight at the deadline finish first
+    assert report.compiles == len(running.model.buckets) == 4
+    assert re.search(r"^stopped by +time limit$", load.format_table(report), re.M)
+
+
+@starts_servers
+@pytest.mark.timeout(120)
+def test_load_script_reports_which_limit_stopped_it(running, capsys):
+    port = str(running.port)
+    common = ["--port", port, "--threads", "2", "--max-batch", "8"]
+    assert load.main([*common, "--requests", "20", "--seconds", "600"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^requests +20$", out, re.M) and re.search(r"^stopped by +request count$", out, re.M)
+    assert load.main([*common, "--requests", str(10**9), "--seconds", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^stopped by +time limit$", out, re.M)
+    assert re.search(r"^errors +0$", out, re.M) and re.search(r"^server compiles +4$", out, re.M)
