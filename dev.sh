@@ -50,6 +50,31 @@ pytest_strict() {
   return "$rc"
 }
 
+# Runs the suite with each test body in 8 threads at once (pytest-run-parallel)
+# and checks that it really did: the plugin's "Collected N items to run in
+# parallel" line must be there, and (for the whole suite) N must be at least
+# FTJIT_MIN_PARALLEL_PCT (default 80) percent of the tests run; the rest are
+# marked thread_unsafe (or auto-detected as such) and run in one thread.
+parallel_threads_run() {
+  local out rc=0 n total min_pct=${FTJIT_MIN_PARALLEL_PCT:-80}
+  out=$(mktemp)
+  pytest_strict tests --parallel-threads=8 --timeout=600 -q -p no:randomly "$@" 2>&1 | tee "$out" || rc=$?
+  n=$(grep -oE '^Collected [0-9]+ items to run in parallel' "$out" | grep -oE '[0-9]+' | tail -1 || true)
+  total=$(grep -E '[0-9]+ (passed|failed)' "$out" | tail -1 |
+          grep -oE '[0-9]+ (passed|failed|skipped|xfailed|xpassed|errors?)' | awk '{s += $1} END {print s + 0}')
+  rm -f "$out"
+  [ "$rc" -eq 0 ] || return "$rc"
+  if [ -z "$n" ]; then
+    log "pytest-run-parallel printed no 'Collected N items to run in parallel' line: the tests did not run in parallel"
+    return 1
+  fi
+  log "pytest-run-parallel: $n of $total tests ran in 8 threads at once"
+  if [ "$#" -eq 0 ] && [ $(( n * 100 )) -lt $(( total * min_pct )) ]; then
+    log "only $n of $total tests ran in parallel (< ${min_pct}%): too many are thread_unsafe"
+    return 1
+  fi
+}
+
 tsan() {
   log "C++ primitives under ThreadSanitizer (ctest)"
   local bin="$VENV/bin" cmake ctest gen=()
@@ -87,7 +112,7 @@ case "$cmd" in
     log "unit tests (pytest-xdist, 2 workers)"
     pytest_strict tests -n 2 --timeout=300 -q "$@"
     log "unit tests again, each test body in 8 threads at once (pytest-run-parallel)"
-    pytest_strict tests --parallel-threads=8 --timeout=600 -q -p no:randomly "$@"
+    parallel_threads_run "$@"
     ;;
   *) echo "usage: bash dev.sh {demo|stress|test|bench|build|tsan} [args]" >&2; exit 2 ;;
 esac

@@ -22,7 +22,9 @@ for py in "${FTJIT_FT_PYTHON:-}" python3.14t python3.13t python3.14 python3.13 \
   if [ "$ver" = "True" ] && [ -f "$inc/Python.h" ]; then src_inc=$inc; echo "[ft-compile] headers of $py ($inc)"; break; fi
 done
 if [ -z "$src_inc" ]; then
-  echo "[ft-compile] SKIPPED: no CPython >= 3.13 headers on this machine to build a Py_GIL_DISABLED configuration from"
+  echo "[ft-compile] SKIPPED (not run, not passed): no CPython >= 3.13 headers on this machine to build a"
+  echo "[ft-compile] SKIPPED   Py_GIL_DISABLED configuration from; the free-threaded code paths were NOT compiled."
+  echo "[ft-compile] SKIPPED   Install CPython 3.13+ (or set FTJIT_FT_PYTHON) to run this check."
   exit 0
 fi
 
@@ -43,7 +45,19 @@ for f in cpp/*.cc; do
     echo "[ft-compile] FAIL $f"; fail=1
   fi
 done
-# The free-threaded branch must really have been taken.
+# The free-threaded branch must really have been taken: a probe that only
+# compiles when Py_GIL_DISABLED is on and PyMutex is declared. Its failure
+# fails the check (an `if`, so that set -e cannot swallow it).
 printf '#include <Python.h>\n#ifndef Py_GIL_DISABLED\n#error not free-threaded\n#endif\nint main(){PyMutex m{}; (void)m; return 0;}\n' > "$work/probe.cc"
-g++ -std=c++17 -I"$work/include" -c "$work/probe.cc" -o "$work/probe.o" && echo "[ft-compile] Py_GIL_DISABLED configuration confirmed (PyMutex visible)"
+if g++ -std=c++17 -I"$work/include" -c "$work/probe.cc" -o "$work/probe.o"; then
+  echo "[ft-compile] Py_GIL_DISABLED configuration confirmed (PyMutex visible)"
+else
+  echo "[ft-compile] FAIL probe: the headers in $work/include do not give a Py_GIL_DISABLED build with PyMutex"
+  fail=1
+fi
+if [ "$fail" -ne 0 ]; then
+  echo "[ft-compile] FAILED"
+else
+  echo "[ft-compile] passed"
+fi
 exit $fail

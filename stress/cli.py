@@ -7,16 +7,19 @@ import os
 import secrets
 import sys
 import threading
+import time
 from typing import Optional, Sequence
 
-from .progress import ProgressReporter
-from .registry import Scenario, all_scenarios
+from .progress import LINE_INTERVAL_S, ProgressReporter
+from .registry import Result, Scenario, all_scenarios
 from .report import print_summary
-from .runner import Plan, execute
-from .watchdog import Watchdog
+from .runner import Plan, RunState, execute, merge_by_name
+from .watchdog import STALL_EXIT_CODE, Watchdog
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+EXIT_FAILED = 1  #: a violated invariant, or --quick over its time budget
+EXIT_USAGE = 2  #: argparse's
+EXIT_STALLED = STALL_EXIT_CODE  #: 3: a scenario made no progress for --stall-seconds (stacks dumped)
+QUICK_BUDGET_S = 180.0  #: --quick must fit in 3 minutes on 2 cores (CI's budget)
 
 
 def _positive_float(text: str) -> float:
@@ -41,26 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="base seed (random when omitted; always printed)")
     parser.add_argument("--threads", type=_positive_int, metavar="N", help="override every scenario's thread count")
     parser.add_argument("--stall-seconds", type=_positive_float, default=20.0, metavar="S",
-                        help="watchdog: dump stacks and exit 3 after S seconds without progress (default 20)")
+                        help=f"watchdog: a scenario without progress for S seconds dumps every thread's stack "
+                             f"and ends the run with exit code {EXIT_STALLED} (default 20)")
+    parser.add_argument("--budget-seconds", type=_positive_float, metavar="S",
+                        help=f"fail (exit {EXIT_FAILED}) when the whole run takes longer than S seconds "
+                             f"(default {QUICK_BUDGET_S:g} with --quick, none otherwise)")
+    parser.add_argument("--progress-every", type=_positive_float, default=LINE_INTERVAL_S, metavar="S",
+                        help=f"off a terminal: one progress line per scenario at most every S seconds "
+                             f"(default {LINE_INTERVAL_S:g})")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return parser
 
 
 def _select(names: Optional[Sequence[str]], parser: argparse.ArgumentParser) -> list[Scenario]:
     known = all_scenarios()
-    if not known:
+    visible = [s for s in known.values() if not s.hidden]
+    if not visible:
         parser.error("no scenarios are registered")
     if not names:
-        return list(known.values())
+        return visible
     unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"unknown scenario {', '.join(map(repr, unknown))}; valid: {', '.join(known)}")
+        parser.error(f"unknown scenario {', '.join(map(repr, unknown))}; valid: {', '.join(s.name for s in visible)}")
     return [known[n] for n in dict.fromkeys(names)]
 
 
 def _print_list() -> None:
     for scenario in all_scenarios().values():
-        print(f"{scenario.name:<16} {scenario.description}")
+        if not scenario.hidden:
+            print(f"{scenario.name:<16} {scenario.description}")
 
 
 def _tolerant_output() -> None:
@@ -80,14 +92,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     selected = _select(args.scenario, parser)
     seed = args.seed if args.seed is not None else secrets.randbits(32)
+    budget = args.budget_seconds if args.budget_seconds is not None else (QUICK_BUDGET_S if args.quick else None)
     print(f"stress: seed {seed} (reproduce with --seed {seed})", flush=True)
     plan = Plan(scenarios=selected, seed=seed, quick=args.quick, threads=args.threads,
                 minutes=args.minutes, stall_seconds=args.stall_seconds)
-    reporter = ProgressReporter(sys.stderr)
-    with Watchdog(args.stall_seconds, sys.stderr) as dog:
-        results = execute(plan, reporter, dog)
-    print_summary(results, sys.stdout)
-    code = 0 if all(r.passed for r in results) else EXIT_FAILED
+    reporter = ProgressReporter(sys.stderr, line_interval_s=args.progress_every)
+    state = RunState()
+    started = time.monotonic()
+
+    def on_stall(label: str, idle: float) -> None:
+        """Watchdog thread, just before the process exits: the summary so far, the stalled scenario last."""
+        done_results, current, done, total = state.snapshot()
+        stalled = Result(scenario=current or label, threads=0, stalled=True)
+        stalled.violations.append(f"no progress for {idle:.1f}s (limit {args.stall_seconds:g}s) at {done}/{total}; "
+                                  f"stacks of all threads dumped on stderr")
+        rows = merge_by_name(done_results + [stalled]) if args.minutes is not None else done_results + [stalled]
+        print_summary(rows, sys.stdout, time.monotonic() - started, budget)
+        print(f"stress: STALLED: scenario {stalled.scenario!r} made no progress for {idle:.1f}s; "
+              f"exit code {EXIT_STALLED}", file=sys.stdout, flush=True)
+
+    with Watchdog(args.stall_seconds, sys.stderr, on_stall) as dog:
+        results = execute(plan, reporter, dog, state)
+    within_budget = print_summary(results, sys.stdout, time.monotonic() - started, budget)
+    code = 0 if all(r.passed for r in results) and within_budget else EXIT_FAILED
     _exit_now_if_threads_left(code)
     return code
 

@@ -1,4 +1,4 @@
-"""Progress display on stderr: an in-place bar on a TTY, one line per scenario start/end otherwise."""
+"""Progress display on stderr: an in-place bar on a TTY; otherwise (a CI log) plain lines, at most one per interval."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ from .registry import Result
 
 _BAR_WIDTH = 30
 _REDRAW_INTERVAL_S = 0.05
+LINE_INTERVAL_S = 5.0  #: off a TTY: at most one progress line per scenario this often
 
 
 class ProgressReporter:
     """Shows which scenario runs and how far along it is; safe to update from any thread."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, line_interval_s: float = LINE_INTERVAL_S) -> None:
         self._stream = stream
         self._tty = _is_tty(stream)
+        self._line_interval_s = line_interval_s
         self._lock = threading.Lock()
-        self._label = ""
+        self._label = ""  # guarded by _lock (all fields below too)
         self._started = 0.0
         self._last_draw = 0.0
 
@@ -27,21 +29,25 @@ class ProgressReporter:
         with self._lock:
             self._label = label
             self._started = time.monotonic()
-            self._last_draw = 0.0
             if self._tty:
+                self._last_draw = 0.0
                 self._draw(0, 0)
             else:
+                self._last_draw = self._started  # the first progress line comes one interval in
                 self._write(f"stress: {label} ...\n")
 
     def update(self, done: int, total: int) -> None:
-        if not self._tty:
-            return
         with self._lock:
             now = time.monotonic()
-            if done < total and now - self._last_draw < _REDRAW_INTERVAL_S:
-                return
-            self._last_draw = now
-            self._draw(done, total)
+            if self._tty:
+                if done < total and now - self._last_draw < _REDRAW_INTERVAL_S:
+                    return
+                self._last_draw = now
+                self._draw(done, total)
+            elif now - self._last_draw >= self._line_interval_s:
+                self._last_draw = now
+                pct = f" ({100.0 * done / total:.0f}%)" if total > 0 else ""
+                self._write(f"stress: {self._label} {done}/{total}{pct} after {now - self._started:.1f}s\n")
 
     def end(self, label: str, result: Result) -> None:
         with self._lock:

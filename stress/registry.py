@@ -8,8 +8,12 @@ from typing import Callable, Optional
 
 from .stats import percentile_us
 
-#: progress(done, total): a scenario calls it whenever it makes progress; it feeds the bar and the watchdog.
+#: progress(done, total): a scenario calls it whenever it makes progress; it feeds the display and the watchdog.
 ProgressFn = Callable[[int, int], None]
+
+#: Safety bound on barrier waits, as a multiple of the stall limit: the watchdog (which dumps every stack and
+#: fails the run) always fires first; the bound only keeps a thread from waiting forever without one.
+WAIT_TIMEOUT_FACTOR = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,10 +24,15 @@ class Context:
     quick: bool
     progress: ProgressFn
     threads: Optional[int] = None  #: overrides the scenario's default thread count
-    hang_seconds: float = 10.0  #: a thread that makes no progress this long counts as hung
+    stall_seconds: float = 20.0  #: the watchdog's limit: no progress this long fails the whole run
 
     def thread_count(self, default: int) -> int:
         return self.threads if self.threads is not None else default
+
+    @property
+    def wait_timeout(self) -> float:
+        """Timeout for a barrier wait: longer than the stall limit, so a stall is the watchdog's to report."""
+        return WAIT_TIMEOUT_FACTOR * self.stall_seconds
 
 
 @dataclasses.dataclass
@@ -41,14 +50,17 @@ class Result:
     notes: list[str] = dataclasses.field(default_factory=list)  #: measurements shown under the table
     seconds: float = 0.0
     runs: int = 1
+    stalled: bool = False  #: the watchdog fired during this scenario (the run ends with it)
 
     @property
     def verdict(self) -> str:
+        if self.stalled:
+            return "STALL"
         return "PASS" if not self.violations else "FAIL"
 
     @property
     def passed(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.stalled
 
     @property
     def p50_us(self) -> float:
@@ -72,6 +84,7 @@ class Result:
             notes=self.notes + other.notes,
             seconds=self.seconds + other.seconds,
             runs=self.runs + other.runs,
+            stalled=self.stalled or other.stalled,
         )
 
 
@@ -80,30 +93,34 @@ ScenarioFn = Callable[[Context], Result]
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A registered scenario: its name, a one-line description and the function that runs it."""
+    """A registered scenario: its name, a one-line description and the function that runs it.
+
+    A hidden scenario (the suite's own self-tests) runs only when named with ``--scenario``.
+    """
 
     name: str
     description: str
     run: ScenarioFn
+    hidden: bool = False
 
 
 _REGISTRY: dict[str, Scenario] = {}
 
 
-def register(name: str, description: str) -> Callable[[ScenarioFn], ScenarioFn]:
+def register(name: str, description: str, hidden: bool = False) -> Callable[[ScenarioFn], ScenarioFn]:
     """Decorator: ``@register("herd", "...")`` adds a scenario function to the registry."""
 
     def decorate(fn: ScenarioFn) -> ScenarioFn:
         if name in _REGISTRY:
             raise ValueError(f"stress scenario {name!r} registered twice")
-        _REGISTRY[name] = Scenario(name, description, fn)
+        _REGISTRY[name] = Scenario(name, description, fn, hidden)
         return fn
 
     return decorate
 
 
 def all_scenarios() -> dict[str, Scenario]:
-    """All registered scenarios by name, in registration order (imports the built-in ones first)."""
+    """All registered scenarios by name (hidden ones too), in registration order (imports the built-in ones first)."""
     importlib.import_module(f"{__package__}.scenarios")  # registers the built-in scenarios on first import
 
     return dict(_REGISTRY)

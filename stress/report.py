@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence, TextIO
+import sys
+from typing import Optional, Sequence, TextIO
 
 from .registry import Result
 
@@ -17,6 +18,8 @@ def _fmt_us(value: float) -> str:
 
 def _row(result: Result) -> tuple[str, ...]:
     name = result.scenario if result.runs == 1 else f"{result.scenario} x{result.runs}"
+    if result.stalled:  # the watchdog ended the run inside this scenario: it has no counters to show
+        return (name, str(result.threads) if result.threads else "-", "-", "-", "-", "-", "-", "-", result.verdict)
     return (
         name,
         str(result.threads),
@@ -61,7 +64,17 @@ def format_notes(results: Sequence[Result]) -> str:
     return "notes:\n" + "\n".join(lines) if lines else ""
 
 
-def print_summary(results: Sequence[Result], stream: TextIO) -> None:
+def gil_state_line() -> str:
+    """Whether the GIL is on now, after the scenarios ran (CI asserts it stays off on a free-threaded build)."""
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    if is_enabled is None:
+        return f"stress: sys._is_gil_enabled() n/a (Python {sys.version_info.major}.{sys.version_info.minor})"
+    return f"stress: sys._is_gil_enabled() == {is_enabled()}"
+
+
+def print_summary(results: Sequence[Result], stream: TextIO, total_seconds: Optional[float] = None,
+                  budget_seconds: Optional[float] = None) -> bool:
+    """The table, notes, violations, totals and GIL state; returns False when the run exceeded its time budget."""
     print(format_table(results), file=stream)
     notes = format_notes(results)
     if notes:
@@ -70,4 +83,16 @@ def print_summary(results: Sequence[Result], stream: TextIO) -> None:
     if violations:
         print(violations, file=stream)
     passed = sum(r.passed for r in results)
-    print(f"stress: {passed} passed, {len(results) - passed} failed", file=stream)
+    stalled = [r.scenario for r in results if r.stalled]
+    within = True
+    if total_seconds is not None:
+        budget = "" if budget_seconds is None else f" (budget {budget_seconds:g} s)"
+        print(f"stress: total wall time {total_seconds:.1f} s{budget}", file=stream)
+        if budget_seconds is not None and total_seconds > budget_seconds:
+            within = False
+            print(f"stress: FAIL: the run took {total_seconds:.1f} s, over its {budget_seconds:g} s budget "
+                  f"(a slowdown, or a machine too busy for it)", file=stream)
+    print(gil_state_line(), file=stream)
+    stall = f", {len(stalled)} stalled ({', '.join(stalled)})" if stalled else ""
+    print(f"stress: {passed} passed, {len(results) - passed - len(stalled)} failed{stall}", file=stream)
+    return within

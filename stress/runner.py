@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 import time
 import traceback
 from typing import Optional, Sequence
@@ -25,6 +26,35 @@ class Plan:
     stall_seconds: float
 
 
+class RunState:
+    """What has run so far and what runs now: read by the watchdog's stall report from its own thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._results: list[Result] = []  # guarded by _lock
+        self._current: Optional[str] = None  # guarded by _lock: the running scenario's name
+        self._done = 0  # racy on purpose: plain int stores from the progress callback, read for the report
+        self._total = 0
+
+    def begin(self, name: str) -> None:
+        with self._lock:
+            self._current = name
+            self._done = self._total = 0
+
+    def progress(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
+
+    def finish(self, result: Result) -> None:
+        with self._lock:
+            self._results.append(result)
+            self._current = None
+
+    def snapshot(self) -> tuple[list[Result], Optional[str], int, int]:
+        """(results so far, running scenario or None, its last reported done, total)."""
+        with self._lock:
+            return list(self._results), self._current, self._done, self._total
+
+
 def scenario_seed(base_seed: int, name: str, iteration: int) -> int:
     """A per-run seed derived deterministically from the base seed, scenario name and soak iteration."""
     return random.Random(f"{base_seed}:{name}:{iteration}").getrandbits(32)
@@ -44,29 +74,33 @@ def run_one(scenario: Scenario, ctx: Context) -> Result:
     return result
 
 
-def _run_tracked(scenario: Scenario, iteration: int, plan: Plan, reporter: ProgressReporter, dog: Watchdog) -> Result:
+def _run_tracked(scenario: Scenario, iteration: int, plan: Plan, reporter: ProgressReporter, dog: Watchdog,
+                 state: RunState) -> Result:
     seed = scenario_seed(plan.seed, scenario.name, iteration)
     label = scenario.name if plan.minutes is None else f"{scenario.name} #{iteration + 1}"
 
     def progress(done: int, total: int) -> None:
         dog.beat()
+        state.progress(done, total)
         reporter.update(done, total)
 
     ctx = Context(seed=seed, quick=plan.quick, progress=progress, threads=plan.threads,
-                  hang_seconds=plan.stall_seconds / 2.0)
+                  stall_seconds=plan.stall_seconds)
+    state.begin(scenario.name)
     reporter.start(label)
     dog.enter(label)
     try:
         result = run_one(scenario, ctx)
     finally:
         dog.leave()
+    state.finish(result)
     reporter.end(label, result)
     if not result.passed:
         reporter.note(f"stress: {label} failed with run seed {seed} (suite --seed {plan.seed})")
     return result
 
 
-def _merge_by_name(results: Sequence[Result]) -> list[Result]:
+def merge_by_name(results: Sequence[Result]) -> list[Result]:
     merged: dict[str, Result] = {}
     for result in results:
         prior = merged.get(result.scenario)
@@ -74,16 +108,16 @@ def _merge_by_name(results: Sequence[Result]) -> list[Result]:
     return list(merged.values())
 
 
-def execute(plan: Plan, reporter: ProgressReporter, dog: Watchdog) -> list[Result]:
+def execute(plan: Plan, reporter: ProgressReporter, dog: Watchdog, state: RunState) -> list[Result]:
     """Runs the plan; in soak mode repeats all scenarios until the time is up and merges rows by scenario."""
     if plan.minutes is None:
-        return [_run_tracked(s, 0, plan, reporter, dog) for s in plan.scenarios]
+        return [_run_tracked(s, 0, plan, reporter, dog, state) for s in plan.scenarios]
     deadline = time.monotonic() + plan.minutes * 60.0
     results: list[Result] = []
     iteration = 0
     while True:
         for scenario in plan.scenarios:
-            results.append(_run_tracked(scenario, iteration, plan, reporter, dog))
+            results.append(_run_tracked(scenario, iteration, plan, reporter, dog, state))
             if time.monotonic() >= deadline:
-                return _merge_by_name(results)
+                return merge_by_name(results)
         iteration += 1

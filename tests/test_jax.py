@@ -278,7 +278,6 @@ def test_donate_argnames():
     assert b.is_deleted() and not a.is_deleted()
 
 
-@pytest.mark.thread_unsafe(reason="starts its own 16 threads on a barrier")
 def test_herd_of_16_threads_traces_once():
     fun = counted(lambda x: x * 3 + 1, sleep=0.3)
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache())

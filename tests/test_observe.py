@@ -678,7 +678,6 @@ def test_valid_guard_options_accepted():
 # --- compile_timeout -------------------------------------------------------------
 
 
-@pytest.mark.thread_unsafe(reason="asserts on wall time")
 def test_compile_timeout_waiter_gives_up_and_compile_carries_on():
     timeout = 0.3
     fun, name = fresh1("timeout_fn", body=lambda x: x + 2)
@@ -906,7 +905,6 @@ def test_warmup_rejects_bad_spec():
     assert comp.calls == 0
 
 
-@pytest.mark.thread_unsafe(reason="asserts on wall time")
 def test_warmup_workers_run_in_parallel():
     specs = [(z(i + 1),) for i in range(8)]
 

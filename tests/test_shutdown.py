@@ -4,8 +4,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 SCRIPT = textwrap.dedent(
     """
     import threading, time, ftjit
@@ -26,7 +24,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.thread_unsafe(reason="spawns an interpreter; nothing shared, but slow to repeat 8x")
 def test_exit_while_threads_wait_on_a_compile():
     # A waiter re-taking the GIL during finalisation is ended by CPython (3.11-3.13
     # use pthread_exit); that must not abort the process ("terminate called ...").

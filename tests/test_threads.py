@@ -54,7 +54,8 @@ def test_00_run_threads_helper_reraises_and_detects_hangs():
         release.set()
 
 
-@pytest.mark.thread_unsafe(reason="spawns 32 threads and asserts on wall time")
+@pytest.mark.thread_unsafe(reason="asserts the 32-thread herd ends within 2x the compile delay: 8 concurrent "
+                                  "copies (256 threads on 2 CI cores) would time CPU contention, not ftjit")
 def test_01_thundering_herd_compiles_once():
     """32 threads released together onto one new signature whose compile takes
     0.3 s: one compile, every waiter gets its own result, no serialisation."""
@@ -420,7 +421,6 @@ def test_10_static_eq_reentry_from_many_threads():
     assert jf.cache_info().compiles == comp.calls
 
 
-@pytest.mark.thread_unsafe(reason="depends on when the garbage collector runs")
 def test_11_gc_weakref_callback_during_another_threads_lookup():
     """Functions dying in reference cycles (their weakref callbacks removing
     entries) while other threads' lookups run __eq__ that allocates and calls

@@ -1,4 +1,4 @@
-"""Worker threads for a scenario: per-thread logs, progress counting, and joins bounded by the stall limit."""
+"""Worker threads for a scenario: per-thread logs and progress counting; stalls are the watchdog's to report."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import traceback
 from typing import Any, Callable, Optional, Sequence
 
 from ..registry import Context, Result
-from .herd import summarize_failures, summarize_hangs
+from .herd import summarize_failures
 
 _POLL_S = 0.05
-_EXIT_GRACE_S = 2.0
 
 
 @dataclasses.dataclass
@@ -42,18 +41,23 @@ WorkFn = Callable[[int, WorkerLog], None]
 
 
 class Pool:
-    """Runs worker threads to completion and background threads until the workers are done."""
+    """Runs worker threads to completion and background threads until the workers are done.
+
+    It has no timeout of its own: it reports progress (``ctx.progress``) whenever ``step`` was called, and a
+    pool that stops making progress is the watchdog's to report (every thread's stack, exit code 3).
+    """
 
     def __init__(self, ctx: Context, name: str, total: int, on_poll: Optional[Callable[[], None]] = None) -> None:
         self.ctx = ctx
         self.name = name
         self.total = total
-        self.stop = threading.Event()  #: set when the workers finished or hung: background threads exit
+        self.stop = threading.Event()  #: set when the workers finished or one died: background threads and the rest exit
         self.logs: list[WorkerLog] = []
-        self.barriers: list[threading.Barrier] = []  #: aborted when the run hangs
+        self.barriers: list[threading.Barrier] = []  #: aborted when a worker dies, so the others do not wait for it
         self._on_poll = on_poll
         self._lock = threading.Lock()
-        self._done = 0
+        self._done = 0  # guarded by _lock
+        self._died: list[str] = []  # guarded by _lock: names of threads that ended by an exception
 
     def step(self, n: int = 1) -> None:
         """A worker made ``n`` units of progress (out of ``total``)."""
@@ -66,20 +70,26 @@ class Pool:
             return self._done
 
     def run(self, workers: Sequence[WorkFn], background: Sequence[WorkFn] = ()) -> list[str]:
-        """Runs ``workers[i](i, log)`` and ``background[j](j, log)`` in threads; returns hang reports (empty: none).
+        """Runs ``workers[i](i, log)`` and ``background[j](j, log)`` in threads until all have returned.
 
-        A pool may run several batches one after the other; logs and progress accumulate.
+        Returns why the run was cut short (empty: it was not): a thread that died aborts the barriers, so the
+        others' books are incomplete; its exception is among the failures. A pool may run several batches one
+        after the other; logs and progress accumulate.
         """
         self.stop.clear()
         fg = [self._thread(f"{self.name}-{i}", fn, i) for i, fn in enumerate(workers)]
         bg = [self._thread(f"{self.name}-bg{j}", fn, j) for j, fn in enumerate(background)]
         for thread, _ in fg + bg:
             thread.start()
-        hangs = self._join(fg)
+        self._join(fg)
         self.stop.set()
-        if hangs:
-            return hangs
-        return self._join_background(bg)
+        self._join(bg)
+        with self._lock:
+            died = list(self._died)
+        if not died:
+            return []
+        shown = ", ".join(died[:8]) + (", ..." if len(died) > 8 else "")
+        return [f"run cut short: {len(died)} thread(s) died and the barriers were aborted: {shown}"]
 
     def _thread(self, name: str, fn: WorkFn, index: int) -> tuple[threading.Thread, WorkerLog]:
         log = WorkerLog()
@@ -93,43 +103,28 @@ class Pool:
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 log.failures.append(f"{name} died in round {log.round} ({log.phase}): {detail}")
                 log.phase = "died"
+                with self._lock:
+                    self._died.append(name)
+                self.stop.set()
+                for barrier in self.barriers:
+                    barrier.abort()
 
         return threading.Thread(target=body, name=name, daemon=True), log
 
-    def _join(self, threads: list[tuple[threading.Thread, WorkerLog]]) -> list[str]:
-        last_done, last_change = -1, time.monotonic()
+    def _join(self, threads: list[tuple[threading.Thread, WorkerLog]]) -> None:
+        """Joins ``threads``, reporting progress each time ``step`` moved; no timeout (the watchdog judges)."""
+        last_done = -1
         while True:
             alive = [t for t, _ in threads if t.is_alive()]
             if not alive:
-                return []
+                return
             alive[0].join(_POLL_S)
             if self._on_poll is not None:
                 self._on_poll()
             done = self.done
             if done != last_done:
-                last_done, last_change = done, time.monotonic()
+                last_done = done
                 self.ctx.progress(min(done, self.total), self.total)
-            elif time.monotonic() - last_change > self.ctx.hang_seconds:
-                return self._report_hang(threads)
-
-    def _join_background(self, threads: list[tuple[threading.Thread, WorkerLog]]) -> list[str]:
-        deadline = time.monotonic() + self.ctx.hang_seconds
-        for thread, _ in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [(log.round, log.phase, t.name) for t, log in threads if t.is_alive()]
-        return summarize_hangs(stuck, self.ctx.hang_seconds) if stuck else []
-
-    def _report_hang(self, threads: list[tuple[threading.Thread, WorkerLog]]) -> list[str]:
-        self.stop.set()
-        for barrier in self.barriers:
-            barrier.abort()
-        deadline = time.monotonic() + _EXIT_GRACE_S
-        for thread, _ in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        hung = [(log.round, log.phase, t.name) for t, log in threads if t.is_alive()]
-        if not hung:
-            return [f"no progress for {self.ctx.hang_seconds:g}s (threads exited after the abort)"]
-        return summarize_hangs(hung, self.ctx.hang_seconds)
 
     # -- totals over every thread's log ------------------------------------------------------------------------
     @property

@@ -89,9 +89,9 @@ class Storm:
             time.sleep(rng.uniform(*CLEAR_SLEEP_S))
 
 
-def check(storm: Storm, hangs: list[str]) -> list[str]:
+def check(storm: Storm, aborted: list[str]) -> list[str]:
     """Exact books per function, then: after a final clear every size is 0, and each signature recompiles once."""
-    violations = list(hangs)
+    violations = list(aborted)
     per_fun = [0] * FUNCTIONS
     for key, count in storm.compiler.per_key.items():
         per_fun[key[0]] += count  # type: ignore[index]
@@ -100,11 +100,11 @@ def check(storm: Storm, hangs: list[str]) -> list[str]:
         calls = sum(counts[f] for counts in storm.per_function_calls)
         if info.compiles != per_fun[f] or info.misses != per_fun[f] or info.failures:
             violations.append(f"f{f}: {per_fun[f]} compiler calls but {info}")
-        if not hangs and info.hits + info.misses + info.waits != calls:
+        if not aborted and info.hits + info.misses + info.waits != calls:
             violations.append(f"f{f}: hits+misses+waits == {info.hits + info.misses + info.waits} != {calls} calls")
         if info.size > SIGNATURES:
             violations.append(f"f{f}: size {info.size} > {SIGNATURES} distinct signatures")
-    if hangs:
+    if aborted:
         return violations
     ftjit.clear_caches()
     sizes = [jf.cache_info().size for jf in storm.jfs] + [storm.cache.size()]
@@ -133,9 +133,9 @@ def _recompile_once(storm: Storm) -> list[str]:
 @register("clear_storm", "clear_cache / clear_caches / FunctionCache.clear from some threads while others call")
 def run_clear_storm(ctx: Context) -> Result:
     storm = Storm(ctx)
-    hangs = storm.pool.run([storm.call] * storm.ncallers, background=[storm.clear] * CLEARERS)
+    aborted = storm.pool.run([storm.call] * storm.ncallers, background=[storm.clear] * CLEARERS)
     overlaps = len(storm.compiler.overlaps)  # allowed: a cleared in-progress compile is not kept (documented)
-    violations = check(storm, hangs)
+    violations = check(storm, aborted)
     infos = [jf.cache_info() for jf in storm.jfs]
     notes = [f"clears: {storm.clears}; {overlaps} compiles overlapped a cleared in-progress compile of their key"]
     return storm.pool.result(storm.compiler.calls, sum(i.waits for i in infos), violations, notes)

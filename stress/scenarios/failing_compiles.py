@@ -20,7 +20,6 @@ FAIL_P = 0.3
 SIGNATURES = [(spec, k) for spec in ARG_SPECS for k in (1, 2, 3)]
 RECOVERY_TRIES = 100  #: single-threaded calls per signature until its compile succeeds (0.3**100: never)
 HERD_WAIT_S = 2.0  #: a failing compile stays open until the whole herd waits on it, at most this long
-BARRIER_S = 10.0
 
 
 class InjectedError(Exception):
@@ -93,7 +92,7 @@ class Failing:
         for rnd, (spec, k) in enumerate(self.rounds):
             log.round, log.phase = rnd, "barrier"
             try:
-                self.barrier.wait(BARRIER_S)
+                self.barrier.wait(self.ctx.wait_timeout)
             except threading.BrokenBarrierError:
                 return
             x = spec.make(index)
@@ -107,7 +106,7 @@ class Failing:
                 self.outcomes[rnd][index] = ("wrong result", problem) if problem else None
         log.phase = "final barrier"
         try:
-            self.barrier.wait(BARRIER_S)
+            self.barrier.wait(self.ctx.wait_timeout)
         except threading.BrokenBarrierError:
             pass
 
@@ -159,9 +158,9 @@ def check_recovery(run: Failing) -> list[str]:
 @register("failing_compiles", "compiles fail at random under herds: all waiters see the error, no storms, recovery")
 def run_failing_compiles(ctx: Context) -> Result:
     run = Failing(ctx)
-    hangs = run.pool.run([run.work] * run.nthreads)
-    violations = list(hangs)
-    if not hangs:
+    aborted = run.pool.run([run.work] * run.nthreads)
+    violations = list(aborted)
+    if not aborted:
         violations += check_rounds(run)[:10] + check_recovery(run)
     failed = sum(len(v) for v in run.raised.values())
     notes = [f"{failed} of {run.compiler.calls} compiles failed; {len(run.rounds)} herd rounds, "

@@ -22,8 +22,6 @@ ROUNDS_FULL = 150
 HITS_PER_ROUND = 4  #: calls each thread makes after the herd call, on the now-compiled signature
 COMPILE_SLEEP_S = (0.020, 0.050)  #: the compiler sleeps this long to widen the race window
 _POLL_S = 0.1
-_EXIT_GRACE_S = 2.0
-_NAMES_SHOWN = 8
 _FAILURES_SHOWN = 5
 
 
@@ -138,7 +136,6 @@ class Herd:
         self.jf = ftjit.jit(self.fun, static_argnums=1, compiler=self.compiler, cache=self.cache)
         self.logs = [WorkerLog() for _ in range(self.nthreads)]
         self.rounds_started = 0
-        self.last_progress = time.monotonic()
         self.barrier = threading.Barrier(self.nthreads, action=self._on_round)
         self.threads = [
             threading.Thread(target=self._work, args=(i,), name=f"herd-{i}", daemon=True) for i in range(self.nthreads)
@@ -148,10 +145,17 @@ class Herd:
         """Barrier action: every thread finished the previous round."""
         self.ctx.progress(self.rounds_started, len(self.signatures))
         self.rounds_started += 1
-        self.last_progress = time.monotonic()
 
     def _work(self, index: int) -> None:
         log = self.logs[index]
+        try:
+            self._rounds(index, log)
+        except BaseException as exc:  # noqa: BLE001  (a thread dying is a finding; the others must not wait for it)
+            log.failures.append(f"thread {index} died in round {log.round} ({log.phase}): {type(exc).__name__}: {exc}")
+            log.phase = "died"
+            self.barrier.abort()
+
+    def _rounds(self, index: int, log: WorkerLog) -> None:
         for rnd, sig in enumerate(self.signatures):
             if not self._wait(log, rnd, "barrier"):
                 return
@@ -165,7 +169,7 @@ class Herd:
     def _wait(self, log: WorkerLog, rnd: int, phase: str) -> bool:
         log.round, log.phase = rnd, phase
         try:
-            self.barrier.wait(timeout=self.ctx.hang_seconds)
+            self.barrier.wait(timeout=self.ctx.wait_timeout)
             return True
         except threading.BrokenBarrierError:
             log.broken_barrier = True
@@ -185,37 +189,19 @@ class Herd:
             log.failures.append(f"round {rnd} ({sig.kind}) thread {index}: {problem}")
 
     def run(self) -> list[str]:
-        """Starts the threads, joins them (a thread without progress for hang_seconds is hung), returns hang reports."""
+        """Starts the threads and joins them; returns why the run was cut short (empty: it was not).
+
+        No timeout here: a round that stops making progress is the watchdog's to report (every stack, exit 3).
+        """
         for thread in self.threads:
             thread.start()
         while any(t.is_alive() for t in self.threads):
             for thread in self.threads:
                 thread.join(_POLL_S)
-                if time.monotonic() - self.last_progress > self.ctx.hang_seconds:
-                    return self._report_hang()
+        died = [self.threads[i].name for i, log in enumerate(self.logs) if log.phase == "died"]
+        if died:
+            return [f"run cut short: {len(died)} thread(s) died and the barrier was aborted: {', '.join(died[:8])}"]
         return []
-
-    def _report_hang(self) -> list[str]:
-        self.barrier.abort()
-        deadline = time.monotonic() + _EXIT_GRACE_S
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        hung = [(self.logs[i].round, self.logs[i].phase, t.name) for i, t in enumerate(self.threads) if t.is_alive()]
-        if not hung:
-            return [f"no round completed for {self.ctx.hang_seconds:g}s (threads exited after barrier abort)"]
-        return summarize_hangs(hung, self.ctx.hang_seconds)
-
-
-def summarize_hangs(hung: list[tuple[int, str, str]], seconds: float) -> list[str]:
-    """One line per (round, phase) where threads are stuck, naming the first few threads."""
-    groups: dict[tuple[int, str], list[str]] = {}
-    for rnd, phase, name in hung:
-        groups.setdefault((rnd, phase), []).append(name)
-    lines = []
-    for (rnd, phase), names in sorted(groups.items()):
-        shown = ", ".join(names[:_NAMES_SHOWN]) + (", ..." if len(names) > _NAMES_SHOWN else "")
-        lines.append(f"{len(names)} thread(s) hung in round {rnd} ({phase}), no progress for {seconds:g}s: {shown}")
-    return lines
 
 
 def summarize_failures(failures: list[str]) -> list[str]:
@@ -235,8 +221,8 @@ def _fresh_target() -> Callable[..., Any]:
     return herd_target
 
 
-def _check_invariants(herd: Herd, hangs: list[str]) -> list[str]:
-    violations = list(hangs)
+def _check_invariants(herd: Herd, aborted: list[str]) -> list[str]:
+    violations = list(aborted)
     n = len(herd.signatures)
     info = herd.jf.cache_info()
     calls = sum(log.calls for log in herd.logs)
@@ -252,11 +238,12 @@ def _check_invariants(herd: Herd, hangs: list[str]) -> list[str]:
     for field, want in (("compiles", n), ("misses", n), ("failures", 0), ("size", n), ("evictions", 0)):
         if getattr(info, field) != want:
             violations.append(f"cache_info().{field} == {getattr(info, field)}, expected {want}")
-    if not hangs and info.hits + info.misses + info.waits != calls:
+    if not aborted and info.hits + info.misses + info.waits != calls:
         violations.append(f"hits+misses+waits == {info.hits + info.misses + info.waits} != {calls} calls made")
     violations.extend(summarize_failures([f for log in herd.logs for f in log.failures]))
-    if not hangs and any(log.broken_barrier for log in herd.logs):
-        violations.append("barrier broke although no thread hung (a round took longer than hang_seconds)")
+    if not aborted and any(log.broken_barrier for log in herd.logs):
+        violations.append(f"barrier broke although no thread died (a round took longer than "
+                          f"{herd.ctx.wait_timeout:g}s without the watchdog firing)")
     return violations
 
 
@@ -271,10 +258,10 @@ def _check_release(herd: Herd) -> list[str]:
 @register("herd", "threads released together by a barrier onto each new signature; one compile each")
 def run_herd(ctx: Context) -> Result:
     herd = Herd(ctx)
-    hangs = herd.run()
-    violations = _check_invariants(herd, hangs)
+    aborted = herd.run()
+    violations = _check_invariants(herd, aborted)
     info = herd.jf.cache_info()
-    if not hangs:
+    if not aborted:
         violations.extend(_check_release(herd))
     return Result(
         scenario="herd",

@@ -84,8 +84,8 @@ class Mixed:
             self.pool.step()
 
 
-def check(mixed: Mixed, hangs: list[str]) -> list[str]:
-    violations = list(hangs) + mixed.size_violations
+def check(mixed: Mixed, aborted: list[str]) -> list[str]:
+    violations = list(aborted) + mixed.size_violations
     infos = [jf.cache_info() for jf in mixed.jfs]
     per_fun_compiles = [0] * FUNCTIONS
     for key, count in mixed.compiler.per_key.items():
@@ -103,11 +103,11 @@ def check(mixed: Mixed, hangs: list[str]) -> list[str]:
         violations.append(f"per-function sizes sum to {sum(i.size for i in infos)} != cache.size() {size}")
     for f, info in enumerate(infos):
         calls = sum(counts[f] for counts in mixed.per_function_calls)
-        violations.extend(_function_books(f, info, per_fun_compiles[f], calls, hung=bool(hangs)))
+        violations.extend(_function_books(f, info, per_fun_compiles[f], calls, cut_short=bool(aborted)))
     return violations
 
 
-def _function_books(f: int, info: Any, compiler_calls: int, calls: int, hung: bool) -> list[str]:
+def _function_books(f: int, info: Any, compiler_calls: int, calls: int, cut_short: bool) -> list[str]:
     """Exact per-function counters: no failures, one miss per compile, and compiles - evictions == size."""
     out = []
     if info.compiles != compiler_calls or info.misses != compiler_calls:
@@ -116,7 +116,7 @@ def _function_books(f: int, info: Any, compiler_calls: int, calls: int, hung: bo
         out.append(f"f{f}: {info.failures} failed compiles (the compiler never fails)")
     if info.compiles - info.evictions != info.size:
         out.append(f"f{f}: compiles {info.compiles} - evictions {info.evictions} != size {info.size}")
-    if not hung and info.hits + info.misses + info.waits != calls:
+    if not cut_short and info.hits + info.misses + info.waits != calls:
         out.append(f"f{f}: hits+misses+waits == {info.hits + info.misses + info.waits} != {calls} calls")
     return out
 
@@ -124,8 +124,8 @@ def _function_books(f: int, info: Any, compiler_calls: int, calls: int, hung: bo
 @register("mixed", "random functions x signatures through one small FunctionCache; evictions during compiles")
 def run_mixed(ctx: Context) -> Result:
     mixed = Mixed(ctx)
-    hangs = mixed.pool.run([mixed.work] * mixed.nthreads)
-    violations = check(mixed, hangs)
+    aborted = mixed.pool.run([mixed.work] * mixed.nthreads)
+    violations = check(mixed, aborted)
     infos = [jf.cache_info() for jf in mixed.jfs]
     notes = [f"{sum(i.evictions for i in infos)} evictions, cache size peaked at {mixed.max_size_seen} "
              f"(capacity {CAPACITY}), up to {mixed.compiler.max_active} compiles at once"]

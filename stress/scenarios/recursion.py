@@ -22,7 +22,6 @@ PAIR_ROUNDS_QUICK = 25
 PAIR_ROUNDS_FULL = 100
 SELF_GROUPS = 4  #: threads of one group share signatures, so some calls wait on a recursing compile
 CYCLE_BOUND_S = 3.0  #: a cycle must end in an error within this
-BARRIER_S = 5.0
 SELF_COMPILE_SLEEP_S = (0.0, 0.003)  #: the recursing compile stays open a little: group members wait on it
 
 
@@ -44,7 +43,12 @@ def _static_key(fun: Callable[..., Any], args: tuple[Any, ...]) -> Hashable:
 
 @dataclasses.dataclass
 class Pair:
-    """Two threads, each compiling one of f and g; each compile waits for the other's, then calls it."""
+    """Two threads, each compiling one of f and g; each compile waits for the other's, then calls it.
+
+    Every round forms the cycle: both compiles meet on ``compiling`` (so each function's entry is owned by
+    its own thread) before either calls the other function. One thread then finds the cycle and raises
+    CompileCycleError; the other is waiting on that thread's compile and receives the same error through it.
+    """
 
     index: int
     f: Any = None
@@ -53,6 +57,9 @@ class Pair:
     compiling: threading.Barrier = dataclasses.field(default_factory=lambda: threading.Barrier(2))
     outcomes: dict[int, list[str]] = dataclasses.field(default_factory=dict)  #: round -> [f thread's, g thread's]
     elapsed: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    met: dict[int, int] = dataclasses.field(default_factory=dict)  #: round -> compiles that passed ``compiling``
+    #: round -> per side: "detected" (its cross call found the cycle), "received" (it got the other's error)
+    inner: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
 
 class Recursion:
@@ -86,12 +93,32 @@ class Recursion:
         return pair
 
     def _cycle_compiler(self, pair: Pair, side: int) -> TrackingCompiler:
+        own, other = ("f_target", "g_target") if side == 0 else ("g_target", "f_target")
+
         def hook(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], key: Hashable) -> None:
             if not self.cycles_on:
                 return
-            if getattr(self.role, "value", None) == (pair.index, side):  # its own thread: wait for the other side
-                pair.compiling.wait(BARRIER_S)
-            (pair.g if side == 0 else pair.f)(*args, **kwargs)
+            rnd = self.role.round
+            if self.role.value != (pair.index, side):
+                raise RuntimeError(f"pair {pair.index}: thread {self.role.value} compiles side {side}: no cycle")
+            pair.compiling.wait(self.ctx.wait_timeout)  # both entries are now owned, one by each thread
+            with self.lock:
+                pair.met[rnd] = pair.met.get(rnd, 0) + 1
+            try:
+                (pair.g if side == 0 else pair.f)(*args, **kwargs)
+                how = "returned"
+            except ftjit.CompileCycleError as exc:
+                # The detector's message names the entry it refused to wait on (the other function); the
+                # waiter receives a copy of that error, which names the function this thread compiles.
+                text = str(exc)
+                how = "detected" if f"needs {other}(" in text else "received" if f"needs {own}(" in text else text
+                raise
+            except Exception as exc:  # noqa: BLE001  (recorded, then propagates into the compile)
+                how = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                with self.lock:
+                    pair.inner.setdefault(rnd, ["", ""])[side] = how
 
         return TrackingCompiler(_static_key, random.Random(pair.index), hook=hook)
 
@@ -131,8 +158,9 @@ class Recursion:
         jf = pair.f if side == 0 else pair.g
         for rnd in range(self.pair_rounds):
             log.round, log.phase = rnd, "pair start barrier"
+            self.role.round = rnd
             try:
-                pair.start.wait(BARRIER_S)
+                pair.start.wait(self.ctx.wait_timeout)
             except threading.BrokenBarrierError:
                 log.failures.append(f"pair {pair.index} side {side} round {rnd}: start barrier broke")
                 return
@@ -150,18 +178,27 @@ class Recursion:
 
 
 def check_pairs(run: Recursion) -> tuple[list[str], collections.Counter[str]]:
-    """Each pair-round: both threads finished in time, at least one RecursionError, only RecursionErrors."""
+    """Each pair-round formed the cycle and ended in CompileCycleError (a RecursionError) in BOTH threads.
+
+    Exactly: both compiles met before the cross calls; one cross call detected the cycle, the other received
+    that error through the compile it waited for; both outer calls raised CompileCycleError; in time.
+    """
     out: list[str] = []
     tally: collections.Counter[str] = collections.Counter()
-    recursion_names = {"CompileCycleError", "RecursiveCompileError"}
     for pair in run.pairs:
         for rnd in range(run.pair_rounds):
             outcome = pair.outcomes.get(rnd, ["missing", "missing"])
+            inner = pair.inner.get(rnd, ["missing", "missing"])
             tally["/".join(outcome)] += 1
-            if not recursion_names.intersection(outcome):
-                out.append(f"pair {pair.index} round {rnd}: no RecursionError, outcomes {outcome}")
-            if set(outcome) - recursion_names - {"returned"}:
-                out.append(f"pair {pair.index} round {rnd}: outcomes {outcome}")
+            if outcome != ["CompileCycleError", "CompileCycleError"]:
+                out.append(f"pair {pair.index} round {rnd}: outer calls ended {outcome}, "
+                           f"expected CompileCycleError in both threads")
+            if pair.met.get(rnd, 0) != 2:
+                out.append(f"pair {pair.index} round {rnd}: {pair.met.get(rnd, 0)} compiles met before the "
+                           f"cross calls, expected 2 (the cycle did not form)")
+            if sorted(inner) != ["detected", "received"]:
+                out.append(f"pair {pair.index} round {rnd}: cross calls ended {inner}, expected one "
+                           f"'detected' and one 'received'")
             slow = [s for s in pair.elapsed.get(rnd, []) if s > CYCLE_BOUND_S]
             if slow:
                 out.append(f"pair {pair.index} round {rnd}: a cycle took {max(slow):.1f}s > {CYCLE_BOUND_S:g}s")
@@ -196,13 +233,16 @@ def check_recovery(run: Recursion) -> list[str]:
 def run_recursion(ctx: Context) -> Result:
     run = Recursion(ctx)
     workers = [run.self_work] * run.nself + [run.pair_work] * (2 * run.npairs)
-    hangs = run.pool.run(_offset(workers, run.nself))
-    violations = list(hangs)
+    aborted = run.pool.run(_offset(workers, run.nself))
+    violations = list(aborted)
     pair_violations, tally = check_pairs(run)
-    if not hangs:
+    if not aborted:
         violations += check_self(run) + pair_violations[:10] + check_recovery(run)
     compiles = run.self_compiler.calls + sum(p.f.cache_info().misses + p.g.cache_info().misses for p in run.pairs)
-    notes = [f"pair outcomes (f thread/g thread): {dict(tally)}",
+    detectors = collections.Counter("fg"[side] for p in run.pairs for sides in p.inner.values()
+                                    for side, how in enumerate(sides) if how == "detected")
+    notes = [f"pair outcomes (f thread/g thread): {dict(tally)}; cycle detected by the f/g thread: "
+             f"{detectors['f']}/{detectors['g']}",
              f"self-recursing compiles {run.self_compiler.calls}, inner outcomes {dict(run.inner)}"]
     return run.pool.result(compiles, run.jf.cache_info().waits, violations, notes)
 

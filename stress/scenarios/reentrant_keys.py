@@ -130,15 +130,15 @@ class Reentrant:
             self.pool.step()
 
 
-def check(run: Reentrant, hangs: list[str]) -> list[str]:
-    violations = list(hangs) + run.inner_failures[:5]
+def check(run: Reentrant, aborted: list[str]) -> list[str]:
+    violations = list(aborted) + run.inner_failures[:5]
     info = run.jf.cache_info()
     if info.compiles != run.compiler.calls or info.misses != run.compiler.calls or info.failures:
         violations.append(f"{run.compiler.calls} compiler calls but {info}")
     if info.size > len(run.compiler.per_key):
         violations.append(f"size {info.size} > {len(run.compiler.per_key)} distinct signatures compiled")
     idle = [mode for mode, count in run.misbehaved.items() if count == 0]
-    if idle and not hangs:
+    if idle and not aborted:
         violations.append(f"modes never triggered (the scenario did not test them): {idle}")
     return violations
 
@@ -146,7 +146,7 @@ def check(run: Reentrant, hangs: list[str]) -> list[str]:
 @register("reentrant_keys", "static args whose __eq__/__hash__ re-enter the function, clear its cache, or run gc")
 def run_reentrant_keys(ctx: Context) -> Result:
     run = Reentrant(ctx)
-    hangs = run.pool.run([run.work] * run.nthreads)
-    violations = check(run, hangs)
+    aborted = run.pool.run([run.work] * run.nthreads)
+    violations = check(run, aborted)
     notes = [f"misbehaviours run: {run.misbehaved}"]
     return run.pool.result(run.compiler.calls, run.jf.cache_info().waits, violations, notes)
