@@ -2,8 +2,8 @@
 # ftjit developer entry point: sets up .venv, builds ftjit into it, and runs
 # the demo, the tests or the benchmarks. Safe to run on a fresh clone.
 #
-#   bash dev.sh demo [--threads N|--requests N|--seconds S]        serve + load demo, summary table
-#   bash dev.sh stress [--quick|--minutes N|--scenario NAME|...]   main job
+#   bash dev.sh demo [--threads N|--requests N|--seconds S]        main job: serve + load, summary table
+#   bash dev.sh stress [--quick|--minutes N|--scenario NAME|...]   thread-safety stress suite
 #   bash dev.sh test                                               all tests
 #   bash dev.sh bench [--quick]                                    benchmarks
 #   bash dev.sh build                                              build only
