@@ -274,6 +274,10 @@ def jit(
     describer = _observe.Describer(argnums, argnames, arg_names, use_jax=isinstance(compiler, JaxCompiler))
     context_fn = getattr(compiler, "context", None)
     describer.context = context_fn if callable(context_fn) else None
+    # The JAX compiler's context hook also probes for an active trace and
+    # jax_disable_jit (those calls go to jax.jit), and keys committed arrays
+    # on their placement (see cpp/signature.h).
+    core_context = getattr(compiler, "signature_hooks", None) or context_fn
     guarded = _observe.GuardedCompiler(
         compiler,
         name,
@@ -295,7 +299,7 @@ def jit(
         options=options,
         pickle_options=pickle_options,
         pytree_flatten=getattr(compiler, "pytree_flatten", None),
-        context_fn=context_fn,
+        context_fn=core_context,
         strip_static=bool(getattr(compiler, "strip_static", False)),
         jax_style_errors=bool(getattr(compiler, "jax_style_errors", False)),
         fallback=fallback_maker(fun) if callable(fallback_maker) else None,
