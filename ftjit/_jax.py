@@ -339,12 +339,18 @@ class JaxCompiler:
         self.jit_options = tuple(jit_options)
 
     # -- the compiler protocol --------------------------------------------
+    def jit_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the ``jax.jit`` this compiler stands for."""
+        return {"static_argnums": self.static_argnums, "static_argnames": self.static_argnames, **dict(self.jit_options)}
+
     def jax_jit(self, fun: Callable[..., Any]) -> Any:
         import jax
 
-        return jax.jit(
-            fun, static_argnums=self.static_argnums, static_argnames=self.static_argnames, **dict(self.jit_options)
-        )
+        return jax.jit(fun, **self.jit_kwargs())
+
+    def bind(self, fun: Callable[..., Any], jitted: Any) -> BoundJaxCompiler:
+        """This compiler for ``fun`` only, compiling through ``jitted`` (its ``jax.jit``)."""
+        return BoundJaxCompiler(self, fun, jitted)
 
     def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
         return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
@@ -397,3 +403,35 @@ class JaxCompiler:
             f"jit_options={dict(self.jit_options)})"
         )
 
+
+class BoundJaxCompiler:
+    """A JaxCompiler bound to one function and to that function's one ``jax.jit``.
+
+    ``jax.jit`` validates its options and warns (e.g. the DeprecationWarning
+    for ``device=``/``backend=``) when it is created. ftjit.jit creates it
+    once, at decoration as jax.jit users do, and compiles, lowers, traces and
+    falls back through that same object, so warnings come once, as with
+    jax.jit. Thread-safe: jax.jit objects are.
+    """
+
+    __slots__ = ("compiler", "fun", "jitted")
+
+    def __init__(self, compiler: JaxCompiler, fun: Callable[..., Any], jitted: Any):
+        self.compiler = compiler
+        self.fun = fun
+        self.jitted = jitted
+
+    def jax_jit(self, fun: Callable[..., Any]) -> Any:
+        return self.jitted if fun is self.fun else self.compiler.jax_jit(fun)
+
+    def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
+        return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
+
+    def lower(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        return self.jax_jit(fun).lower(*args, **kwargs)
+
+    def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
+        return self.jax_jit(fun)
+
+    def __repr__(self) -> str:
+        return f"{self.compiler!r} bound to {self.fun!r}"

@@ -1,7 +1,8 @@
 """The JAX compiler against jax.jit, for the gaps an audit found: hooks built
 inside a trace, closed-over tracers, jax.disable_jit, registered nodes with
 .dtype/.shape, committed placement, the public fallbacks of every
-fast path, the static __eq__ error, int/float/complex subclasses.
+fast path, warnings, positional-only ``fun``, the static __eq__ error,
+int/float/complex subclasses.
 
 Each test runs the same code under ``jax.jit`` and ``ftjit.jit`` and asserts
 the same outcome (results, trace counts, errors, warnings). JAX caches traces
@@ -14,6 +15,7 @@ import functools
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -322,6 +324,49 @@ def test_public_fallbacks_match_jax_jit(monkeypatch, missing):
         assert jf(2.0, 3.0) == 6.0 and type(jf(2.0, 3.0)) is float
     after = jf.cache_info()
     assert (after.size, after.hits, after.misses) == (before.size, before.hits, before.misses)
+
+
+# -- 7. device=/backend= warn as jax.jit warns -----------------------------
+
+
+@pytest.mark.thread_unsafe(reason="records warnings (process-global filters)")
+def test_device_deprecation_warns_once_at_the_caller_like_jax_jit():
+    device = jax.devices()[0]
+
+    def record(make):
+        def fun(x):
+            return x * 2
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn = make(fun, device=device)  # the one line both warn at
+            for x in (1.0, jnp.ones(3), np.ones(2, np.int32)):
+                fn(x)
+            fn.lower(2.0)
+            fn(1.0)
+        return [(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+
+    want = record(jax.jit)
+    got = record(ftjit.jit)
+    assert len(want) == 1 and want[0][0] is DeprecationWarning
+    assert want[0][2] == __file__
+    assert got == want
+
+
+# -- 8. fun is positional-only ---------------------------------------------
+
+
+def test_fun_keyword_is_rejected_like_jax_jit():
+    def fun(x, n):
+        return x * n
+
+    with pytest.raises(TypeError) as want:
+        jax.jit(fun=fun)
+    with pytest.raises(TypeError) as got:
+        ftjit.jit(fun=fun)
+    assert str(got.value) == str(want.value)
+    deco = ftjit.jit(static_argnums=1, cache=ftjit.FunctionCache())
+    assert float(deco(fun)(2.0, 3)) == 6.0
 
 
 # -- 9. a static argument whose __eq__ raises ------------------------------
