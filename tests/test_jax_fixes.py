@@ -2,7 +2,8 @@
 inside a trace, closed-over tracers, jax.disable_jit, registered nodes with
 .dtype/.shape, committed placement, the public fallbacks of every
 fast path, warnings, positional-only ``fun``, the static __eq__ error,
-int/float/complex subclasses.
+int/float/complex subclasses, module-style pytrees, other tracing configs,
+and ``lower`` with keywords, statics and ShapeDtypeStructs.
 
 Each test runs the same code under ``jax.jit`` and ``ftjit.jit`` and asserts
 the same outcome (results, trace counts, errors, warnings). JAX caches traces
@@ -10,6 +11,7 @@ per function object, so the two sides use separate functions."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import subprocess
@@ -450,3 +452,110 @@ def test_scalar_subclasses_are_leaves_like_jax_jit(value, base):
         assert_same(jf(v), jj(v))
     assert ff.tracer.count == fj.tracer.count == 1
     assert jf._signature_of(value) == jf._signature_of(base)
+
+
+# -- 11. module-style pytrees, other tracing configs, lower() --------------
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class Linear:
+    """A flax/equinox-style layer: arrays are children, config is aux data."""
+
+    def __init__(self, w, b, activation="relu"):
+        self.w, self.b, self.activation = w, b, activation
+
+    def tree_flatten_with_keys(self):
+        keys = jax.tree_util.GetAttrKey
+        return ((keys("w"), self.w), (keys("b"), self.b)), self.activation
+
+    @classmethod
+    def tree_unflatten(cls, activation, children):
+        return cls(*children, activation=activation)
+
+    def __call__(self, x):
+        y = x @ self.w + self.b
+        return jax.nn.relu(y) if self.activation == "relu" else jnp.tanh(y)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["layers"], meta_fields=["name"])
+@dataclasses.dataclass
+class MLP:
+    layers: list
+    name: str = "mlp"
+
+
+def _apply(model, x):
+    for layer in model.layers:
+        x = layer(x)
+    return x
+
+
+def _mlp(seed, activation="relu", name="mlp"):
+    rng = np.random.default_rng(seed)
+    layer = lambda i, o, act: Linear(  # noqa: E731
+        jnp.asarray(rng.standard_normal((i, o)), jnp.float32), jnp.zeros(o, jnp.float32), act
+    )
+    return MLP([layer(4, 8, "relu"), layer(8, 2, activation)], name)
+
+
+def test_module_style_pytrees_trace_and_recompile_like_jax_jit():
+    fj, jj, ff, jf = both(_apply)
+    x = np.ones((3, 4), np.float32)
+    counts = []
+    for model in (_mlp(0), _mlp(1), _mlp(2, activation="tanh"), _mlp(3, name="other"), _mlp(4)):
+        assert_same(jf(model, x), jj(model, x))
+        assert_same(jf(model=model, x=x), jj(model=model, x=x))
+        counts.append((ff.tracer.count, fj.tracer.count))
+    # New weights: no retrace; a static field of a nested module or of the
+    # outer module: a retrace. Positional and keyword calls trace separately.
+    assert counts == [(2, 2), (2, 2), (4, 4), (6, 6), (6, 6)]
+    assert jf.cache_info().compiles == 6
+
+
+def test_dtype_promotion_config_recompiles_like_jax_jit():
+    fj, jj, ff, jf = both(lambda x, y: x + y)
+    a, b = jnp.ones(2, jnp.float32), jnp.ones(2, jnp.bfloat16)
+    outcomes = []
+    for fn, fun in ((jj, fj), (jf, ff)):
+        out = [fn(a, b).dtype]
+        with jax.numpy_dtype_promotion("strict"):
+            with pytest.raises(jax.numpy.TypePromotionError if hasattr(jnp, "TypePromotionError") else Exception) as e:
+                fn(a, b)
+            out.append((type(e.value), str(e.value)))
+            out.append(fn(a, a).dtype)
+        out.append(fn(a, b).dtype)
+        out.append(fun.tracer.count)
+        outcomes.append(out)
+    assert outcomes[1] == outcomes[0]
+    assert outcomes[0][-1] == 3
+    assert jf.cache_info().compiles == 2  # the failed strict trace is not cached
+
+
+def _lowered_fun(x, n, *, y, mode):
+    return (x * n + y) if mode == "add" else (x * n - y)
+
+
+def test_lower_with_keywords_statics_and_shape_dtype_structs_matches_jax_jit():
+    jj = jax.jit(_lowered_fun, static_argnums=1, static_argnames="mode")
+    jf = ftjit.jit(_lowered_fun, static_argnums=1, static_argnames="mode", cache=ftjit.FunctionCache())
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    for mode in ("add", "sub"):
+        want = jj.lower(spec, 2, y=spec, mode=mode)
+        got = jf.lower(spec, 2, y=spec, mode=mode)
+        assert isinstance(got, jax.stages.Lowered)
+        assert got.as_text() == want.as_text()
+        x, y = np.arange(3, dtype=np.float32), np.ones(3, np.float32)
+        assert_same(got.compile()(x, y=y), want.compile()(x, y=y))
+        with pytest.raises(Exception) as want_err:
+            want.compile()(np.ones(4, np.float32), y=y)
+        with pytest.raises(type(want_err.value)) as got_err:
+            got.compile()(np.ones(4, np.float32), y=y)
+        assert str(got_err.value) == str(want_err.value)
+    assert jf.cache_info().size == 0  # lowering does not touch the cache
+    # The cache warmed with ShapeDtypeStructs serves concrete calls.
+    assert jf.precompile(spec, 2, y=spec, mode="add") is True
+    assert jf.precompile(spec, 2, y=spec, mode="add") is False
+    x = np.arange(3, dtype=np.float32)
+    assert_same(jf(x, 2, y=x, mode="add"), jj(x, 2, y=x, mode="add"))
+    info = jf.cache_info()
+    assert (info.compiles, info.hits, info.size) == (1, 1, 1)
