@@ -359,7 +359,7 @@ class JaxCompiler:
         return self.jax_jit(fun).lower(*args, **kwargs)
 
     def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
-        """JAX's own path, for calls ftjit must not cache (tracer arguments)."""
+        """JAX's own path, for calls ftjit must not cache (a JAX trace is active, or jax.disable_jit())."""
         return self.jax_jit(fun)
 
     @property
