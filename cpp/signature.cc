@@ -39,28 +39,35 @@ const Names& N() {
   return *names;
 }
 
-// Hash of a dtype object. numpy's dtype hash walks the descriptor, so each
-// thread keeps the last few (dtype, hash) pairs; dtypes are long-lived
-// singletons in practice. The references are kept for the thread's lifetime
-// on purpose (releasing them at thread exit could run without a thread state).
-Py_hash_t DtypeHash(PyObject* dtype) {
+// Hash of a long-lived, immutable object (a dtype, a sharding). Their hashes
+// walk Python-level state (numpy's dtype hash walks the descriptor, a
+// sharding's __hash__ is Python code), so each thread keeps the last few
+// (object, hash) pairs per Tag; dtypes and shardings are mostly long-lived
+// singletons. The memo holds references, so a remembered address cannot be
+// reused by another object. They are kept for the thread's lifetime on
+// purpose (releasing them at thread exit could run without a thread state).
+template <typename Tag>
+Py_hash_t MemoHash(PyObject* obj) {
   constexpr int kSlots = 8;
   thread_local PyObject* keys[kSlots] = {};
   thread_local Py_hash_t values[kSlots] = {};
   thread_local int next = 0;
   for (int i = 0; i < kSlots; ++i) {
-    if (keys[i] == dtype) return values[i];
+    if (keys[i] == obj) return values[i];
   }
-  Py_hash_t h = PyObject_Hash(dtype);
+  Py_hash_t h = PyObject_Hash(obj);
   if (h == -1) throw nb::python_error();
   int slot = next;
   next = (next + 1) % kSlots;
   PyObject* old = keys[slot];
-  keys[slot] = Py_NewRef(dtype);
+  keys[slot] = Py_NewRef(obj);
   values[slot] = h;
-  Py_XDECREF(old);  // may run a dtype's finaliser: the slot is consistent
+  Py_XDECREF(old);  // may run a finaliser: the slot is consistent already
   return h;
 }
+struct DtypeTag {};
+struct ShardingTag {};
+inline Py_hash_t DtypeHash(PyObject* dtype) { return MemoHash<DtypeTag>(dtype); }
 
 // Same type and (identical or __eq__). Type equality keeps 1, True and 1.0
 // apart, as three different static values.
@@ -80,29 +87,21 @@ bool SameObjectOrEqual(PyObject* a, PyObject* b) {
   return r == 1;
 }
 
-// Throws jax.jit's report of a static argument whose __eq__ raised: a
-// ValueError naming both types, with the original traceback in its message
-// and the original exception as its __cause__.
+std::string Str(PyObject* o);
+
+// Raises jax.jit's report of a static argument whose __eq__ raised, as jax
+// raises it: jaxlib's C++ throws std::invalid_argument with this message,
+// whose tail is nanobind's rendering of the original error (its stack, frame
+// by frame, then "Type: message"); nanobind turns it into a plain ValueError
+// with no __cause__ (and no __context__ beyond an exception being handled).
+// The original exception is dropped with `err`.
 [[noreturn]] void RaiseStaticComparisonError(nb::python_error& err, PyObject* a, PyObject* b) {
-  nb::object original = nb::borrow(err.value());
-  nb::object formatted;
-  try {
-    nb::object lines = nb::module_::import_("traceback").attr("format_exception")(original);
-    formatted = nb::str("").attr("join")(lines);
-  } catch (nb::python_error&) {
-    formatted = nb::str(original);
-  }
-  nb::object message = nb::steal(PyUnicode_FromFormat(
+  std::string message =
       "static arguments should be comparable using __eq__.The following error was raised when "
-      "comparing two objects of types %R and %R. The error was:\n%U",
-      reinterpret_cast<PyObject*>(Py_TYPE(a)), reinterpret_cast<PyObject*>(Py_TYPE(b)),
-      formatted.ptr()));
-  if (!message.is_valid()) throw nb::python_error();
-  nb::object wrapped = nb::steal(PyObject_CallOneArg(PyExc_ValueError, message.ptr()));
-  if (!wrapped.is_valid()) throw nb::python_error();
-  PyException_SetCause(wrapped.ptr(), original.inc_ref().ptr());
-  PyException_SetContext(wrapped.ptr(), original.inc_ref().ptr());
-  PyErr_SetObject(PyExc_ValueError, wrapped.ptr());
+      "comparing two objects of types " +
+      Str(reinterpret_cast<PyObject*>(Py_TYPE(a))) + " and " +
+      Str(reinterpret_cast<PyObject*>(Py_TYPE(b))) + ". The error was:\n" + err.what();
+  PyErr_SetString(PyExc_ValueError, message.c_str());
   throw nb::python_error();
 }
 
@@ -138,9 +137,102 @@ struct PathElem {
   Py_ssize_t index;
 };
 
+// The context hook unpacked for one call (see "context_fn" in signature.h).
+// Pointers are borrowed from the spec's hook tuple, which is immutable and
+// outlives the call.
+struct ContextHook {
+  PyObject* context = nullptr;          // context() -> hashable, or null
+  PyObject* probe = nullptr;            // probe(probe_arg) is probe_ok, or null
+  PyObject* probe_arg = nullptr;
+  PyObject* probe_ok = nullptr;
+  PyObject* requires = nullptr;         // tuple of (index, value), or null
+  PyObject* committed_types = nullptr;  // tuple of types, or null
+  PyObject* committed_attr = nullptr;   // str
+  PyObject* sharding_attr = nullptr;    // str
+
+  static ContextHook Unpack(const nb::object& hook_obj) {
+    ContextHook h;
+    PyObject* hook = hook_obj.ptr();
+    if (!hook) return h;
+    if (!PyTuple_Check(hook)) {
+      h.context = hook;
+      return h;
+    }
+    auto bad = [] {
+      PyErr_SetString(PyExc_TypeError,
+                      "ftjit: a tuple context hook must be (context, probe, probe_arg, probe_ok, "
+                      "requires, committed_types, committed_attr, sharding_attr)");
+      throw nb::python_error();
+    };
+    if (PyTuple_GET_SIZE(hook) != 8) bad();
+    auto item = [&](Py_ssize_t i) -> PyObject* {
+      PyObject* o = PyTuple_GET_ITEM(hook, i);
+      return o == Py_None ? nullptr : o;
+    };
+    h.context = item(0);
+    h.probe = item(1);
+    h.probe_arg = PyTuple_GET_ITEM(hook, 2);
+    h.probe_ok = PyTuple_GET_ITEM(hook, 3);
+    h.requires = item(4);
+    h.committed_types = item(5);
+    h.committed_attr = item(6);
+    h.sharding_attr = item(7);
+    if ((h.requires && !PyTuple_Check(h.requires)) ||
+        (h.committed_types && (!PyTuple_Check(h.committed_types) || !h.committed_attr ||
+                               !h.sharding_attr || !PyUnicode_Check(h.committed_attr) ||
+                               !PyUnicode_Check(h.sharding_attr)))) {
+      bad();
+    }
+    return h;
+  }
+
+  // Throws NeedsFallback when the call must not be cached: the probe says so
+  // (e.g. a JAX trace is active in this thread). Runs Python (the probe).
+  void CheckProbe() const {
+    if (!probe) return;
+    PyObject* r = PyObject_CallOneArg(probe, probe_arg);
+    if (!r) throw nb::python_error();
+    bool ok = r == probe_ok;
+    Py_DECREF(r);
+    if (!ok) throw NeedsFallback{};
+  }
+
+  // Throws NeedsFallback when an item of `context` named in `requires` is not
+  // the required object (e.g. jax_disable_jit is on).
+  void CheckRequires(PyObject* ctx) const {
+    if (!requires) return;
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(requires); i < n; ++i) {
+      PyObject* pair = PyTuple_GET_ITEM(requires, i);
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyTuple_Check(ctx)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "ftjit: context hook 'requires' needs (index, value) pairs and a tuple context");
+        throw nb::python_error();
+      }
+      Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+      if (index == -1 && PyErr_Occurred()) throw nb::python_error();
+      if (index < 0 || index >= PyTuple_GET_SIZE(ctx) ||
+          PyTuple_GET_ITEM(ctx, index) != PyTuple_GET_ITEM(pair, 1)) {
+        throw NeedsFallback{};
+      }
+    }
+  }
+
+  // `type` is one of committed_types or a subclass (the check walks the
+  // MRO, which starts with `type` itself: an exact match is the first probe).
+  bool IsCommittedType(PyTypeObject* type) const {
+    if (!committed_types) return false;
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
+      PyObject* t = PyTuple_GET_ITEM(committed_types, i);
+      if (PyType_Check(t) && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t))) return true;
+    }
+    return false;
+  }
+};
+
 class Builder {
  public:
-  Builder(const SignatureSpec& spec, CallSignature& out) : spec_(spec), out_(out) {}
+  Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out)
+      : spec_(spec), hook_(hook), out_(out) {}
 
   // `top` names the argument (position or keyword) for messages.
   void Flatten(PyObject* obj) {
@@ -175,8 +267,26 @@ class Builder {
         return Sequence(obj, NodeKind::kNamedTuple);
       }
     }
-    if (TryArray(obj)) return;
+    // The exact array types the compiler names, numpy arrays and numpy
+    // scalars: leaves, without asking the pytree registry (the fast path).
+    if (IsKnownArrayType(type)) {
+      if (TryArray(obj)) return;
+      Unsupported(obj);
+    }
+    // Anything else: a tracer of an outer transformation defers; the pytree
+    // registry comes first (a registered node may also have .dtype/.shape);
+    // then duck-typed arrays; then subclasses of int/float/complex (IntEnum),
+    // which are leaves of the base kind, as in jax.jit.
+    if (spec_.fallback_types.is_valid()) {
+      int r = PyObject_IsInstance(obj, spec_.fallback_types.ptr());
+      if (r < 0) throw nb::python_error();
+      if (r == 1) throw NeedsFallback{};
+    }
     if (spec_.pytree_flatten.is_valid() && TryCustom(obj)) return;
+    if (TryArray(obj)) return;
+    if (PyLong_Check(obj)) return Scalar(LeafKind::kInt);  // bool cannot be subclassed
+    if (PyFloat_Check(obj)) return Scalar(LeafKind::kFloat);
+    if (PyComplex_Check(obj)) return Scalar(LeafKind::kComplex);
     Unsupported(obj);
   }
 
@@ -192,7 +302,7 @@ class Builder {
  private:
   void Scalar(LeafKind kind) {
     out_.tree.push_back(Token(NodeKind::kLeaf, 0));
-    out_.leaves.push_back(LeafSignature{kind, /*weak_type=*/true, 0, nb::object()});
+    out_.leaves.push_back(LeafSignature{kind, /*weak_type=*/true, 0, nb::object(), nb::object()});
     h_ = Mix(h_, 0x100 + static_cast<size_t>(kind));
   }
 
@@ -255,17 +365,24 @@ class Builder {
     }
   }
 
-  bool TryArray(PyObject* obj) {
-    if (spec_.fallback_types.is_valid()) {
-      PyTypeObject* type = Py_TYPE(obj);
-      bool plain = false;
-      for (PyTypeObject* t : spec_.plain_types) plain |= (t == type);
-      if (!plain) {
-        int r = PyObject_IsInstance(obj, spec_.fallback_types.ptr());
-        if (r < 0) throw nb::python_error();
-        if (r == 1) throw NeedsFallback{};
-      }
+  bool IsKnownArrayType(PyTypeObject* type) const {
+    for (PyTypeObject* t : spec_.plain_types) {
+      if (t == type) return true;
     }
+    for (PyTypeObject* t : spec_.aval_types) {
+      if (t == type) return true;
+    }
+    const PythonTypes& t = Types();
+    return (t.ndarray && type == reinterpret_cast<PyTypeObject*>(t.ndarray)) ||
+           (t.generic && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t.generic)));
+  }
+
+  // An array leaf: dtype, shape, weak type (and placement, for committed
+  // arrays of the hook's committed_types). False, leaving `out_` untouched,
+  // if `obj` is not array-like (no .dtype, or a shape that is not a tuple of
+  // ints).
+  bool TryArray(PyObject* obj) {
+    PyObject* const original = obj;
     // For types whose .dtype/.shape are slow properties over an abstract
     // value (jax Arrays), read that value's plain attributes instead.
     nb::object aval;
@@ -289,21 +406,22 @@ class Builder {
     if (!PyTuple_Check(shape.ptr())) return false;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
     size_t h = Mix(0x200, static_cast<size_t>(DtypeHash(dtype.ptr())));
+    // Read every dimension before recording any: a symbolic or non-integer
+    // dimension means "not an array leaf" and must leave no partial state.
+    SmallVector<int64_t, 8> dims;
     for (Py_ssize_t i = 0; i < ndim; ++i) {
       Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape.ptr(), i));
       if (d == -1 && PyErr_Occurred()) {
         PyErr_Clear();
-        return false;  // a symbolic or non-integer shape: not an array leaf
+        return false;
       }
-      out_.dims.push_back(static_cast<int64_t>(d));
+      dims.push_back(static_cast<int64_t>(d));
       h = Mix(h, static_cast<size_t>(d));
     }
     bool weak = false;
-    PyTypeObject* type = Py_TYPE(obj);
-    PythonTypes& t = Types();
+    const PythonTypes& t = Types();
     bool is_numpy = (t.ndarray && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.ndarray))) ||
                     (t.generic && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.generic)));
-    (void)type;
     if (!is_numpy) {
       PyObject* weak_raw = nullptr;
       int has_weak = GetOptionalAttr(obj, N().weak_type, &weak_raw);
@@ -316,9 +434,25 @@ class Builder {
       }
     }
     h = Mix(h, weak ? 1 : 0);
+    // A committed array runs where it lives, so its placement is part of the
+    // signature (what jax.jit keys on); an uncommitted one may be moved and
+    // shares the signature of a numpy array.
+    nb::object sharding;
+    if (hook_.IsCommittedType(Py_TYPE(original))) {
+      nb::object committed = nb::steal(PyObject_GetAttr(original, hook_.committed_attr));
+      if (!committed.is_valid()) throw nb::python_error();
+      int truth = PyObject_IsTrue(committed.ptr());
+      if (truth < 0) throw nb::python_error();
+      if (truth == 1) {
+        sharding = nb::steal(PyObject_GetAttr(original, hook_.sharding_attr));
+        if (!sharding.is_valid()) throw nb::python_error();
+        h = Mix(h, static_cast<size_t>(MemoHash<ShardingTag>(sharding.ptr())));
+      }
+    }
+    for (int64_t d : dims) out_.dims.push_back(d);
     out_.tree.push_back(Token(NodeKind::kLeaf, 0));
-    out_.leaves.push_back(LeafSignature{LeafKind::kArray, weak,
-                                        static_cast<uint32_t>(ndim), std::move(dtype)});
+    out_.leaves.push_back(LeafSignature{LeafKind::kArray, weak, static_cast<uint32_t>(ndim),
+                                        std::move(dtype), std::move(sharding)});
     h_ = Mix(h_, h);
     return true;
   }
@@ -376,6 +510,7 @@ class Builder {
   }
 
   const SignatureSpec& spec_;
+  const ContextHook& hook_;
   CallSignature& out_;
   size_t h_ = 0;
   PyObject* top_name_ = nullptr;  // borrowed
@@ -485,7 +620,16 @@ bool SignatureSpec::IsStaticName(PyObject* name) const {
 
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
                     PyObject* kwnames, CallSignature& out) {
-  Builder b(spec, out);
+  // The context first: a call that must defer (a JAX trace is active, jit is
+  // disabled) defers before its arguments are looked at, whatever they are.
+  ContextHook hook = ContextHook::Unpack(spec.context_fn);
+  hook.CheckProbe();
+  if (hook.context) {
+    out.context = nb::steal(PyObject_CallNoArgs(hook.context));
+    if (!out.context.is_valid()) throw nb::python_error();
+    hook.CheckRequires(out.context.ptr());
+  }
+  Builder b(spec, hook, out);
   out.num_positional = static_cast<uint32_t>(nargs);
   b.MixIn(nargs);
   for (size_t i = 0; i < nargs; ++i) {
@@ -531,11 +675,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
       b.Flatten(value);
     }
   }
-  if (spec.context_fn.is_valid()) {
-    out.context = nb::steal(PyObject_CallNoArgs(spec.context_fn.ptr()));
-    if (!out.context.is_valid()) throw nb::python_error();
-    b.MixIn(static_cast<size_t>(ContextHash(out.context)));
-  }
+  if (out.context.is_valid()) b.MixIn(static_cast<size_t>(ContextHash(out.context)));
   out.hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;
 }
@@ -551,7 +691,10 @@ bool CallSignature::Equals(const CallSignature& o) const {
   for (size_t i = 0; i < leaves.size(); ++i) {
     const LeafSignature& a = leaves[i];
     const LeafSignature& b = o.leaves[i];
-    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim) return false;
+    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim ||
+        a.sharding.is_valid() != b.sharding.is_valid()) {
+      return false;
+    }
   }
   for (size_t i = 0; i < kwnames.size(); ++i) {
     if (CompareNames(kwnames[i].ptr(), o.kwnames[i].ptr()) != 0) return false;
@@ -559,7 +702,9 @@ bool CallSignature::Equals(const CallSignature& o) const {
   // Then the parts whose comparison may run Python code.
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (leaves[i].kind == LeafKind::kArray &&
-        !SameObjectOrEqual(leaves[i].dtype.ptr(), o.leaves[i].dtype.ptr())) {
+        (!SameObjectOrEqual(leaves[i].dtype.ptr(), o.leaves[i].dtype.ptr()) ||
+         (leaves[i].sharding.is_valid() &&
+          !SameObjectOrEqual(leaves[i].sharding.ptr(), o.leaves[i].sharding.ptr())))) {
       return false;
     }
   }
@@ -648,6 +793,7 @@ class Printer {
     }
     out += "]";
     if (l.weak_type) out += "{weak}";
+    if (l.sharding.is_valid()) out += "@" + Str(l.sharding.ptr());
     return out;
   }
 

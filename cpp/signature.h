@@ -25,7 +25,8 @@ struct LeafSignature {
   LeafKind kind;
   bool weak_type;
   uint32_t ndim;     // the dims live in CallSignature::dims, in leaf order
-  nb::object dtype;  // null for Python scalars
+  nb::object dtype;     // null for Python scalars
+  nb::object sharding;  // a committed array's placement (see context_fn); else null
 };
 
 // Tree tokens, in preorder: low 8 bits the NodeKind, the rest the arity.
@@ -82,7 +83,8 @@ struct SignatureSpec {
   nb::object aval_types_owner;               // keeps aval_types alive
   // A static argument's failing __eq__ is reported as jax.jit reports it: a
   // ValueError ("static arguments should be comparable using __eq__...")
-  // caused by the original exception. Otherwise the original propagates.
+  // whose message ends with the original error rendered by nanobind, with no
+  // __cause__, exactly as jaxlib raises it. Otherwise the original propagates.
   bool jax_style_errors = false;
 
   // Positional argument `i` of a call with `nargs` positional arguments is
@@ -103,15 +105,36 @@ struct SignatureSpec {
 // Hooks:
 //   pytree_flatten(obj) -> None (obj is not a pytree node) or
 //       (node_key, children): node_key hashable, children a tuple or list.
-//       Consulted only for objects that are not None/tuple/list/dict/
-//       namedtuple, Python scalars, or arrays (objects with .dtype/.shape).
+//       Consulted for objects that are not None/tuple/list/dict/namedtuple,
+//       exact Python scalars, numpy arrays and scalars, or of an exact type
+//       in plain_types/aval_types, before duck-typed arrays (objects with
+//       .dtype/.shape) and int/float/complex subclasses (leaves of the base
+//       kind): a registered node wins even if it also has .dtype/.shape.
 //   context_fn() -> hashable object folded into the signature. When it
 //       returns a tuple whose items are the very objects of this thread's
 //       previous context, the previous hash is reused (no re-hashing).
+//       It is called before the arguments are flattened.
+//     context_fn may instead be a tuple of 8 items (the JAX compiler's
+//       SignatureHooks), read on every call:
+//       (context, probe, probe_arg, probe_ok, requires,
+//        committed_types, committed_attr, sharding_attr)
+//       context: the callable above, or None.
+//       probe: None, or a callable; when probe(probe_arg) is not probe_ok
+//         (identity), the call throws NeedsFallback before anything else is
+//         looked at (e.g. a JAX trace is active in this thread: closed-over
+//         tracers must never be compiled into a cached entry).
+//       requires: None, or a tuple of (index, value): when context()[index]
+//         is not value, NeedsFallback (e.g. jax_disable_jit is on).
+//       committed_types: None, or a tuple of array types (subclasses
+//         included) whose placement counts: when getattr(leaf,
+//         committed_attr) is true, the object getattr(leaf, sharding_attr)
+//         is part of the leaf signature (hashed, compared with __eq__), as
+//         jax.jit keys on it.
 //   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
 //       tracer inside an outer transformation) makes BuildSignature throw
 //       NeedsFallback: such calls must not be cached. Leaves whose exact type
-//       is in plain_types skip the isinstance check.
+//       is in plain_types or aval_types, numpy arrays and numpy scalars skip
+//       the isinstance check.
 //   aval_types: exact types whose dtype/shape/weak_type are read from
 //       `obj.aval` (one attribute lookup instead of three properties).
 // Throws nb::python_error; invalid leaves raise UnsupportedArgumentError and

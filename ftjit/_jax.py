@@ -4,12 +4,20 @@ ftjit keeps its own cache, compile-once and recursion handling; JAX does the
 tracing and compiling, once per signature. The hot path calls the C++
 callable inside ``jax.stages.Compiled`` when this JAX exposes it (a private
 API, behind a feature check) and the public ``Compiled`` otherwise.
+
+The signature hooks (see build_hooks) follow jax.jit: every config that
+changes tracing is part of the signature; a call made while a JAX trace is
+active or while ``jax.disable_jit()`` is on goes to jax.jit itself, uncached;
+a committed jax Array's placement is part of its leaf signature. Each private
+API they use sits behind a feature check with a public fallback.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -19,8 +27,51 @@ __all__ = ["JaxCompiler", "fast_callable", "FAST_PATH"]
 # it off to prove the public fallback gives the same answers.
 FAST_PATH = True
 
+# The configs that change tracing, read through the public jax.config when
+# jax's private trace_context() is missing (the ones this JAX lacks are
+# skipped). jax_disable_jit must stay: the core defers to jax.jit when it is on.
+PUBLIC_CONTEXT_NAMES = (
+    "jax_enable_x64",
+    "jax_default_device",
+    "jax_disable_jit",
+    "jax_numpy_dtype_promotion",
+    "jax_numpy_rank_promotion",
+    "jax_default_matmul_precision",
+    "jax_explicit_x64_dtypes",
+    "jax_debug_key_reuse",
+    "jax_threefry_partitionable",
+    "jax_softmax_custom_jvp",
+    "jax_check_static_indices",
+    "jax_use_shardy_partitioner",
+    "jax_enable_custom_prng",
+    "jax_default_prng_impl",
+)
+
+
+class SignatureHooks(NamedTuple):
+    """The context hook handed to the core (see ``context_fn`` in cpp/signature.h).
+
+    Read by the core on every call, so its fields are plain objects: no
+    Python code runs on a hit except ``context()`` and ``probe(probe_arg)``,
+    both C++ functions of jaxlib on the private fast path.
+    """
+
+    #: () -> tuple of every config value that changes tracing
+    context: Callable[[], Any]
+    #: probe(probe_arg) is probe_ok unless a JAX trace is active in this thread
+    probe: Callable[[Any], Any]
+    probe_arg: Any
+    probe_ok: Any
+    #: ((index of jax_disable_jit in context(), False),): defer while jit is disabled
+    requires: tuple[tuple[int, Any], ...]
+    #: jax Array types (subclasses included) whose placement, when committed, is in the signature
+    committed_types: tuple[type, ...]
+    committed_attr: str
+    sharding_attr: str
+
+
 _hooks_lock = threading.Lock()
-_hooks: dict[str, Any] | None = None
+_hooks: dict[str, Any] | None = None  # guarded by _hooks_lock; built once
 
 
 def _jax_hooks() -> dict[str, Any]:
@@ -28,37 +79,214 @@ def _jax_hooks() -> dict[str, Any]:
     global _hooks
     with _hooks_lock:
         if _hooks is None:
-            import jax
-            from jax import tree_util
-            from jax._src import config as jax_config
-
-            array_type = type(jax.numpy.zeros((), dtype=np.float32))
-
-            def pytree_flatten(obj: Any) -> tuple[Any, list[Any]] | None:
-                """One level of JAX's registry: (treedef, children), or None for a leaf."""
-                children, treedef = tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
-                if treedef.num_nodes == 1 and treedef.num_leaves == 1:
-                    return None
-                return treedef, children
-
-            _hooks = {
-                # config_ext.trace_context is C++: every config that changes
-                # tracing (jax_enable_x64, ...), thread-local overrides included.
-                "context": jax_config.trace_context,
-                "pytree_flatten": pytree_flatten,
-                "fallback_types": (jax.core.Tracer,),
-                "plain_types": (array_type, np.ndarray),
-                "aval_types": (array_type,) if _has_aval(array_type) else (),
-            }
+            _hooks = build_hooks()
         return _hooks
+
+
+#: The fast paths build_hooks() may use, each behind its feature check:
+#: "array_type" (the concrete jax Array class, for exact-type fast paths) and
+#: four private APIs of jax: "context" (jaxlib's trace_context), "probe"
+#: (jax._src.core.trace_state), "placement" (Array._committed/_sharding),
+#: "aval" (dtype/shape/weak_type read from Array.aval).
+FAST_PATHS = frozenset({"array_type", "context", "probe", "placement", "aval"})
+
+
+def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
+    """Builds the hooks, using the fast paths named in ``fast`` when their
+    feature checks pass, and jax's public API otherwise (slower, same
+    answers: tests build the hooks without each fast path to prove it).
+
+    Safe to run inside a JAX trace (e.g. when the first ftjit.jit is created
+    inside a jax.jit-traced function): nothing here depends on the trace
+    active at the time.
+    """
+    import jax
+    from jax import tree_util
+
+    def pytree_flatten(obj: Any) -> tuple[Any, list[Any]] | None:
+        """One level of JAX's registry: (treedef, children), or None for a leaf."""
+        children, treedef = tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+            return None
+        return treedef, children
+
+    array_type = concrete_array_type() if "array_type" in fast else None
+    found = _private_context() if "context" in fast else None
+    context, names = found if found is not None else _public_context()
+    probe = (_private_trace_probe() if "probe" in fast else None) or _public_trace_probe()
+    placement = ("placement" in fast and _private_placement_attrs(array_type)) or ("committed", "sharding")
+    aval = array_type is not None and "aval" in fast and _has_aval(array_type)
+    return {
+        "context": context,
+        "signature_hooks": SignatureHooks(
+            context,
+            *probe,
+            ((names.index("jax_disable_jit"), False),),
+            # Without the concrete class, its public base (a subclass check).
+            (array_type,) if array_type is not None else (jax.Array,) if isinstance(jax.Array, type) else (),
+            *placement,
+        ),
+        "pytree_flatten": pytree_flatten,
+        "fallback_types": (jax.core.Tracer,),
+        "plain_types": (array_type, np.ndarray) if array_type is not None else (np.ndarray,),
+        "aval_types": (array_type,) if aval else (),
+    }
+
+
+def _eval_trace() -> Any:
+    """A context manager making JAX evaluate eagerly in this thread, whatever
+    trace is active: ``jax.extend.core.take_current_trace()`` (public, for
+    extension authors) when present, else ``jax.ensure_compile_time_eval()``."""
+    import jax
+
+    try:
+        from jax.extend.core import take_current_trace
+
+        return take_current_trace()
+    except ImportError:
+        return jax.ensure_compile_time_eval()
+
+
+def concrete_array_type() -> type | None:
+    """The concrete class of jax Arrays (never a Tracer class), or None.
+
+    ``type(jnp.zeros(()))`` inside a jax.jit trace is a tracer class, so the
+    array is made under the eval trace (see _eval_trace) and the result is
+    checked.
+    """
+    import jax
+
+    try:
+        with _eval_trace():
+            array_type = type(jax.device_put(np.zeros((), np.float32)))
+    except Exception:  # noqa: BLE001 - a JAX without it: the slower generic path
+        return None
+    if issubclass(array_type, jax.core.Tracer) or not issubclass(array_type, jax.Array):
+        return None
+    return array_type
+
+
+def _private_context() -> tuple[Callable[[], Any], tuple[str, ...]] | None:
+    """Feature check: jaxlib's trace_context() (C++: every config that changes
+    tracing, thread-local overrides included) and the names of its items."""
+    try:
+        from jax._src import config as jax_config
+
+        context = jax_config.trace_context
+        names = jax_config.config_ext.trace_context_names
+        names = tuple(names() if callable(names) else names)
+        value = context()
+        index = names.index("jax_disable_jit")
+        import jax
+
+        if not (
+            isinstance(value, tuple)
+            and len(value) == len(names)
+            and type(value[index]) is bool
+            and value[index] == bool(jax.config.jax_disable_jit)
+        ):
+            return None
+        hash(value)
+        return context, names
+    except Exception:  # noqa: BLE001 - a JAX without it: the public fallback
+        return None
+
+
+def _public_context() -> tuple[Callable[[], Any], tuple[str, ...]]:
+    """The configs of PUBLIC_CONTEXT_NAMES read through ``jax.config``: a
+    partial of an ``operator.attrgetter`` (C code, no Python frame)."""
+    import jax
+
+    names = tuple(n for n in PUBLIC_CONTEXT_NAMES if _readable(jax.config, n))
+    if len(names) < 2:  # attrgetter of one name returns the value, not a tuple
+        raise RuntimeError(f"ftjit: this JAX lacks the public configs {PUBLIC_CONTEXT_NAMES}")
+    return functools.partial(operator.attrgetter(*names), jax.config), names
+
+
+def _readable(config: Any, name: str) -> bool:
+    try:
+        getattr(config, name)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _private_trace_probe() -> tuple[Callable[[Any], Any], Any, Any] | None:
+    """Feature check: ``fget(trace_state) is eval_weakref`` unless a trace is active.
+
+    ``jax._src.core.trace_state`` is the jaxlib config holding (a weak
+    reference to) this thread's current trace; its ``value`` getter is C++,
+    so the probe costs one C call on the hot path. Verified here both ways:
+    the eval value at top level and a different one inside a trace.
+    """
+    try:
+        import jax
+        from jax._src import core
+
+        state = core.trace_state
+        fget = type(state).value.fget
+        eval_ref = core.eval_trace._weakref
+        with _eval_trace():
+            at_top = fget(state) is eval_ref
+        seen: list[bool] = []
+
+        def body(x: Any) -> Any:
+            seen.append(fget(state) is eval_ref)
+            return x
+
+        jax.make_jaxpr(body)(np.float32(0))
+        if at_top and seen == [False]:
+            return fget, state, eval_ref
+    except Exception:  # noqa: BLE001 - a JAX without it: the public fallback
+        pass
+    return None
+
+
+def _public_trace_probe() -> tuple[Callable[[Any], Any] | None, Any, Any]:
+    """``jax.extend.core.get_opaque_trace_state()`` compared with the eval
+    trace's (public API, slower: a Python call and an __eq__ per call).
+
+    Without it (a JAX that has neither this nor the private probe), no probe:
+    tracer arguments still defer, closed-over tracers cannot be detected.
+    """
+    try:
+        from jax.extend import core as jex_core
+
+        with jex_core.take_current_trace():
+            eval_state = jex_core.get_opaque_trace_state()
+    except Exception:  # noqa: BLE001
+        return None, None, None
+
+    def not_tracing(_: Any) -> bool:
+        return jex_core.get_opaque_trace_state() == eval_state
+
+    return not_tracing, None, True
+
+
+def _private_placement_attrs(array_type: type | None) -> tuple[str, str] | None:
+    """Feature check: jax Arrays' C++ ``_committed``/``_sharding`` (the
+    public ``committed``/``sharding`` are Python properties over them)."""
+    if array_type is None:
+        return None
+    try:
+        import jax
+
+        with _eval_trace():
+            x = jax.device_put(np.zeros((2,), np.float32), jax.devices()[0])
+        if x._committed is x.committed is True and x._sharding is x.sharding:
+            return "_committed", "_sharding"
+    except Exception:  # noqa: BLE001
+        pass
+    return None
 
 
 def _has_aval(array_type: type) -> bool:
     """Feature check: jax Arrays expose .aval with plain dtype/shape/weak_type."""
     try:
-        import jax.numpy as jnp
+        import jax
 
-        x = jnp.zeros((2,), dtype=np.float32)
+        with _eval_trace():
+            x = jax.numpy.zeros((2,), dtype=np.float32)
         aval = x.aval
         return (
             type(x) is array_type
@@ -66,7 +294,7 @@ def _has_aval(array_type: type) -> bool:
             and tuple(aval.shape) == x.shape
             and bool(aval.weak_type) == bool(x.weak_type)
         )
-    except Exception:
+    except Exception:  # noqa: BLE001
         return False
 
 
@@ -95,7 +323,7 @@ class JaxCompiler:
     """
 
     strip_static = True
-    #: a static argument's failing __eq__ raises jax.jit's ValueError (caused by the original)
+    #: a static argument's failing __eq__ raises jax.jit's ValueError (as jaxlib raises it)
     jax_style_errors = True
 
     __slots__ = ("static_argnums", "static_argnames", "jit_options")
@@ -111,12 +339,18 @@ class JaxCompiler:
         self.jit_options = tuple(jit_options)
 
     # -- the compiler protocol --------------------------------------------
+    def jit_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the ``jax.jit`` this compiler stands for."""
+        return {"static_argnums": self.static_argnums, "static_argnames": self.static_argnames, **dict(self.jit_options)}
+
     def jax_jit(self, fun: Callable[..., Any]) -> Any:
         import jax
 
-        return jax.jit(
-            fun, static_argnums=self.static_argnums, static_argnames=self.static_argnames, **dict(self.jit_options)
-        )
+        return jax.jit(fun, **self.jit_kwargs())
+
+    def bind(self, fun: Callable[..., Any], jitted: Any) -> BoundJaxCompiler:
+        """This compiler for ``fun`` only, compiling through ``jitted`` (its ``jax.jit``)."""
+        return BoundJaxCompiler(self, fun, jitted)
 
     def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
         return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
@@ -125,12 +359,17 @@ class JaxCompiler:
         return self.jax_jit(fun).lower(*args, **kwargs)
 
     def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
-        """JAX's own path, for calls ftjit must not cache (tracer arguments)."""
+        """JAX's own path, for calls ftjit must not cache (a JAX trace is active, or jax.disable_jit())."""
         return self.jax_jit(fun)
 
     @property
     def context(self) -> Callable[[], Any]:
         return _jax_hooks()["context"]
+
+    @property
+    def signature_hooks(self) -> SignatureHooks:
+        """The core's context hook: context, trace probe, disable_jit, placement."""
+        return _jax_hooks()["signature_hooks"]
 
     @property
     def pytree_flatten(self) -> Callable[[Any], Any]:
@@ -163,3 +402,36 @@ class JaxCompiler:
             f"JaxCompiler(static_argnums={self.static_argnums}, static_argnames={self.static_argnames}, "
             f"jit_options={dict(self.jit_options)})"
         )
+
+
+class BoundJaxCompiler:
+    """A JaxCompiler bound to one function and to that function's one ``jax.jit``.
+
+    ``jax.jit`` validates its options and warns (e.g. the DeprecationWarning
+    for ``device=``/``backend=``) when it is created. ftjit.jit creates it
+    once, at decoration as jax.jit users do, and compiles, lowers, traces and
+    falls back through that same object, so warnings come once, as with
+    jax.jit. Thread-safe: jax.jit objects are.
+    """
+
+    __slots__ = ("compiler", "fun", "jitted")
+
+    def __init__(self, compiler: JaxCompiler, fun: Callable[..., Any], jitted: Any):
+        self.compiler = compiler
+        self.fun = fun
+        self.jitted = jitted
+
+    def jax_jit(self, fun: Callable[..., Any]) -> Any:
+        return self.jitted if fun is self.fun else self.compiler.jax_jit(fun)
+
+    def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
+        return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
+
+    def lower(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        return self.jax_jit(fun).lower(*args, **kwargs)
+
+    def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
+        return self.jax_jit(fun)
+
+    def __repr__(self) -> str:
+        return f"{self.compiler!r} bound to {self.fun!r}"

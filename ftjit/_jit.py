@@ -6,6 +6,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import sys
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar, Union, overload
 
 import numpy as np
@@ -90,6 +91,26 @@ def _resolve_static(
     return nums, argnames
 
 
+# Code for _call_from_frame: one call expression, renamed per call site.
+_CALL_CODE = compile("_ftjit_fn(*_ftjit_args, **_ftjit_kwargs)", "<ftjit>", "eval")
+
+
+def _call_from_frame(frame: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` called from a frame that the warnings module
+    takes for ``frame`` (same file, line, module globals and warning registry).
+
+    jax.jit warns with a ``stacklevel`` that points at its caller; creating
+    it through this frame makes its warnings point at the line that called
+    ftjit.jit, filtered and de-duplicated as if that line had called jax.jit.
+    In a traceback this frame shows as that line, in ``<ftjit.jit>``.
+    """
+    lineno = getattr(frame, "f_lineno", None)
+    if lineno is None:
+        return fn(*args, **kwargs)
+    code = _CALL_CODE.replace(co_filename=frame.f_code.co_filename, co_firstlineno=lineno, co_name="<ftjit.jit>")
+    return eval(code, frame.f_globals, {"_ftjit_fn": fn, "_ftjit_args": args, "_ftjit_kwargs": kwargs})
+
+
 def _signature_of(fun: Callable[..., Any]) -> inspect.Signature | None:
     try:
         return inspect.signature(fun)
@@ -120,6 +141,7 @@ def _check_callable(fun: object) -> None:
 @overload
 def jit(
     fun: F,
+    /,
     *,
     static_argnums: int | Sequence[int] = ...,
     static_argnames: str | Sequence[str] = ...,
@@ -136,6 +158,7 @@ def jit(
 @overload
 def jit(
     fun: None = ...,
+    /,
     *,
     static_argnums: int | Sequence[int] = ...,
     static_argnames: str | Sequence[str] = ...,
@@ -151,6 +174,7 @@ def jit(
 ) -> Callable[[F], F]: ...
 def jit(
     fun: Callable[..., Any] | None = None,
+    /,
     *,
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Sequence[str] = (),
@@ -189,6 +213,9 @@ def jit(
     once. Exactly one thread compiles a given signature; the others wait with
     the GIL released (answering Ctrl-C) and share the result or the error.
     """
+    if "fun" in jax_options:
+        # `fun` is positional-only, as in jax.jit (whose message this is).
+        raise TypeError("jit() got some positional-only arguments passed as keyword arguments: 'fun'")
     if fun is None:
         return functools.partial(
             jit,
@@ -228,6 +255,7 @@ def jit(
     elif not isinstance(cache, FunctionCache):
         raise TypeError(f"cache must be an ftjit.FunctionCache, got {type(cache).__name__}")
     user_compiler = compiler
+    jitted = None  # the JAX compiler's one jax.jit object for `fun`
     if compiler is None:
         options_for_jax = dict(jax_options)
         if donate_argnums is not None:
@@ -235,6 +263,11 @@ def jit(
         if donate_argnames is not None:
             options_for_jax["donate_argnames"] = donate_argnames
         compiler = JaxCompiler(argnums, argnames, tuple(sorted(options_for_jax.items())))
+        import jax
+
+        # Created here, once, like jax.jit at decoration: jax validates and
+        # warns now, at the caller's line, and never again for this function.
+        jitted = _call_from_frame(sys._getframe(1), jax.jit, fun, **compiler.jit_kwargs())
     else:
         if not callable(compiler):
             raise TypeError(f"compiler must be callable as compiler(fun, args, kwargs), got {compiler!r}")
@@ -274,8 +307,12 @@ def jit(
     describer = _observe.Describer(argnums, argnames, arg_names, use_jax=isinstance(compiler, JaxCompiler))
     context_fn = getattr(compiler, "context", None)
     describer.context = context_fn if callable(context_fn) else None
+    # The JAX compiler's context hook also probes for an active trace and
+    # jax_disable_jit (those calls go to jax.jit), and keys committed arrays
+    # on their placement (see cpp/signature.h).
+    core_context = getattr(compiler, "signature_hooks", None) or context_fn
     guarded = _observe.GuardedCompiler(
-        compiler,
+        compiler.bind(fun, jitted) if jitted is not None else compiler,
         name,
         describer,
         max_signatures,
@@ -295,10 +332,10 @@ def jit(
         options=options,
         pickle_options=pickle_options,
         pytree_flatten=getattr(compiler, "pytree_flatten", None),
-        context_fn=context_fn,
+        context_fn=core_context,
         strip_static=bool(getattr(compiler, "strip_static", False)),
         jax_style_errors=bool(getattr(compiler, "jax_style_errors", False)),
-        fallback=fallback_maker(fun) if callable(fallback_maker) else None,
+        fallback=jitted if jitted is not None else fallback_maker(fun) if callable(fallback_maker) else None,
         fallback_types=getattr(compiler, "fallback_types", None),
         plain_types=getattr(compiler, "plain_types", None),
         aval_types=getattr(compiler, "aval_types", None),

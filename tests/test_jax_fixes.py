@@ -1,0 +1,561 @@
+"""The JAX compiler against jax.jit, for the gaps an audit found: hooks built
+inside a trace, closed-over tracers, jax.disable_jit, registered nodes with
+.dtype/.shape, committed placement, the public fallbacks of every
+fast path, warnings, positional-only ``fun``, the static __eq__ error,
+int/float/complex subclasses, module-style pytrees, other tracing configs,
+and ``lower`` with keywords, statics and ShapeDtypeStructs.
+
+Each test runs the same code under ``jax.jit`` and ``ftjit.jit`` and asserts
+the same outcome (results, trace counts, errors, warnings). JAX caches traces
+per function object, so the two sides use separate functions."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import ftjit  # noqa: E402
+import ftjit._jax  # noqa: E402
+from test_jax import assert_same, counted  # noqa: E402
+
+
+def both(body):
+    """(jax.jit of one counted copy of body, ftjit.jit of another), fresh cache."""
+    fj, ff = counted(body), counted(body)
+    return fj, jax.jit(fj), ff, ftjit.jit(ff, cache=ftjit.FunctionCache())
+
+
+def run_script(script: str, env: dict | None = None) -> str:
+    """Runs `script` in a fresh interpreter; returns its stdout (fails on errors)."""
+    import os
+
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=240, env=full_env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+# -- 1. the hooks are right even when first built inside a trace -----------
+
+HOOKS_BUILT_IN_A_TRACE = """
+    import jax, jax.numpy as jnp, numpy as np
+    import ftjit, ftjit._jax
+
+    assert ftjit._jax._hooks is None
+    @jax.jit
+    def outer(x):
+        # The process's first ftjit.jit, created while jax.jit traces: the
+        # hooks are built now, with a tracer as jnp.zeros(())'s type.
+        return ftjit.jit(lambda y: y * 2)(x)
+
+    assert float(outer(1.5)) == 3.0
+    hooks = ftjit._jax._jax_hooks()
+    array_type = type(jnp.zeros(()))
+    assert not issubclass(array_type, jax.core.Tracer)
+    assert hooks["plain_types"] == (array_type, np.ndarray), hooks["plain_types"]
+    assert hooks["aval_types"] == (array_type,), hooks["aval_types"]
+    assert hooks["signature_hooks"].committed_types == (array_type,)
+
+    inner = ftjit.jit(lambda x: x + 1)
+    jinner = jax.jit(lambda x: x + 1)
+    want = jax.lax.cond(True, lambda x: jinner(x), lambda x: x, 1.0)
+    got = jax.lax.cond(True, lambda x: inner(x), lambda x: x, 1.0)
+    assert float(got) == float(want) == 2.0
+    assert inner.cache_info().size == 0   # tracers are never cached
+    assert float(inner(1.0)) == 2.0 and inner.cache_info().compiles == 1
+    print("ok")
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
+def test_hooks_first_built_inside_a_jit_trace_know_the_concrete_array_type():
+    assert run_script(HOOKS_BUILT_IN_A_TRACE) == "ok"
+
+
+def test_concrete_array_type_inside_a_trace_is_not_a_tracer():
+    seen = []
+
+    def body(x):
+        seen.append(ftjit._jax.concrete_array_type())
+        return x
+
+    jax.jit(body)(1.0)
+    assert seen == [type(jnp.zeros(()))]
+    assert not issubclass(seen[0], jax.core.Tracer)
+
+
+# -- 2. any active trace defers to jax.jit, closed-over tracers included ----
+
+
+def test_closed_over_tracers_under_jit_grad_vmap_match_jax_jit():
+    for outer, arg, want in (
+        (jax.jit, 3.0, 6.0),
+        (jax.grad, 3.0, 2.0),
+        (jax.vmap, jnp.arange(3.0), [0.0, 2.0, 4.0]),
+    ):
+        results = []
+        for make in (jax.jit, ftjit.jit):
+            results.append(outer(lambda a: make(lambda x: x * a)(2.0))(arg))
+        np.testing.assert_array_equal(np.asarray(results[0]), np.asarray(want))
+        assert_same(results[1], results[0])
+
+
+def test_a_cached_signature_called_inside_a_trace_is_staged_like_jax_jit():
+    fj, jj, ff, jf = both(lambda x: x * 2)
+    outcomes = []
+    for inner, fun in ((jj, fj), (jf, ff)):
+        assert float(inner(2.0)) == 4.0  # compiled at top level
+        staged = []
+
+        def outer(a):
+            r = inner(2.0)  # concrete arguments, but a trace is active
+            staged.append(isinstance(r, jax.core.Tracer))
+            return r * a
+
+        assert float(jax.jit(outer)(3.0)) == 12.0
+        assert float(jax.grad(outer)(3.0)) == 4.0
+        outcomes.append((staged, fun.tracer.count))
+    # Under jax.jit the inner call is staged out (its jaxpr reused: no
+    # retrace); under grad, with no tangent, JAX evaluates it eagerly.
+    assert outcomes[1] == outcomes[0] == ([True, False], 1)
+    info = jf.cache_info()
+    assert (info.size, info.compiles, info.hits, info.misses) == (1, 1, 0, 1)
+
+
+# -- 3. jax.disable_jit() --------------------------------------------------
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "cached"])
+def test_jax_disable_jit_runs_python_like_jax_jit(cached):
+    def body(x):
+        seen.append(type(x))
+        return x * 2
+
+    outcomes = []
+    for make in (jax.jit, ftjit.jit):
+        seen = []
+        fn = make(body)
+        if cached:
+            fn(1.5)
+        seen.clear()
+        with jax.disable_jit():
+            out = fn(1.5)
+            text = fn("ab")  # any argument: f is just called
+        outcomes.append((out, type(out), text, list(seen)))
+        if make is ftjit.jit:
+            assert fn.cache_info().compiles == (1 if cached else 0)
+            assert float(fn(1.5)) == 3.0  # and jit is back afterwards
+    assert outcomes[1] == outcomes[0] == (3.0, float, "abab", [float, str])
+
+
+# -- 4. JAX's registry before duck-typed arrays; no partial leaf state ------
+
+
+class Scaled:
+    """A registered pytree node that also has .dtype/.shape (as array wrappers do)."""
+
+    def __init__(self, value, scale):
+        self.value, self.scale = value, scale
+
+    dtype = property(lambda self: self.value.dtype)
+    shape = property(lambda self: self.value.shape)
+
+
+jax.tree_util.register_pytree_node(Scaled, lambda s: ((s.value,), s.scale), lambda scale, c: Scaled(c[0], scale))
+
+
+def test_registered_node_with_dtype_and_shape_is_a_pytree_not_a_leaf():
+    fj, jj, ff, jf = both(lambda s: s.value * s.scale)
+    x = np.arange(3, dtype=np.float32)
+    for scale in (2, 3, 3):
+        assert_same(jf(Scaled(x, scale)), jj(Scaled(x, scale)))
+    assert ff.tracer.count == fj.tracer.count == 2  # the static aux data is in the signature
+    assert jf._signature_of(Scaled(x, 2)).count("float32[3]") == 1
+
+
+class OddInt(int):
+    """An int subclass with array-like attributes whose shape is not all ints."""
+
+    dtype = np.dtype(np.int32)
+    shape = (2, "x")
+
+
+def test_rejected_array_like_leaves_no_partial_dims():
+    fj, jj, ff, jf = both(lambda x: x + 1)
+    for value in (OddInt(3), 3, OddInt(4)):
+        assert_same(jf(value), jj(value))
+    # OddInt is a weak int leaf, the very signature of 3: one compile.
+    assert ff.tracer.count == fj.tracer.count == 1
+    assert jf._signature_of(OddInt(3)) == jf._signature_of(3)
+    assert jf.cache_info().compiles == 1
+
+
+# -- 5. committed placement is in the signature ----------------------------
+
+PLACEMENT = """
+    import jax, jax.numpy as jnp, numpy as np, ftjit
+    d0, d1 = jax.devices()
+
+    def run(make):
+        traces = []
+        def f(x):
+            traces.append(1)
+            return x * 2
+        g = make(f)
+        x = jnp.arange(4.0)
+        with jax.default_device(d1):
+            on_d1_uncommitted = jnp.arange(4.0)
+        calls = [
+            x,                                       # uncommitted, device 0
+            jax.device_put(x, d0),                   # committed to device 0
+            jax.device_put(x, d1),                   # committed to device 1
+            jax.device_put(x, d1),                   # an equal, new sharding
+            on_d1_uncommitted,                       # may move: like x
+            np.arange(4.0, dtype=np.float32),        # like x
+        ]
+        outs = [g(a) for a in calls]
+        return g, [(sorted(d.id for d in r.devices()), r.committed, np.asarray(r).tolist()) for r in outs], len(traces)
+
+    _, want, want_traces = run(jax.jit)
+    jf, got, got_traces = run(ftjit.jit)
+    assert got == want, (got, want)
+    assert got_traces == want_traces, (got_traces, want_traces)
+    info = jf.cache_info()
+    print(want[2][0], want[2][1], info.compiles, info.hits, got_traces)
+    # The same through the public fallbacks (placement read via the public
+    # properties; without the concrete Array class, via jax.Array).
+    import ftjit._jax
+    for fast in (ftjit._jax.FAST_PATHS - {"placement"}, frozenset()):
+        ftjit._jax._hooks = ftjit._jax.build_hooks(fast)
+        jf, got, got_traces = run(ftjit.jit)
+        assert got == want, (fast, got, want)
+        assert (jf.cache_info().compiles, jf.cache_info().hits) == (info.compiles, info.hits), fast
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
+def test_committed_arrays_on_another_device_recompile_like_jax_jit():
+    out = run_script(PLACEMENT, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    # The device-1 result is on device 1 and committed; 3 placements compiled
+    # (uncommitted, device 0, device 1), the other 3 calls hit.
+    assert out == "[1] True 3 3 1"
+
+
+def test_committed_single_device_array_hits_and_shows_its_placement():
+    fj, jj, ff, jf = both(lambda x: x + 1)
+    committed = jax.device_put(jnp.ones(3), jax.devices()[0])
+    for x in (committed, jax.device_put(jnp.ones(3), jax.devices()[0]), jnp.ones(3), np.ones(3, np.float32)):
+        assert_same(jf(x), jj(x))
+    info = jf.cache_info()
+    assert (info.compiles, info.hits) == (2, 2)
+    assert "@SingleDeviceSharding" in jf._signature_of(committed)
+    assert "@" not in jf._signature_of(jnp.ones(3))
+
+
+# -- 6. every fast path has a tested public fallback -----------------------
+
+FEATURES = sorted(ftjit._jax.FAST_PATHS)
+
+
+def _fallback_in_use(hooks, missing):
+    sig = hooks["signature_hooks"]
+    fast = ftjit._jax._jax_hooks()
+    return {
+        "array_type": hooks["plain_types"] == (np.ndarray,) and sig.committed_types == (jax.Array,),
+        "aval": hooks["aval_types"] == () and fast["aval_types"] != (),
+        "context": isinstance(hooks["context"], functools.partial) and hooks["context"] is not fast["context"],
+        "placement": (sig.committed_attr, sig.sharding_attr) == ("committed", "sharding"),
+        "probe": sig.probe is not fast["signature_hooks"].probe and sig.probe_ok is True,
+    }[missing]
+
+
+@pytest.mark.thread_unsafe(reason="swaps the process-wide JAX hooks")
+@pytest.mark.parametrize("missing", FEATURES + ["all"])
+def test_public_fallbacks_match_jax_jit(monkeypatch, missing):
+    fast = frozenset() if missing == "all" else ftjit._jax.FAST_PATHS - {missing}
+    hooks = ftjit._jax.build_hooks(fast)
+    for feature in FEATURES if missing == "all" else [missing]:
+        assert _fallback_in_use(hooks, feature), feature
+    monkeypatch.setattr(ftjit._jax, "_hooks", hooks)
+
+    # Results, dtypes, weak types and trace counts.
+    fj, jj, ff, jf = both(lambda x, y: x * y)
+    calls = [
+        (jnp.ones(3), 2.0),
+        (np.ones(3, np.float32), 2),
+        (jnp.ones(3), jnp.float32(2)),
+        (jax.device_put(jnp.ones(3), jax.devices()[0]), 2.0),
+        (1, True),
+        (jnp.ones(3), 2.0),
+    ]
+    for args in calls:
+        assert_same(jf(*args), jj(*args))
+    assert ff.tracer.count == fj.tracer.count
+    assert jf.cache_info().compiles == len({jf._signature_of(*a) for a in calls}) == 5
+    assert "@SingleDeviceSharding" in jf._signature_of(*calls[3])  # committed placement
+    # Tracing configs recompile (the context).
+    with jax.enable_x64(True):
+        assert_same(jf(1.0, 2.0), jj(1.0, 2.0))
+        assert jf(1.0, 2.0).dtype == jnp.float64
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception) as want:
+            jj(jnp.ones(2, jnp.float32), jnp.ones(2, jnp.bfloat16))
+        with pytest.raises(type(want.value)):
+            jf(jnp.ones(2, jnp.float32), jnp.ones(2, jnp.bfloat16))
+    assert ff.tracer.count == fj.tracer.count
+    # Active traces defer (the probe), closed-over tracers included.
+    assert float(jax.jit(lambda a: ftjit.jit(lambda x: x * a)(2.0))(3.0)) == 6.0
+    assert float(jax.grad(lambda a: jf(a, 3.0))(2.0)) == 3.0
+    # jax.disable_jit (the context's jax_disable_jit item), on a cached signature.
+    assert float(jf(2.0, 3.0)) == 6.0
+    before = jf.cache_info()
+    with jax.disable_jit():
+        assert jf(2.0, 3.0) == 6.0 and type(jf(2.0, 3.0)) is float
+    after = jf.cache_info()
+    assert (after.size, after.hits, after.misses) == (before.size, before.hits, before.misses)
+
+
+# -- 7. device=/backend= warn as jax.jit warns -----------------------------
+
+
+@pytest.mark.thread_unsafe(reason="records warnings (process-global filters)")
+def test_device_deprecation_warns_once_at_the_caller_like_jax_jit():
+    device = jax.devices()[0]
+
+    def record(make):
+        def fun(x):
+            return x * 2
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn = make(fun, device=device)  # the one line both warn at
+            for x in (1.0, jnp.ones(3), np.ones(2, np.int32)):
+                fn(x)
+            fn.lower(2.0)
+            fn(1.0)
+        return [(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+
+    want = record(jax.jit)
+    got = record(ftjit.jit)
+    assert len(want) == 1 and want[0][0] is DeprecationWarning
+    assert want[0][2] == __file__
+    assert got == want
+
+
+# -- 8. fun is positional-only ---------------------------------------------
+
+
+def test_fun_keyword_is_rejected_like_jax_jit():
+    def fun(x, n):
+        return x * n
+
+    with pytest.raises(TypeError) as want:
+        jax.jit(fun=fun)
+    with pytest.raises(TypeError) as got:
+        ftjit.jit(fun=fun)
+    assert str(got.value) == str(want.value)
+    deco = ftjit.jit(static_argnums=1, cache=ftjit.FunctionCache())
+    assert float(deco(fun)(2.0, 3)) == 6.0
+
+
+# -- 9. a static argument whose __eq__ raises ------------------------------
+
+
+class EqRaises:
+    """Equal to an EqRaises of the same value; comparing different values raises.
+
+    (JAX's trace cache is per code object, shared by the threads of
+    pytest --parallel-threads: equal values there must compare fine.)
+    """
+
+    def __init__(self, v):
+        self.v = v
+
+    def __hash__(self):
+        return 7
+
+    def __eq__(self, other):
+        if type(other) is EqRaises and other.v == self.v:
+            return True
+        raise RuntimeError("cannot compare")
+
+
+def test_static_eq_error_is_jax_jits_exception():
+    # Local functions: jax.jit's cache is per function object, and other
+    # threads (pytest --parallel-threads) must not share it.
+    def scale_under_jax(x, s):
+        return x * s.v
+
+    def scale_under_ftjit(x, s):
+        return x * s.v
+
+    errors = []
+    for fn in (
+        jax.jit(scale_under_jax, static_argnums=1),
+        ftjit.jit(scale_under_ftjit, static_argnums=1, cache=ftjit.FunctionCache()),
+    ):
+        assert float(fn(2.0, EqRaises(3))) == 6.0
+        try:
+            fn(2.0, EqRaises(4))  # the same line for both: their messages carry the stack
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    want, got = errors
+    assert type(got) is type(want) is ValueError
+    assert str(got) == str(want)
+    assert str(want).startswith("static arguments should be comparable using __eq__.")
+    assert str(want).endswith("RuntimeError: cannot compare")
+    assert (got.__cause__, got.__context__, got.__suppress_context__) == (None, None, False)
+    assert (want.__cause__, want.__context__, want.__suppress_context__) == (None, None, False)
+
+
+def test_static_eq_error_with_a_custom_compiler_is_the_original():
+    jf = ftjit.jit(lambda x, s: x * s.v, static_argnums=1, compiler=lambda f, a, k: f, cache=ftjit.FunctionCache())
+    assert jf(2.0, EqRaises(3)) == 6.0
+    with pytest.raises(RuntimeError, match="^cannot compare$") as info:
+        jf(2.0, EqRaises(4))
+    assert info.value.__cause__ is None
+
+
+# -- 10. int/float/complex subclasses are leaves ---------------------------
+
+
+class Color(enum.IntEnum):
+    RED = 1
+    GREEN = 2
+
+
+class Meters(float):
+    pass
+
+
+class Phase(complex):
+    pass
+
+
+@pytest.mark.parametrize("value, base", [(Color.GREEN, 2), (Meters(2.5), 2.5), (Phase(1 + 2j), 1 + 2j)])
+def test_scalar_subclasses_are_leaves_like_jax_jit(value, base):
+    fj, jj, ff, jf = both(lambda x: x * 2)
+    for v in (value, base, value):
+        assert_same(jf(v), jj(v))
+    assert ff.tracer.count == fj.tracer.count == 1
+    assert jf._signature_of(value) == jf._signature_of(base)
+
+
+# -- 11. module-style pytrees, other tracing configs, lower() --------------
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class Linear:
+    """A flax/equinox-style layer: arrays are children, config is aux data."""
+
+    def __init__(self, w, b, activation="relu"):
+        self.w, self.b, self.activation = w, b, activation
+
+    def tree_flatten_with_keys(self):
+        keys = jax.tree_util.GetAttrKey
+        return ((keys("w"), self.w), (keys("b"), self.b)), self.activation
+
+    @classmethod
+    def tree_unflatten(cls, activation, children):
+        return cls(*children, activation=activation)
+
+    def __call__(self, x):
+        y = x @ self.w + self.b
+        return jax.nn.relu(y) if self.activation == "relu" else jnp.tanh(y)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["layers"], meta_fields=["name"])
+@dataclasses.dataclass
+class MLP:
+    layers: list
+    name: str = "mlp"
+
+
+def _apply(model, x):
+    for layer in model.layers:
+        x = layer(x)
+    return x
+
+
+def _mlp(seed, activation="relu", name="mlp"):
+    rng = np.random.default_rng(seed)
+    layer = lambda i, o, act: Linear(  # noqa: E731
+        jnp.asarray(rng.standard_normal((i, o)), jnp.float32), jnp.zeros(o, jnp.float32), act
+    )
+    return MLP([layer(4, 8, "relu"), layer(8, 2, activation)], name)
+
+
+def test_module_style_pytrees_trace_and_recompile_like_jax_jit():
+    fj, jj, ff, jf = both(_apply)
+    x = np.ones((3, 4), np.float32)
+    counts = []
+    for model in (_mlp(0), _mlp(1), _mlp(2, activation="tanh"), _mlp(3, name="other"), _mlp(4)):
+        assert_same(jf(model, x), jj(model, x))
+        assert_same(jf(model=model, x=x), jj(model=model, x=x))
+        counts.append((ff.tracer.count, fj.tracer.count))
+    # New weights: no retrace; a static field of a nested module or of the
+    # outer module: a retrace. Positional and keyword calls trace separately.
+    assert counts == [(2, 2), (2, 2), (4, 4), (6, 6), (6, 6)]
+    assert jf.cache_info().compiles == 6
+
+
+def test_dtype_promotion_config_recompiles_like_jax_jit():
+    fj, jj, ff, jf = both(lambda x, y: x + y)
+    a, b = jnp.ones(2, jnp.float32), jnp.ones(2, jnp.bfloat16)
+    outcomes = []
+    for fn, fun in ((jj, fj), (jf, ff)):
+        out = [fn(a, b).dtype]
+        with jax.numpy_dtype_promotion("strict"):
+            with pytest.raises(jax.numpy.TypePromotionError if hasattr(jnp, "TypePromotionError") else Exception) as e:
+                fn(a, b)
+            out.append((type(e.value), str(e.value)))
+            out.append(fn(a, a).dtype)
+        out.append(fn(a, b).dtype)
+        out.append(fun.tracer.count)
+        outcomes.append(out)
+    assert outcomes[1] == outcomes[0]
+    assert outcomes[0][-1] == 3
+    assert jf.cache_info().compiles == 2  # the failed strict trace is not cached
+
+
+def _lowered_fun(x, n, *, y, mode):
+    return (x * n + y) if mode == "add" else (x * n - y)
+
+
+def test_lower_with_keywords_statics_and_shape_dtype_structs_matches_jax_jit():
+    jj = jax.jit(_lowered_fun, static_argnums=1, static_argnames="mode")
+    jf = ftjit.jit(_lowered_fun, static_argnums=1, static_argnames="mode", cache=ftjit.FunctionCache())
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    for mode in ("add", "sub"):
+        want = jj.lower(spec, 2, y=spec, mode=mode)
+        got = jf.lower(spec, 2, y=spec, mode=mode)
+        assert isinstance(got, jax.stages.Lowered)
+        assert got.as_text() == want.as_text()
+        x, y = np.arange(3, dtype=np.float32), np.ones(3, np.float32)
+        assert_same(got.compile()(x, y=y), want.compile()(x, y=y))
+        with pytest.raises(Exception) as want_err:
+            want.compile()(np.ones(4, np.float32), y=y)
+        with pytest.raises(type(want_err.value)) as got_err:
+            got.compile()(np.ones(4, np.float32), y=y)
+        assert str(got_err.value) == str(want_err.value)
+    assert jf.cache_info().size == 0  # lowering does not touch the cache
+    # The cache warmed with ShapeDtypeStructs serves concrete calls.
+    assert jf.precompile(spec, 2, y=spec, mode="add") is True
+    assert jf.precompile(spec, 2, y=spec, mode="add") is False
+    x = np.arange(3, dtype=np.float32)
+    assert_same(jf(x, 2, y=x, mode="add"), jj(x, 2, y=x, mode="add"))
+    info = jf.cache_info()
+    assert (info.compiles, info.hits, info.size) == (1, 1, 1)
