@@ -15,6 +15,8 @@ import dataclasses
 import inspect
 import itertools
 import os
+import subprocess
+import sys
 import threading
 import traceback
 import warnings
@@ -392,6 +394,40 @@ def test_decoration_time_validation_as_jax_jit(scenario, error, messages):
         assert type(want.error) is error
         assert isinstance(got.error, error)
         assert str(got.error)  # ftjit says why
+
+
+_NOT_WEAKREFABLE = """
+import sys
+import jax, ftjit
+
+class Doubler:
+    __slots__ = ()  # no __weakref__: jax.jit caches its functions by weak reference
+
+    def __call__(self, x):
+        return x * 2
+
+jit = {"jax": jax.jit, "ftjit": ftjit.jit}[sys.argv[1]]
+jf = jit(Doubler())
+print("decorated", flush=True)
+try:
+    jf(1.0)
+except TypeError as e:
+    print("TypeError:", e, flush=True)
+"""
+
+
+@pytest.mark.parametrize("name", ["jax", "ftjit"])
+def test_a_callable_that_is_not_weakrefable_fails_the_call_as_with_jax_jit(name):
+    """jax.jit accepts it and raises TypeError at the call. (jax.jit of such a
+    callable a second time in one process crashes the interpreter, so each
+    jit runs in its own process, and ftjit must not jax.jit it twice.)"""
+    proc = subprocess.run(
+        [sys.executable, "-c", _NOT_WEAKREFABLE, name], capture_output=True, text=True, timeout=240
+    )
+    assert (proc.returncode, proc.stdout) == (
+        0,
+        "decorated\nTypeError: cannot create weak reference to 'Doubler' object\n",
+    ), proc.stderr[-2000:]
 
 
 def test_static_argnames_resolve_to_positions_and_back_as_jax_jit():
