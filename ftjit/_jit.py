@@ -126,6 +126,20 @@ def _name_of(fun: Callable[..., Any]) -> str:
     return type(fun).__name__
 
 
+class _NotGiven:
+    """The default of jit's ``fun``: ``jit(static_argnums=1)`` is the
+    decorator factory, while ``jit(None)`` is a non-callable (a TypeError,
+    as in jax.jit)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<fun not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
+
+
 def _check_callable(fun: object) -> None:
     if isinstance(fun, (staticmethod, classmethod)):
         raise TypeError(
@@ -157,8 +171,6 @@ def jit(
 ) -> F: ...
 @overload
 def jit(
-    fun: None = ...,
-    /,
     *,
     static_argnums: int | Sequence[int] = ...,
     static_argnames: str | Sequence[str] = ...,
@@ -173,7 +185,7 @@ def jit(
     **jax_options: Any,
 ) -> Callable[[F], F]: ...
 def jit(
-    fun: Callable[..., Any] | None = None,
+    fun: Any = _NOT_GIVEN,
     /,
     *,
     static_argnums: int | Sequence[int] = (),
@@ -216,7 +228,7 @@ def jit(
     if "fun" in jax_options:
         # `fun` is positional-only, as in jax.jit (whose message this is).
         raise TypeError("jit() got some positional-only arguments passed as keyword arguments: 'fun'")
-    if fun is None:
+    if fun is _NOT_GIVEN:
         return functools.partial(
             jit,
             static_argnums=static_argnums,

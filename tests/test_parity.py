@@ -379,6 +379,9 @@ DECORATION_CASES = [
     ("static_argnames_into_kwargs", lambda jit: callable(jit(_kwargs(), static_argnames="a")), None, True),
     ("negative_static_argnums", lambda jit: callable(jit(_f(), static_argnums=-1)), None, True),
     ("builtin_function", lambda jit: callable(jit(len)), None, True),
+    # no `fun` at all is the decorator factory (None is not "no fun": it is a non-callable)
+    ("factory_without_arguments", lambda jit: callable(jit()(_f())), None, True),
+    ("factory_with_keywords", lambda jit: callable(jit(static_argnums=1)(_f())), None, True),
     # jax.jit accepts it and fails at the call (it returns no JAX type); ftjit may refuse it earlier
     ("async_generator_function_called", lambda jit: jit(_async_generator())(1.0), TypeError, False),
 ]
