@@ -433,5 +433,14 @@ class BoundJaxCompiler:
     def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
         return self.jax_jit(fun)
 
+    def clear_cache(self) -> None:
+        """What ``clear_cache()`` of the function's jax.jit clears: its own
+        executables, and jax's trace caches for the function, so that the
+        next compile traces it again (and sees changed globals), as after
+        jax.jit's ``clear_cache()``. Thread-safe."""
+        clear = getattr(self.jitted, "clear_cache", None)
+        if callable(clear):
+            clear()
+
     def __repr__(self) -> str:
         return f"{self.compiler!r} bound to {self.fun!r}"

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar, Union
 
 import numpy as np
 
-from . import _core, _observe
+from . import _core, _jax, _observe
 from . import errors
 from ._jax import JaxCompiler
 from ._warmup import warmup as _warmup_impl
@@ -423,9 +423,30 @@ def _warmup(self: Any, specs: Any, workers: int = 1, strict: bool = False, progr
     return _warmup_impl(self, specs, workers=workers, strict=strict, progress=progress)
 
 
+_core_clear_cache = JitFunction.clear_cache  # the C++ method: drops this function's entries
+
+
+def _clear_cache(self: Any) -> None:
+    """Drops this function's compiled entries; the next call of each
+    signature compiles again. With the JAX compiler, also clears what
+    jax.jit's ``clear_cache()`` clears (the function's trace caches), so the
+    next compile traces the function again, as jax.jit does.
+
+    Thread-safe; compiles in progress finish and serve their waiters, but
+    their entries are not kept.
+    """
+    # jax's trace caches first: a compile racing with this call then either
+    # finds its entry dropped below or traces afresh, never re-caches a stale trace.
+    inner = getattr(self._compiler, "inner", None)
+    if isinstance(inner, _jax.BoundJaxCompiler):  # other compilers may be shared by many functions
+        inner.clear_cache()
+    _core_clear_cache(self)
+
+
 JitFunction.lower = _lower
 JitFunction.trace = _trace
 JitFunction.eval_shape = _eval_shape
+JitFunction.clear_cache = _clear_cache
 JitFunction._cache_size = _cache_size
 JitFunction.precompile = _precompile
 JitFunction.signatures = _signatures
