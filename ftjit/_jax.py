@@ -15,7 +15,9 @@ API they use sits behind a feature check with a public fallback.
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
+import os
 import threading
 from typing import Any, Callable, NamedTuple
 
@@ -444,3 +446,101 @@ class BoundJaxCompiler:
 
     def __repr__(self) -> str:
         return f"{self.compiler!r} bound to {self.fun!r}"
+
+
+# --- living inside JAX: hidden frames, jax.clear_caches() -------------------------
+
+
+class JaxIntegration(NamedTuple):
+    """What ``integrate()`` could hook into this JAX (each a private API of
+    jax, behind a feature check; missing ones leave ftjit working, less
+    invisible)."""
+
+    #: jax's traceback-filtering boundary (``jax._src.traceback_util.api_boundary``), or the identity
+    api_boundary: Callable[[Any], Any]
+    #: ftjit's frames hidden from the tracebacks jax filters
+    traceback_exclusion: bool
+    #: ftjit's frames skipped in the source locations jax records in programs
+    source_info_exclusion: bool
+    #: registered with jax, so that ``jax.clear_caches()`` calls ftjit's
+    #: ``clear_caches``; None if not. jax holds it weakly: keep this record.
+    clear_caches_hook: ClearCachesHook | None
+
+
+class ClearCachesHook:
+    """Registered in jax's cache registry (``jax._src.util.register_cache``),
+    which ``jax.clear_caches()`` walks, calling ``cache_clear()``: so it also
+    drops every ftjit entry, as it drops every jax.jit entry. The registry
+    holds its caches weakly: ftjit keeps the JaxIntegration that holds it.
+    """
+
+    __slots__ = ("clear", "__weakref__")
+
+    def __init__(self, clear: Callable[[], None]):
+        self.clear = clear
+
+    def cache_clear(self) -> None:
+        self.clear()
+
+    def cache_info(self) -> None:
+        return None
+
+    def cache_keys(self) -> list[Any]:
+        return []
+
+    def __repr__(self) -> str:
+        return "<ftjit caches>"
+
+
+def _identity(fun: Any) -> Any:
+    return fun
+
+
+def integrate(
+    package_dir: str, clear_caches: Callable[[], None], jax_modules: dict[str, Any] | None = None
+) -> JaxIntegration:
+    """Makes ftjit's machinery as invisible to JAX users as jax.jit's own.
+
+    - ftjit's frames (every file under ``package_dir``) are excluded, like
+      jax's, from the tracebacks jax filters (``traceback_util``) and from
+      the source locations jax writes into programs (``source_info_util``);
+    - ``api_boundary`` is jax's traceback boundary, for ftjit's topmost
+      frames (a boundary filters the frames below it, so it must be ftjit's,
+      not jax.jit's, for ftjit's frames to go);
+    - ``jax.clear_caches()`` calls ``clear_caches`` (through jax's cache registry).
+
+    Call once per process (each call registers again). ``jax_modules``
+    stands in for jax's private modules (keys "traceback_util",
+    "source_info_util", "util"; a missing key or attribute is a JAX without
+    that API): tests use it for the fallbacks.
+    """
+    if jax_modules is None:
+        jax_modules = {}
+        for name in ("traceback_util", "source_info_util", "util"):
+            try:
+                jax_modules[name] = importlib.import_module(f"jax._src.{name}")
+            except Exception:  # noqa: BLE001 - a JAX without it: that fallback
+                pass
+    tb_util = jax_modules.get("traceback_util")
+    si_util = jax_modules.get("source_info_util")
+    util = jax_modules.get("util")
+
+    boundary = getattr(tb_util, "api_boundary", None)
+    boundary = boundary if callable(boundary) else _identity
+    traceback_exclusion = _try(getattr(tb_util, "register_exclusion", None), package_dir)
+    # source_info_util matches path prefixes as text: the separator keeps
+    # .../ftjit from matching a sibling .../ftjit_extras.
+    source_info_exclusion = _try(getattr(si_util, "register_exclusion", None), package_dir.rstrip("/\\") + os.sep)
+    hook = ClearCachesHook(clear_caches)
+    registered = _try(getattr(util, "register_cache", None), hook, "ftjit.clear_caches")
+    return JaxIntegration(boundary, traceback_exclusion, source_info_exclusion, hook if registered else None)
+
+
+def _try(register: Any, *args: Any) -> bool:
+    if not callable(register):
+        return False
+    try:
+        register(*args)
+    except Exception:  # noqa: BLE001 - a JAX whose API changed: the fallback
+        return False
+    return True

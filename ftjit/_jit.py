@@ -6,7 +6,10 @@ import contextlib
 import copy
 import functools
 import inspect
+import os
 import sys
+import threading
+import types
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar, Union, overload
 
 import numpy as np
@@ -323,7 +326,9 @@ def jit(
     # jax_disable_jit (those calls go to jax.jit), and keys committed arrays
     # on their placement (see cpp/signature.h).
     core_context = getattr(compiler, "signature_hooks", None) or context_fn
-    guarded = _observe.GuardedCompiler(
+    # JAX compilers run under jax's traceback boundary (see _integrate_jax).
+    guarded_type = _integrate_jax() if isinstance(compiler, JaxCompiler) else _observe.GuardedCompiler
+    guarded = guarded_type(
         compiler.bind(fun, jitted) if jitted is not None else compiler,
         name,
         describer,
@@ -443,14 +448,78 @@ def _clear_cache(self: Any) -> None:
     _core_clear_cache(self)
 
 
-JitFunction.lower = _lower
-JitFunction.trace = _trace
-JitFunction.eval_shape = _eval_shape
+class _JaxBoundaryMethod:
+    """A JitFunction method that, on a function compiled by JAX, runs as jax's
+    traceback boundary (see _integrate_jax), as jax.jit's own methods do: a
+    tracing error then shows the caller's frame, then the user's function,
+    with this method's frame and ftjit's and jax's below it hidden.
+    Other compilers' errors keep their tracebacks untouched.
+    """
+
+    def __init__(self, impl: Callable[..., Any]):
+        functools.update_wrapper(self, impl)
+        self.impl = impl
+        self.boundary_impl: Callable[..., Any] | None = None  # set once by _integrate_jax
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self.impl
+        jax_compiled = _jax_guarded_type is not None and type(obj._compiler) is _jax_guarded_type
+        return types.MethodType((self.boundary_impl or self.impl) if jax_compiled else self.impl, obj)
+
+
+_BOUNDARY_METHODS = {
+    "lower": _JaxBoundaryMethod(_lower),
+    "trace": _JaxBoundaryMethod(_trace),
+    "eval_shape": _JaxBoundaryMethod(_eval_shape),
+    "precompile": _JaxBoundaryMethod(_precompile),
+}
+for _name, _method in _BOUNDARY_METHODS.items():
+    setattr(JitFunction, _name, _method)
+del _name, _method
 JitFunction.clear_cache = _clear_cache
 JitFunction._cache_size = _cache_size
-JitFunction.precompile = _precompile
 JitFunction.signatures = _signatures
 JitFunction.warmup = _warmup
+
+
+_jax_lock = threading.Lock()
+_jax_guarded_type: type | None = None  # written once under _jax_lock, then read without it
+_jax_integration: _jax.JaxIntegration | None = None  # written once under _jax_lock; keeps the clear_caches hook alive
+
+
+def _integrate_jax() -> type:
+    """Once per process, at the first JAX-compiled jit(): hooks ftjit into
+    JAX (see ``_jax.integrate``) and returns the GuardedCompiler type to use.
+
+    Tracing errors then show the frames jax.jit's show: ftjit's files are
+    excluded like jax's, and ftjit's topmost frames (the compiler the core
+    calls, lower/trace/eval_shape/precompile) become jax's traceback boundary,
+    below which frames are filtered. ``jax.clear_caches()`` also clears ftjit.
+    """
+    global _jax_guarded_type, _jax_integration
+    guarded_type = _jax_guarded_type
+    if guarded_type is not None:
+        return guarded_type
+    with _jax_lock:
+        if _jax_guarded_type is None:
+            package_dir = os.path.dirname(os.path.abspath(__file__))
+            _jax_integration = _jax.integrate(package_dir, _core.clear_caches)
+            boundary = _jax_integration.api_boundary
+            for method in _BOUNDARY_METHODS.values():
+                method.boundary_impl = boundary(method.impl)
+            # Published last: a function of this type finds its methods' boundaries set.
+            _jax_guarded_type = type(
+                "JaxGuardedCompiler",
+                (_observe.GuardedCompiler,),
+                {
+                    "__call__": boundary(_observe.GuardedCompiler.__call__),
+                    # the boundary is one more frame between the warning and its caller
+                    "warn_stacklevel": _observe.GuardedCompiler.warn_stacklevel + (boundary is not _jax._identity),
+                    "__module__": __name__,
+                },
+            )
+        return _jax_guarded_type
 
 
 def _rebuild(fun: Callable[..., Any], options: dict) -> Any:

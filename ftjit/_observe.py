@@ -254,6 +254,9 @@ class GuardedCompiler:
     The compiler protocol's hooks are read from the inner compiler by jit().
     """
 
+    #: the max_signatures warning's stacklevel: the frame that called the JitFunction
+    warn_stacklevel = 2
+
     def __init__(
         self,
         inner: Callable[..., Any],
@@ -310,7 +313,7 @@ class GuardedCompiler:
             if raising:
                 raise RecompileLimitError(message)
             if warn_now:
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
+                warnings.warn(message, RuntimeWarning, stacklevel=self.warn_stacklevel)
         try:
             return self.inner(fun, args, kwargs)
         except BaseException:

@@ -113,16 +113,16 @@ def both(scenario: Callable[[Callable], Any], *, messages: bool = True):
     ``scenario`` must define its functions inside (fresh objects per jit).
     Returns (jax's Outcome, ftjit's Outcome). Thread-safe.
     """
-    want = run_scenario(scenario, jax.jit)
-    got = run_scenario(scenario, ftjit.jit)
+    # One call site for both runs: jax records the Python stack, this line
+    # included, in each program's source-location metadata (compiled.as_text()).
+    want, got = (run_scenario(scenario, jit) for jit in (jax.jit, ftjit.jit))
     assert_same_outcome(want, got, messages)
     return want, got
 
 
 def both_recording_warnings(scenario: Callable[[Callable], Any], *, messages: bool = True):
     """``both``, also comparing the warnings (category, first line, count). Thread-unsafe."""
-    want = run_scenario_recording_warnings(scenario, jax.jit)
-    got = run_scenario_recording_warnings(scenario, ftjit.jit)
+    want, got = (run_scenario_recording_warnings(scenario, jit) for jit in (jax.jit, ftjit.jit))
     assert_same_outcome(want, got, messages)
     return want, got
 
@@ -653,6 +653,188 @@ def test_jax_clear_caches_clears_jitted_functions_as_jax_jit():
     assert want.value[3][0][4] == 7.0 and want.value[3][1:] == (1, 3)
 
 
+@pytest.mark.thread_unsafe(reason="jax.clear_caches() clears every cache in the process")
+def test_jax_clear_caches_also_clears_functions_of_other_compilers():
+    """jax.clear_caches() calls ftjit.clear_caches(), which drops every ftjit entry."""
+    from helpers import CountingCompiler
+
+    ftjit.jit(lambda x: x)(1.0)  # a JAX-compiled ftjit function: ftjit is hooked into jax
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+    assert (jf(1), jf(1), comp.calls, jf._cache_size()) == (2, 2, 1, 1)
+    jax.clear_caches()
+    assert jf._cache_size() == 0
+    assert (jf(1), comp.calls, jf._cache_size()) == (2, 2, 1)
+
+
+# --- ftjit inside JAX: the hooks that hide it, and their fallbacks ---------------------
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(ftjit.__file__))
+
+
+def test_ftjit_is_hooked_into_jax_once_per_process():
+    """The first JAX-compiled ftjit.jit registers ftjit with jax's traceback
+    filter, source-location recorder and cache registry; later ones do not."""
+    from jax._src import source_info_util, traceback_util, util
+
+    jfs = [ftjit.jit(lambda x: x) for _ in range(3)]
+    hooks = ftjit._jit._jax_integration
+    assert hooks is not None
+    assert hooks[:3] == (traceback_util.api_boundary, True, True)
+    assert traceback_util._exclude_paths.count(PACKAGE_DIR) == 1
+    assert source_info_util._exclude_paths.count(PACKAGE_DIR + os.sep) == 1
+    assert [name for cache, name in util._caches.items() if cache is hooks.clear_caches_hook] == ["ftjit.clear_caches"]
+    # ftjit's topmost frames are jax's traceback boundaries, for JAX-compiled functions only
+    from helpers import CountingCompiler
+
+    other = ftjit.jit(lambda x: x, compiler=CountingCompiler())
+    boundary_code = traceback_util.api_boundary(len).__code__
+    for method in ("lower", "trace", "eval_shape", "precompile"):
+        plain = getattr(ftjit.JitFunction, method)
+        assert plain.__module__ == "ftjit._jit" and plain.__code__ is not boundary_code
+        assert getattr(jfs[0], method).__func__.__code__ is boundary_code
+        assert getattr(jfs[0], method).__func__.__wrapped__ is plain
+        assert getattr(other, method).__func__ is plain
+    assert type(jfs[0]._compiler).__call__.__code__ is boundary_code
+    assert type(other._compiler) is ftjit._observe.GuardedCompiler
+
+
+class _Recorder:
+    """Stands in for one of jax's private modules (see ftjit._jax.integrate)."""
+
+    def __init__(self, *names, fail=False):
+        self.calls = []
+        for name in names:
+            setattr(self, name, self._record(name, fail))
+
+    def _record(self, name, fail):
+        def register(*args):
+            self.calls.append((name, *args))
+            if fail:
+                raise AttributeError("this JAX changed its API")
+
+        return register
+
+
+def test_integrate_registers_ftjit_through_each_api_it_finds():
+    cleared = []
+    tb, si = _Recorder("register_exclusion", "api_boundary"), _Recorder("register_exclusion")
+    util = _Recorder("register_cache")
+    modules = {"traceback_util": tb, "source_info_util": si, "util": util}
+    got = ftjit._jax.integrate("/pkg/ftjit", lambda: cleared.append(1), modules)
+    assert got[:3] == (tb.api_boundary, True, True)
+    assert tb.calls == [("register_exclusion", "/pkg/ftjit")]
+    assert si.calls == [("register_exclusion", "/pkg/ftjit" + os.sep)]  # a prefix that cannot match /pkg/ftjit_extras
+    assert util.calls == [("register_cache", got.clear_caches_hook, "ftjit.clear_caches")]
+    got.clear_caches_hook.cache_clear()
+    assert cleared == [1]
+    assert (got.clear_caches_hook.cache_info(), got.clear_caches_hook.cache_keys()) == (None, [])
+    weakref.ref(got.clear_caches_hook)  # jax's registry holds caches weakly
+
+
+@pytest.mark.parametrize("missing", ["modules", "attributes", "failing"])
+def test_integrate_falls_back_to_registering_nothing(missing):
+    """A JAX without these private APIs (or whose registration raises): nothing
+    is registered, and the boundary is the identity (ftjit's frames then show)."""
+    if missing == "modules":
+        modules = {}
+    elif missing == "attributes":
+        modules = {"traceback_util": _Recorder(), "source_info_util": _Recorder(), "util": _Recorder()}
+    else:
+        modules = {
+            "traceback_util": _Recorder("register_exclusion", fail=True),
+            "source_info_util": _Recorder("register_exclusion", fail=True),
+            "util": _Recorder("register_cache", fail=True),
+        }
+    got = ftjit._jax.integrate("/pkg/ftjit", lambda: None, modules)
+    assert got[1:] == (False, False, None)
+    assert got.api_boundary(len) is len
+
+
+_WITHOUT_JAX_HOOKS = """
+import traceback
+import jax, jax.numpy as jnp
+import ftjit
+
+real = ftjit._jax.integrate
+ftjit._jax.integrate = lambda package_dir, clear: real(package_dir, clear, {})  # a JAX without the APIs
+traces = []
+factor = {"k": 2.0}
+
+def g(x):
+    traces.append(1)
+    return x * factor["k"]
+
+jg = ftjit.jit(g)
+print("integration", ftjit._jit._jax_integration[1:], flush=True)
+print("calls", float(jg(1.0)), float(jg(1.0)), len(traces), flush=True)
+factor["k"] = 3.0
+jax.clear_caches()  # ftjit is not registered: its entry stays
+print("after jax.clear_caches", jg._cache_size(), float(jg(1.0)), flush=True)
+jg.clear_cache()  # needs none of the hooks
+print("after clear_cache", jg._cache_size(), float(jg(1.0)), len(traces), flush=True)
+print("lower", jg.lower(jnp.ones(2)).compile()(jnp.ones(2)).tolist(), flush=True)
+
+def bad(x):
+    return x.reshape(7)
+
+for use in (lambda: ftjit.jit(bad)(jnp.ones(4)), lambda: ftjit.jit(bad).lower(jnp.ones(4))):
+    try:
+        use()
+    except TypeError as e:
+        print("frames", [fr.name for fr in traceback.extract_tb(e.__traceback__)][2:5], flush=True)
+"""
+
+
+def test_ftjit_works_without_jaxs_private_hooks():
+    """The fallback, end to end in a fresh process: results, clear_cache and
+    lower are unchanged; jax.clear_caches() leaves ftjit alone; tracebacks
+    show ftjit's frames (the hooks are what hide them)."""
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_JAX_HOOKS], capture_output=True, text=True, timeout=240)
+    assert (proc.returncode, proc.stdout.splitlines()) == (
+        0,
+        [
+            "integration (False, False, None)",
+            "calls 2.0 2.0 1",
+            "after jax.clear_caches 1 2.0",
+            "after clear_cache 0 3.0 2",
+            "lower [3.0, 3.0]",
+            "frames ['__call__', '__call__', 'bad']",  # GuardedCompiler, BoundJaxCompiler
+            "frames ['_lower', 'bad', 'meth']",
+        ],
+    ), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("how", ["call", "precompile"])
+def test_other_compilers_errors_keep_their_tracebacks(how):
+    """jax's traceback boundary is for the JAX compiler only: another
+    compiler's error keeps every frame and gets no note from jax."""
+    ftjit.jit(lambda x: x)  # ftjit is hooked into jax
+
+    def compiler(fun, args, kwargs):
+        raise ValueError("no compiler today")
+
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache())
+    with pytest.raises(ValueError) as info:
+        jf(1.0) if how == "call" else jf.precompile(1.0)
+    frames = [name for _, name in _frames(info.value)]
+    assert frames[-2:] == ["__call__", "compiler"]  # GuardedCompiler, the compiler
+    assert getattr(info.value, "__notes__", None) is None
+
+
+@pytest.mark.thread_unsafe(reason="records warnings (process-global warning filters)")
+def test_max_signatures_warning_points_at_the_calling_line_through_jaxs_boundary():
+    """The JAX compiler runs under jax's traceback boundary (one more frame):
+    the warning still names the line that called the function."""
+    jf = ftjit.jit(lambda x: x * 2, cache=ftjit.FunctionCache(), max_signatures=1)
+    jf(jnp.ones(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        jf(jnp.ones(2))
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [(RuntimeWarning, __file__, line)]
+
+
 # --- disable_jit -----------------------------------------------------------------
 
 
@@ -884,24 +1066,44 @@ def _frames(error: BaseException) -> list:
     return [(os.path.basename(fr.filename), fr.name) for fr in traceback.extract_tb(error.__traceback__)]
 
 
-@pytest.mark.parametrize("how", ["call", "lower"])
+TRACEBACK_USES = {
+    "call": lambda jf: jf(jnp.ones(4)),
+    "call_again": lambda jf: (_swallow(jf, jnp.ones(4)), jf(jnp.ones(4))),  # retraced, filtered again
+    "precompiled": lambda jf: (jf.precompile if hasattr(jf, "precompile") else jf.lower)(jnp.ones(4)),
+    "lower": lambda jf: jf.lower(jnp.ones(4)),
+    "trace": lambda jf: jf.trace(jnp.ones(4)),
+    "eval_shape": lambda jf: jf.eval_shape(jnp.ones(4)),
+}
+
+
+def _swallow(jf, *args):
+    try:
+        jf(*args)
+    except TypeError:
+        pass
+
+
+@pytest.mark.parametrize("how", sorted(TRACEBACK_USES))
 def test_trace_error_tracebacks_show_the_same_frames_as_jax_jit(how):
     """jax.jit hides its own frames from tracebacks (and from the op metadata of
-    the program); ftjit.jit's machinery must be as invisible."""
+    the program), and says so once, in a note; ftjit.jit's machinery must be as
+    invisible."""
 
     def scenario(jit):
         def f(x):
             return x.reshape(7)
 
         try:
-            jit(f)(jnp.ones(4)) if how == "call" else jit(f).lower(jnp.ones(4))
+            TRACEBACK_USES[how](jit(f))
         except TypeError as e:
-            return _frames(e)
+            return _frames(e), getattr(e, "__notes__", [])
 
     want, _ = both(scenario)
-    names = [name for _, name in want.value]
-    assert names[names.index("scenario") + 1] == "f"
-    assert not any(path.startswith(("pjit.py", "api.py")) for path, _ in want.value)
+    frames, notes = want.value
+    names = [name for _, name in frames]
+    assert names[names.index("scenario") + 1 :][-4:] == ["f", "meth", "_reshape", "_compute_newshape"]
+    assert not any(path.startswith(("pjit.py", "api.py")) for path, _ in frames)
+    assert len(notes) == 1 and "JAX has removed its internal frames" in notes[0]
 
 
 # --- memory ----------------------------------------------------------------------
