@@ -381,23 +381,22 @@ class Builder {
   // arrays of the hook's committed_types). False, leaving `out_` untouched,
   // if `obj` is not array-like (no .dtype, or a shape that is not a tuple of
   // ints).
-  bool TryArray(PyObject* obj) {
-    PyObject* const original = obj;
-    // For types whose .dtype/.shape are slow properties over an abstract
-    // value (jax Arrays), read that value's plain attributes instead.
-    nb::object aval;
-    bool via_aval = false;
-    for (PyTypeObject* t : spec_.aval_types) via_aval |= (t == Py_TYPE(obj));
-    if (via_aval) {
-      aval = nb::steal(PyObject_GetAttr(obj, N().aval));
-      if (!aval.is_valid()) throw nb::python_error();
-      obj = aval.ptr();
-    }
+  // dtype, shape and weak type of an array-like `obj`, with their hash.
+  struct ArrayShape {
+    nb::object dtype;
+    SmallVector<int64_t, 8> dims;
+    bool weak = false;
+    size_t hash = 0;
+  };
+
+  // Reads `obj`'s .dtype, .shape (a tuple of ints) and .weak_type into `s`.
+  // False if `obj` is not array-like; nothing is recorded in `out_` either way.
+  static bool ReadArrayShape(PyObject* obj, ArrayShape& s) {
     PyObject* dtype_raw = nullptr;
     int has = GetOptionalAttr(obj, N().dtype, &dtype_raw);
     if (has < 0) throw nb::python_error();
     if (!has) return false;
-    nb::object dtype = nb::steal(dtype_raw);
+    s.dtype = nb::steal(dtype_raw);
     PyObject* shape_raw = nullptr;
     has = GetOptionalAttr(obj, N().shape, &shape_raw);
     if (has < 0) throw nb::python_error();
@@ -405,20 +404,18 @@ class Builder {
     nb::object shape = nb::steal(shape_raw);
     if (!PyTuple_Check(shape.ptr())) return false;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
-    size_t h = Mix(0x200, static_cast<size_t>(DtypeHash(dtype.ptr())));
+    size_t h = Mix(0x200, static_cast<size_t>(DtypeHash(s.dtype.ptr())));
     // Read every dimension before recording any: a symbolic or non-integer
     // dimension means "not an array leaf" and must leave no partial state.
-    SmallVector<int64_t, 8> dims;
     for (Py_ssize_t i = 0; i < ndim; ++i) {
       Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape.ptr(), i));
       if (d == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         return false;
       }
-      dims.push_back(static_cast<int64_t>(d));
+      s.dims.push_back(static_cast<int64_t>(d));
       h = Mix(h, static_cast<size_t>(d));
     }
-    bool weak = false;
     const PythonTypes& t = Types();
     bool is_numpy = (t.ndarray && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.ndarray))) ||
                     (t.generic && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.generic)));
@@ -430,29 +427,107 @@ class Builder {
         int truth = PyObject_IsTrue(weak_raw);
         Py_DECREF(weak_raw);
         if (truth < 0) throw nb::python_error();
-        weak = truth == 1;
+        s.weak = truth == 1;
       }
     }
-    h = Mix(h, weak ? 1 : 0);
+    s.hash = Mix(h, s.weak ? 1 : 0);
+    return true;
+  }
+
+  // The last few abstract values (jax avals) this thread read, with what
+  // ReadArrayShape found in them. An aval is immutable and shared by every
+  // output array of one compiled computation, so chained calls (outputs fed
+  // back as inputs) skip re-reading dtype/shape/weak_type. Slots hold
+  // references (a remembered address cannot be reused by another object) and
+  // live as long as the thread, like MemoHash's.
+  struct AvalMemo {
+    static constexpr int kSlots = 8;
+    static constexpr int kMaxDims = 6;
+    struct Slot {
+      PyObject* aval = nullptr;   // strong
+      PyObject* dtype = nullptr;  // strong
+      int64_t dims[kMaxDims];
+      uint8_t ndim = 0;
+      bool weak = false;
+      size_t hash = 0;
+    };
+    Slot slots[kSlots];
+    int next = 0;
+
+    static AvalMemo& ForThread() {
+      thread_local AvalMemo memo;
+      return memo;
+    }
+    bool Find(PyObject* aval, ArrayShape& s) const {
+      for (const Slot& slot : slots) {
+        if (slot.aval != aval) continue;
+        s.dtype = nb::borrow(slot.dtype);
+        for (int i = 0; i < slot.ndim; ++i) s.dims.push_back(slot.dims[i]);
+        s.weak = slot.weak;
+        s.hash = slot.hash;
+        return true;
+      }
+      return false;
+    }
+    void Store(PyObject* aval, const ArrayShape& s) {
+      if (s.dims.size() > static_cast<size_t>(kMaxDims)) return;
+      Slot& slot = slots[next];
+      next = (next + 1) % kSlots;
+      PyObject* old_aval = slot.aval;
+      PyObject* old_dtype = slot.dtype;
+      slot.aval = Py_NewRef(aval);
+      slot.dtype = Py_NewRef(s.dtype.ptr());
+      slot.ndim = static_cast<uint8_t>(s.dims.size());
+      for (size_t i = 0; i < s.dims.size(); ++i) slot.dims[i] = s.dims[i];
+      slot.weak = s.weak;
+      slot.hash = s.hash;
+      // The slot is consistent before any finaliser can run.
+      Py_XDECREF(old_aval);
+      Py_XDECREF(old_dtype);
+    }
+  };
+
+  // An array leaf: dtype, shape, weak type (and placement, for committed
+  // arrays of the hook's committed_types). False, leaving `out_` untouched,
+  // if `obj` is not array-like (no .dtype, or a shape that is not a tuple of
+  // ints).
+  bool TryArray(PyObject* obj) {
+    ArrayShape s;
+    bool via_aval = false;
+    for (PyTypeObject* t : spec_.aval_types) via_aval |= (t == Py_TYPE(obj));
+    if (via_aval) {
+      // For types whose .dtype/.shape are slow properties over an abstract
+      // value (jax Arrays), read that value's plain attributes instead.
+      nb::object aval = nb::steal(PyObject_GetAttr(obj, N().aval));
+      if (!aval.is_valid()) throw nb::python_error();
+      AvalMemo& memo = AvalMemo::ForThread();
+      if (!memo.Find(aval.ptr(), s)) {
+        if (!ReadArrayShape(aval.ptr(), s)) return false;
+        memo.Store(aval.ptr(), s);
+      }
+    } else if (!ReadArrayShape(obj, s)) {
+      return false;
+    }
+    size_t h = s.hash;
     // A committed array runs where it lives, so its placement is part of the
     // signature (what jax.jit keys on); an uncommitted one may be moved and
     // shares the signature of a numpy array.
     nb::object sharding;
-    if (hook_.IsCommittedType(Py_TYPE(original))) {
-      nb::object committed = nb::steal(PyObject_GetAttr(original, hook_.committed_attr));
+    if (hook_.IsCommittedType(Py_TYPE(obj))) {
+      nb::object committed = nb::steal(PyObject_GetAttr(obj, hook_.committed_attr));
       if (!committed.is_valid()) throw nb::python_error();
       int truth = PyObject_IsTrue(committed.ptr());
       if (truth < 0) throw nb::python_error();
       if (truth == 1) {
-        sharding = nb::steal(PyObject_GetAttr(original, hook_.sharding_attr));
+        sharding = nb::steal(PyObject_GetAttr(obj, hook_.sharding_attr));
         if (!sharding.is_valid()) throw nb::python_error();
         h = Mix(h, static_cast<size_t>(MemoHash<ShardingTag>(sharding.ptr())));
       }
     }
-    for (int64_t d : dims) out_.dims.push_back(d);
+    for (int64_t d : s.dims) out_.dims.push_back(d);
     out_.tree.push_back(Token(NodeKind::kLeaf, 0));
-    out_.leaves.push_back(LeafSignature{LeafKind::kArray, weak, static_cast<uint32_t>(ndim),
-                                        std::move(dtype), std::move(sharding)});
+    out_.leaves.push_back(LeafSignature{LeafKind::kArray, s.weak, static_cast<uint32_t>(s.dims.size()),
+                                        std::move(s.dtype), std::move(sharding)});
     h_ = Mix(h_, h);
     return true;
   }

@@ -384,3 +384,30 @@ def test_trace_errors_propagate_and_are_not_cached():
     assert fun.tracer.count == 2
     info = jf.cache_info()
     assert (info.size, info.failures, info.compiles) == (0, 2, 0)
+
+
+def test_signatures_stay_exact_across_shared_avals():
+    """jax Arrays output by one computation share their abstract value, and the
+    core remembers the last few it read per thread. Twelve shapes (more than
+    it remembers), weak and strong scalars, and chained outputs, visited twice
+    in interleaved order: one trace per distinct (shape, dtype, weak type),
+    every result equal to jax.jit's."""
+    fun = counted(lambda x: x * 2)
+    ours = ftjit.jit(fun)
+    theirs = jax.jit(lambda x: x * 2)
+    make = jax.jit(lambda n: jnp.zeros(n) + 1, static_argnums=0)
+    arrays = [make(n) for n in range(1, 13)]
+    arrays += [jnp.asarray(1.0), jnp.float32(1.0), jnp.asarray(1, jnp.int32)]
+    assert arrays[12].weak_type and not arrays[13].weak_type
+    for _ in range(2):
+        for x in arrays[::2] + arrays[1::2]:
+            assert_same(ours(x), theirs(x))
+    assert fun.tracer.count == len(arrays)
+    assert ours._cache_size() == len(arrays)
+    # Outputs fed back in (the aval of each output is shared): one more trace
+    # per shape only, none for the chained calls after the first.
+    y = arrays[3]
+    for _ in range(5):
+        y = ours(y)
+    np.testing.assert_array_equal(np.asarray(y), np.full(4, 32.0, np.float32))
+    assert fun.tracer.count == len(arrays)
