@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar, Union, overload
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, TextIO, TypeVar, Union, overload
 
 import numpy as np
 
@@ -361,6 +361,10 @@ def jit(
         on_wait=_observe.on_wait,
     )
     functools.update_wrapper(jf, fun)
+    if sig is not None:
+        # As on a jax.jit function: the attribute itself, not only what
+        # inspect.signature() derives through __wrapped__.
+        jf.__signature__ = sig
     return jf
 
 
@@ -423,7 +427,7 @@ def _signatures(self: Any) -> list[SignatureInfo]:
     return [SignatureInfo(*row) for row in self._cached_signatures()]
 
 
-def _warmup(self: Any, specs: Any, workers: int = 1, strict: bool = False, progress: bool | None = None) -> Any:
+def _warmup(self: Any, specs: Any, workers: int = 1, strict: bool = False, progress: bool | TextIO | None = None) -> Any:
     """Compiles a list of signatures in ``workers`` threads; returns a WarmupReport (see ftjit._warmup)."""
     return _warmup_impl(self, specs, workers=workers, strict=strict, progress=progress)
 

@@ -183,6 +183,10 @@ def test_signature_matches_wrapped():
     jf = ftjit.jit(_documented, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
     assert inspect.signature(jf) == inspect.signature(_documented)
     assert str(inspect.signature(jf)) == str(inspect.signature(_documented))
+    assert jf.__signature__ == inspect.signature(_documented)
+    # Not derived through __wrapped__ alone: it survives its removal.
+    del jf.__wrapped__
+    assert inspect.signature(jf) == inspect.signature(_documented)
 
 
 def test_repr_names_function():
