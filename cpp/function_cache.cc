@@ -104,6 +104,22 @@ void CacheCore::ForgetFunction(const FunctionEntries* fe) {
 
 FunctionEntries::~FunctionEntries() = default;
 
+PyObject* FunctionEntries::FindReady(const CallSignature& sig) {
+  auto fast_eq = [](const SigPtr& stored, const CallSignature& probe) noexcept {
+    return stored->FastEquals(probe);
+  };
+  // Runs under the map's lock: Python-free (Py_NewRef only adds a reference).
+  auto on_found = [this](const EntryPtr& e) noexcept -> PyObject* {
+    if (e->latch.state() != CompileLatch::State::kReady) return nullptr;
+    counters_.Hit();
+    e->hits.fetch_add(1, std::memory_order_relaxed);
+    SharedLru<EntryPtr, nb::ft_mutex>::Touch(e);
+    return Py_NewRef(e->executable.ptr());
+  };
+  return map_.FindLocked(sig.hash, sig, fast_eq, on_found, static_cast<PyObject*>(nullptr),
+                         static_cast<PyObject*>(nullptr));
+}
+
 FunctionEntries::Lookup FunctionEntries::FindOrInsert(CallSignature& sig) {
   auto eq = [](const SigPtr& stored, const CallSignature& probe) { return stored->Equals(probe); };
   // The hit path: no allocation.

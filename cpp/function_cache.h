@@ -128,6 +128,13 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
     EntryPtr entry;
     bool inserted;  // this thread owns the compile
   };
+  // The hot path: when the entry of `sig` is ready and a lock-held,
+  // Python-free probe decides equality (CallSignature::FastEquals), counts
+  // the hit and returns a new reference to its executable, touching no
+  // shared_ptr. Null otherwise (a miss, a compile in progress, or keys that
+  // need __eq__): the caller then takes FindOrInsert. Never runs Python.
+  PyObject* FindReady(const CallSignature& sig);
+
   // Finds or inserts the entry for `sig`; moves `sig` into a new entry only
   // if inserting. May run Python (__eq__) and throw nb::python_error.
   Lookup FindOrInsert(CallSignature& sig);

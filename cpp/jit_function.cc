@@ -360,6 +360,11 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
     }
     return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
   }
+  // The hot path: a ready entry found by a Python-free probe.
+  if (PyObject* exe = st.entries->FindReady(sig)) {
+    nb::object hold = nb::steal(exe);  // the entry may be evicted meanwhile
+    return CallExecutable(st, exe, args, nargsf, kwnames);
+  }
   FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);
   Entry& e = *found.entry;
   if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);

@@ -58,6 +58,28 @@ class ReentrantMap {
     return Value();
   }
 
+  // The lock-held probe of the hit path: `fast_eq(stored_key, probe)` runs
+  // UNDER the map's lock, so it must be Python-free, cheap and noexcept; it
+  // returns FastEq-like results (kEqual, kNotEqual, kUnknown). On a stored
+  // key deciding kEqual, `on_found(value)` also runs under the lock (same
+  // rules) and its result is returned. Copies nothing: no reference counts
+  // are touched, so threads hitting one entry share its lines read-only.
+  // Returns `miss` when every candidate decided kNotEqual, `unknown` when
+  // some could not decide (the caller then uses Find).
+  template <class Probe, class FastEqFn, class OnFound, class R>
+  R FindLocked(size_t hash, const Probe& probe, FastEqFn&& fast_eq, OnFound&& on_found,
+               R miss, R unknown) const {
+    std::lock_guard<Mutex> lock(mu_);
+    bool undecided = false;
+    auto range = slots_.equal_range(hash);
+    for (auto it = range.first; it != range.second; ++it) {
+      auto r = fast_eq(it->second.key, probe);
+      if (r == decltype(r)::kEqual) return on_found(it->second.value);
+      if (r == decltype(r)::kUnknown) undecided = true;
+    }
+    return undecided ? unknown : miss;
+  }
+
   // Finds the value for `probe` or inserts the (key, value) pair returned by
   // `make()` (called at most once, outside the lock). Exactly one value is
   // ever in the map for a class of equal keys, whatever runs concurrently.

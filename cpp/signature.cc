@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "py_compat.h"
 
@@ -622,12 +625,59 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, const std::string&
   return Mix(std::hash<const void*>()(Py_TYPE(value)), static_cast<size_t>(h));
 }
 
+// The process-wide canonical context objects. Contexts are few (one per
+// combination of config values a program uses), and every thread's memo
+// (below) settles on the canonical object equal to its context, so that a
+// signature compiled in one thread compares to another thread's by identity:
+// the hot path's Python-free probe (CallSignature::FastEquals) then decides
+// without a 46-item tuple comparison. Guarded by g_contexts_mu, a leaf
+// never held while Python runs (candidates are compared after unlocking).
+// Bounded: past kMaxContexts a context is used as is, uninterned.
+constexpr size_t kMaxContexts = 256;
+std::mutex g_contexts_mu;
+std::vector<std::pair<Py_hash_t, PyObject*>>& Contexts() {
+  static auto* contexts = new std::vector<std::pair<Py_hash_t, PyObject*>>();  // strong refs, process lifetime
+  return *contexts;
+}
+
+// The canonical object equal to `ctx` (hash `h`), interning `ctx` if new.
+// Runs __eq__ of context items (outside the lock); may throw.
+nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h) {
+  SmallVector<nb::object, 4> candidates;
+  size_t seen;
+  {
+    std::lock_guard<std::mutex> lock(g_contexts_mu);
+    auto& all = Contexts();
+    seen = all.size();
+    for (auto& kv : all) {
+      if (kv.first == h) candidates.push_back(nb::borrow(kv.second));  // incref: no destruction
+    }
+  }
+  for (const nb::object& c : candidates) {
+    if (c.ptr() == ctx.ptr()) return c;
+    int r = PyObject_RichCompareBool(c.ptr(), ctx.ptr(), Py_EQ);
+    if (r < 0) throw nb::python_error();
+    if (r == 1) return c;
+  }
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  auto& all = Contexts();
+  // Another thread may have interned an equal context meanwhile: only those
+  // appended since are worth a look, and only by identity under the lock
+  // (no Python here); an equal duplicate is harmless, just slower to match.
+  for (size_t i = seen; i < all.size(); ++i) {
+    if (all[i].second == ctx.ptr()) return ctx;
+  }
+  if (all.size() < kMaxContexts) all.emplace_back(h, Py_NewRef(ctx.ptr()));
+  return ctx;
+}
+
 // Hash of the context, memoised per thread: a context hook typically builds
 // a fresh tuple of the same config objects on every call, and hashing it is
 // the expensive part. When the items are identical to the previous context's,
-// that context object (and its hash) is reused, so that entries compiled in
-// this thread also compare by identity. The memo's reference lives as long as
-// the thread, on purpose (see DtypeHash).
+// that context object (and its hash) is reused; a new one is replaced by its
+// process-wide canonical object (see CanonicalContext), so that entries
+// compiled in any thread compare by identity. The memo's reference lives as
+// long as the thread, on purpose (see DtypeHash).
 Py_hash_t ContextHash(nb::object& ctx) {
   thread_local PyObject* last = nullptr;
   thread_local Py_hash_t last_hash = 0;
@@ -645,8 +695,9 @@ Py_hash_t ContextHash(nb::object& ctx) {
   }
   Py_hash_t h = PyObject_Hash(c);
   if (h == -1) throw nb::python_error();
+  ctx = CanonicalContext(ctx, h);
   PyObject* old = last;
-  last = Py_NewRef(c);
+  last = Py_NewRef(ctx.ptr());
   last_hash = h;
   Py_XDECREF(old);
   return h;
@@ -753,6 +804,97 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
   if (out.context.is_valid()) b.MixIn(static_cast<size_t>(ContextHash(out.context)));
   out.hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;
+}
+
+namespace {
+
+using FastEq = CallSignature::FastEq;
+
+// Python-free equality of two objects, as StrictEqual would decide it, for
+// exact builtin value types whose comparison runs no user code.
+FastEq FastObjectEquals(PyObject* a, PyObject* b, int depth = 0) noexcept {
+  if (a == b) return FastEq::kEqual;
+  PyTypeObject* t = Py_TYPE(a);
+  if (t != Py_TYPE(b)) return FastEq::kNotEqual;  // StrictEqual: types differ
+  if (t == &PyLong_Type) {
+    // long_richcompare: C only, never fails for two exact ints.
+    return PyObject_RichCompareBool(a, b, Py_EQ) == 1 ? FastEq::kEqual : FastEq::kNotEqual;
+  }
+  if (t == &PyUnicode_Type) {
+    return PyUnicode_Compare(a, b) == 0 ? FastEq::kEqual : FastEq::kNotEqual;
+  }
+  if (t == &PyFloat_Type) {
+    return PyFloat_AS_DOUBLE(a) == PyFloat_AS_DOUBLE(b) ? FastEq::kEqual : FastEq::kNotEqual;
+  }
+  if (t == &PyBytes_Type) {
+    return PyBytes_GET_SIZE(a) == PyBytes_GET_SIZE(b) &&
+                   std::memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b),
+                               static_cast<size_t>(PyBytes_GET_SIZE(a))) == 0
+               ? FastEq::kEqual
+               : FastEq::kNotEqual;
+  }
+  if (t == &PyBool_Type || a == Py_None) return FastEq::kNotEqual;  // singletons
+  if (t == &PyTuple_Type && depth < 4) {
+    Py_ssize_t n = PyTuple_GET_SIZE(a);
+    if (n != PyTuple_GET_SIZE(b)) return FastEq::kNotEqual;
+    FastEq result = FastEq::kEqual;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      // Items are compared with == (not by type) inside a tuple: 1 == 1.0
+      // there, so only items of one exact type are decided here.
+      PyObject* x = PyTuple_GET_ITEM(a, i);
+      PyObject* y = PyTuple_GET_ITEM(b, i);
+      if (x != y && Py_TYPE(x) != Py_TYPE(y)) return FastEq::kUnknown;
+      FastEq item = FastObjectEquals(x, y, depth + 1);
+      if (item == FastEq::kNotEqual) return FastEq::kNotEqual;
+      if (item == FastEq::kUnknown) result = FastEq::kUnknown;
+    }
+    return result;
+  }
+  return FastEq::kUnknown;
+}
+
+// Identity decides; a distinct object needs __eq__.
+FastEq FastIdentity(PyObject* a, PyObject* b) noexcept {
+  return a == b ? FastEq::kEqual : FastEq::kUnknown;
+}
+
+}  // namespace
+
+CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const noexcept {
+  if (hash != o.hash || num_positional != o.num_positional || !(tree == o.tree) ||
+      !(dims == o.dims) || leaves.size() != o.leaves.size() ||
+      statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
+      aux.size() != o.aux.size() || context.is_valid() != o.context.is_valid()) {
+    return FastEq::kNotEqual;
+  }
+  FastEq result = FastEq::kEqual;
+  auto meet = [&result](FastEq part) {
+    if (part == FastEq::kUnknown) result = FastEq::kUnknown;
+    return part != FastEq::kNotEqual;
+  };
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const LeafSignature& a = leaves[i];
+    const LeafSignature& b = o.leaves[i];
+    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim ||
+        a.sharding.is_valid() != b.sharding.is_valid()) {
+      return FastEq::kNotEqual;
+    }
+    if (a.kind == LeafKind::kArray) {
+      meet(FastIdentity(a.dtype.ptr(), b.dtype.ptr()));
+      if (a.sharding.is_valid()) meet(FastIdentity(a.sharding.ptr(), b.sharding.ptr()));
+    }
+  }
+  for (size_t i = 0; i < kwnames.size(); ++i) {
+    if (CompareNames(kwnames[i].ptr(), o.kwnames[i].ptr()) != 0) return FastEq::kNotEqual;
+  }
+  for (size_t i = 0; i < aux.size(); ++i) {
+    if (!meet(FastObjectEquals(aux[i].ptr(), o.aux[i].ptr()))) return FastEq::kNotEqual;
+  }
+  for (size_t i = 0; i < statics.size(); ++i) {
+    if (!meet(FastObjectEquals(statics[i].ptr(), o.statics[i].ptr()))) return FastEq::kNotEqual;
+  }
+  if (context.is_valid()) meet(FastIdentity(context.ptr(), o.context.ptr()));
+  return result;
 }
 
 bool CallSignature::Equals(const CallSignature& o) const {

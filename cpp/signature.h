@@ -64,6 +64,15 @@ struct CallSignature {
   // may re-enter anything and may throw nb::python_error.
   bool Equals(const CallSignature& other) const;
 
+  // Equality decided without running Python code, for a probe made under a
+  // lock: every part compares by identity, or by C comparison of exact
+  // builtin values (int, float, str, bytes, bool, None, and tuples of them).
+  // kUnknown when some part is a distinct object that only __eq__ can
+  // compare (a fresh dtype, node key, sharding, context or static of
+  // another type); the caller then falls back to Equals(). Never throws.
+  enum class FastEq : uint8_t { kEqual, kNotEqual, kUnknown };
+  FastEq FastEquals(const CallSignature& other) const noexcept;
+
   // Readable form, e.g. "f(float32[8,128], int, n=3)". May run __repr__.
   std::string ToString(const std::string& fun_name) const;
 };

@@ -704,3 +704,55 @@ def test_deeply_nested_argument_is_not_a_crash():
         assert jf(t) == 0
     except RecursionError:
         assert comp.calls == 0
+
+
+def test_equal_static_values_hit_through_both_lookup_paths():
+    """A hit is decided without Python when the statics are identical or exact
+    builtin values (int, float, str, bytes, tuples of them), and through
+    __eq__ otherwise: distinct-but-equal objects of every kind hit, unequal
+    ones miss, and hits are counted on both paths."""
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, s: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
+
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+        def __eq__(self, other):
+            return isinstance(other, Box) and self.v == other.v
+
+        def __hash__(self):
+            return hash(self.v)
+
+    def fresh(kind):
+        # A new object equal to the last one of its kind (never the same object).
+        return {
+            "int": int("12345678901234567890"),
+            "float": float("2.5"),
+            "str": "".join(["ab", "cd"]),
+            "bytes": bytes([1, 2, 3]),
+            "tuple": (int("300"), "".join(["x", "y"]), (float("1.5"),)),
+            "mixed_tuple": tuple([1, 2.0]),
+            "box": Box(7),
+        }[kind]
+
+    kinds = ["int", "float", "str", "bytes", "tuple", "mixed_tuple", "box"]
+    for kind in kinds:
+        assert fresh(kind) is not fresh(kind)
+        for _ in range(3):
+            assert jf(1.0, fresh(kind)) == 1.0
+    assert comp.calls == len(kinds)
+    info = jf.cache_info()
+    assert (info.misses, info.hits) == (len(kinds), 2 * len(kinds))
+    # Equal under == across types inside a tuple: one signature, as before.
+    assert jf(1.0, (1.0, 2)) == 1.0
+    assert comp.calls == len(kinds)
+    # Unequal values of the same kinds miss.
+    for other in (int("12345678901234567891"), 2.25, "abce", b"\x01\x02", (300, "xz", (1.5,)), Box(8)):
+        jf(1.0, other)
+    assert comp.calls == len(kinds) + 6
+    # 1, True and 1.0 stay three signatures on the Python-free path too.
+    before = comp.calls
+    for s in (1, True, 1.0, 1, True, 1.0):
+        jf(1.0, s)
+    assert comp.calls == before + 3
