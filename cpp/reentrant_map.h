@@ -3,6 +3,9 @@
 // Contract
 //   * The caller computes the hash before calling in; the map never hashes.
 //     (A Python __hash__ may run arbitrary code, so it must not run in here.)
+//   * FindLocked is the one exception: its `fast_eq` runs UNDER the lock and
+//     must be Python-free and noexcept (the hot path's identity probe); it
+//     says "undecided" rather than run anything that could re-enter.
 //   * Equality (`eq(stored_key, probe)`) runs with the map's lock RELEASED, on
 //     a copy of the stored key. It may re-enter the map (find, insert, erase,
 //     clear) from the same or another thread, and it may throw; the map stays
