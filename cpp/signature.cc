@@ -631,10 +631,12 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, const std::string&
 // signature compiled in one thread compares to another thread's by identity:
 // the hot path's Python-free probe (CallSignature::FastEquals) then decides
 // without a 46-item tuple comparison. Guarded by g_contexts_mu, a leaf
-// never held while Python runs (candidates are compared after unlocking).
+// never held while Python runs (candidates are compared after unlocking):
+// a PyMutex on free-threaded builds (it detaches while waiting), a no-op on
+// GIL builds, where the GIL serialises these Python-free sections.
 // Bounded: past kMaxContexts a context is used as is, uninterned.
 constexpr size_t kMaxContexts = 256;
-std::mutex g_contexts_mu;
+nb::ft_mutex g_contexts_mu;
 std::vector<std::pair<Py_hash_t, PyObject*>>& Contexts() {
   static auto* contexts = new std::vector<std::pair<Py_hash_t, PyObject*>>();  // strong refs, process lifetime
   return *contexts;
@@ -646,7 +648,7 @@ nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h) {
   SmallVector<nb::object, 4> candidates;
   size_t seen;
   {
-    std::lock_guard<std::mutex> lock(g_contexts_mu);
+    nb::ft_lock_guard lock(g_contexts_mu);
     auto& all = Contexts();
     seen = all.size();
     for (auto& kv : all) {
@@ -659,7 +661,7 @@ nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h) {
     if (r < 0) throw nb::python_error();
     if (r == 1) return c;
   }
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  nb::ft_lock_guard lock(g_contexts_mu);
   auto& all = Contexts();
   // Another thread may have interned an equal context meanwhile: only those
   // appended since are worth a look, and only by identity under the lock
