@@ -316,7 +316,27 @@ def fast_callable(compiled: Any) -> Callable[..., Any]:
     return compiled
 
 
-class JaxCompiler:
+class _ThroughJaxJit:
+    """What a compiler does with ``self.jax_jit(fun)`` (the function's
+    ``jax.jit``): compile a signature, lower it, or serve an uncached call."""
+
+    __slots__ = ()
+
+    def jax_jit(self, fun: Callable[..., Any]) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
+        return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
+
+    def lower(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        return self.jax_jit(fun).lower(*args, **kwargs)
+
+    def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
+        """JAX's own path, for calls ftjit must not cache (a JAX trace is active, or jax.disable_jit())."""
+        return self.jax_jit(fun)
+
+
+class JaxCompiler(_ThroughJaxJit):
     """``compiler(fun, args, kwargs) -> executable`` backed by ``jax.jit``.
 
     Equal (and hashing equal) for equal options, so that two ``ftjit.jit``
@@ -354,15 +374,6 @@ class JaxCompiler:
         """This compiler for ``fun`` only, compiling through ``jitted`` (its ``jax.jit``)."""
         return BoundJaxCompiler(self, fun, jitted)
 
-    def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
-        return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
-
-    def lower(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        return self.jax_jit(fun).lower(*args, **kwargs)
-
-    def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
-        """JAX's own path, for calls ftjit must not cache (a JAX trace is active, or jax.disable_jit())."""
-        return self.jax_jit(fun)
 
     @property
     def context(self) -> Callable[[], Any]:
@@ -406,7 +417,7 @@ class JaxCompiler:
         )
 
 
-class BoundJaxCompiler:
+class BoundJaxCompiler(_ThroughJaxJit):
     """A JaxCompiler bound to one function and to that function's one ``jax.jit``.
 
     ``jax.jit`` validates its options and warns (e.g. the DeprecationWarning
@@ -426,14 +437,6 @@ class BoundJaxCompiler:
     def jax_jit(self, fun: Callable[..., Any]) -> Any:
         return self.jitted if fun is self.fun else self.compiler.jax_jit(fun)
 
-    def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
-        return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
-
-    def lower(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        return self.jax_jit(fun).lower(*args, **kwargs)
-
-    def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
-        return self.jax_jit(fun)
 
     def clear_cache(self) -> None:
         """What ``clear_cache()`` of the function's jax.jit clears: its own
