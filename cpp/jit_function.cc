@@ -433,6 +433,7 @@ extern "C" int JitFunction_clear(PyObject* self) {
                on_compile = std::move(st->on_compile), on_wait = std::move(st->on_wait),
                plain = std::move(st->spec.plain_types_owner),
                aval = std::move(st->spec.aval_types_owner);
+    st->spec.hook = ContextHook();  // borrowed from context_fn, moved out above
     // The raw type pointers borrowed from the two owners must not outlive them.
     st->spec.plain_types.clear();
     st->spec.aval_types.clear();
@@ -661,7 +662,7 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   st->spec.arg_names = arg_names;
   st->spec.fun_name = name;
   if (!pytree_flatten.is_none()) st->spec.pytree_flatten = pytree_flatten;
-  if (!context_fn.is_none()) st->spec.context_fn = context_fn;
+  if (!context_fn.is_none()) st->spec.SetContextFn(context_fn);
   if (!fallback.is_none()) st->fallback = fallback;
   st->compile_timeout = compile_timeout;
   if (!on_compile.is_none()) st->on_compile = on_compile;

@@ -140,97 +140,87 @@ struct PathElem {
   Py_ssize_t index;
 };
 
-// The context hook unpacked for one call (see "context_fn" in signature.h).
-// Pointers are borrowed from the spec's hook tuple, which is immutable and
-// outlives the call.
-struct ContextHook {
-  PyObject* context = nullptr;          // context() -> hashable, or null
-  PyObject* probe = nullptr;            // probe(probe_arg) is probe_ok, or null
-  PyObject* probe_arg = nullptr;
-  PyObject* probe_ok = nullptr;
-  PyObject* requires = nullptr;         // tuple of (index, value), or null
-  PyObject* committed_types = nullptr;  // tuple of types, or null
-  PyObject* committed_attr = nullptr;   // str
-  PyObject* sharding_attr = nullptr;    // str
+}  // namespace
 
-  static ContextHook Unpack(const nb::object& hook_obj) {
-    ContextHook h;
-    PyObject* hook = hook_obj.ptr();
-    if (!hook) return h;
-    if (!PyTuple_Check(hook)) {
-      h.context = hook;
-      return h;
-    }
-    auto bad = [] {
-      PyErr_SetString(PyExc_TypeError,
-                      "ftjit: a tuple context hook must be (context, probe, probe_arg, probe_ok, "
-                      "requires, committed_types, committed_attr, sharding_attr)");
-      throw nb::python_error();
-    };
-    if (PyTuple_GET_SIZE(hook) != 8) bad();
-    auto item = [&](Py_ssize_t i) -> PyObject* {
-      PyObject* o = PyTuple_GET_ITEM(hook, i);
-      return o == Py_None ? nullptr : o;
-    };
-    h.context = item(0);
-    h.probe = item(1);
-    h.probe_arg = PyTuple_GET_ITEM(hook, 2);
-    h.probe_ok = PyTuple_GET_ITEM(hook, 3);
-    h.requires = item(4);
-    h.committed_types = item(5);
-    h.committed_attr = item(6);
-    h.sharding_attr = item(7);
-    if ((h.requires && !PyTuple_Check(h.requires)) ||
-        (h.committed_types && (!PyTuple_Check(h.committed_types) || !h.committed_attr ||
-                               !h.sharding_attr || !PyUnicode_Check(h.committed_attr) ||
-                               !PyUnicode_Check(h.sharding_attr)))) {
-      bad();
-    }
+ContextHook ContextHook::Unpack(const nb::object& hook_obj) {
+  ContextHook h;
+  PyObject* hook = hook_obj.ptr();
+  if (!hook) return h;
+  if (!PyTuple_Check(hook)) {
+    h.context = hook;
     return h;
   }
-
-  // Throws NeedsFallback when the call must not be cached: the probe says so
-  // (e.g. a JAX trace is active in this thread). Runs Python (the probe).
-  void CheckProbe() const {
-    if (!probe) return;
-    PyObject* r = PyObject_CallOneArg(probe, probe_arg);
-    if (!r) throw nb::python_error();
-    bool ok = r == probe_ok;
-    Py_DECREF(r);
-    if (!ok) throw NeedsFallback{};
+  auto bad = [] {
+    PyErr_SetString(PyExc_TypeError,
+                    "ftjit: a tuple context hook must be (context, probe, probe_arg, probe_ok, "
+                    "requires, committed_types, committed_attr, sharding_attr)");
+    throw nb::python_error();
+  };
+  if (PyTuple_GET_SIZE(hook) != 8) bad();
+  auto item = [&](Py_ssize_t i) -> PyObject* {
+    PyObject* o = PyTuple_GET_ITEM(hook, i);
+    return o == Py_None ? nullptr : o;
+  };
+  h.context = item(0);
+  h.probe = item(1);
+  h.probe_arg = PyTuple_GET_ITEM(hook, 2);
+  h.probe_ok = PyTuple_GET_ITEM(hook, 3);
+  h.requires = item(4);
+  h.committed_types = item(5);
+  h.committed_attr = item(6);
+  h.sharding_attr = item(7);
+  if ((h.requires && !PyTuple_Check(h.requires)) ||
+      (h.committed_types && (!PyTuple_Check(h.committed_types) || !h.committed_attr ||
+                             !h.sharding_attr || !PyUnicode_Check(h.committed_attr) ||
+                             !PyUnicode_Check(h.sharding_attr)))) {
+    bad();
   }
+  return h;
+}
 
-  // Throws NeedsFallback when an item of `context` named in `requires` is not
-  // the required object (e.g. jax_disable_jit is on).
-  void CheckRequires(PyObject* ctx) const {
-    if (!requires) return;
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(requires); i < n; ++i) {
-      PyObject* pair = PyTuple_GET_ITEM(requires, i);
-      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyTuple_Check(ctx)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "ftjit: context hook 'requires' needs (index, value) pairs and a tuple context");
-        throw nb::python_error();
-      }
-      Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
-      if (index == -1 && PyErr_Occurred()) throw nb::python_error();
-      if (index < 0 || index >= PyTuple_GET_SIZE(ctx) ||
-          PyTuple_GET_ITEM(ctx, index) != PyTuple_GET_ITEM(pair, 1)) {
-        throw NeedsFallback{};
-      }
+void ContextHook::CheckProbe() const {
+  if (!probe) return;
+  PyObject* r = PyObject_CallOneArg(probe, probe_arg);
+  if (!r) throw nb::python_error();
+  bool ok = r == probe_ok;
+  Py_DECREF(r);
+  if (!ok) throw NeedsFallback{};
+}
+
+void ContextHook::CheckRequires(PyObject* ctx) const {
+  if (!requires) return;
+  for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(requires); i < n; ++i) {
+    PyObject* pair = PyTuple_GET_ITEM(requires, i);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyTuple_Check(ctx)) {
+      PyErr_SetString(PyExc_TypeError,
+                      "ftjit: context hook 'requires' needs (index, value) pairs and a tuple context");
+      throw nb::python_error();
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+    if (index == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (index < 0 || index >= PyTuple_GET_SIZE(ctx) ||
+        PyTuple_GET_ITEM(ctx, index) != PyTuple_GET_ITEM(pair, 1)) {
+      throw NeedsFallback{};
     }
   }
+}
 
-  // `type` is one of committed_types or a subclass (the check walks the
-  // MRO, which starts with `type` itself: an exact match is the first probe).
-  bool IsCommittedType(PyTypeObject* type) const {
-    if (!committed_types) return false;
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
-      PyObject* t = PyTuple_GET_ITEM(committed_types, i);
-      if (PyType_Check(t) && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t))) return true;
-    }
-    return false;
+bool ContextHook::IsCommittedType(PyTypeObject* type) const {
+  if (!committed_types) return false;
+  for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
+    PyObject* t = PyTuple_GET_ITEM(committed_types, i);
+    if (PyType_Check(t) && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t))) return true;
   }
-};
+  return false;
+}
+
+void SignatureSpec::SetContextFn(nb::object fn) {
+  ContextHook unpacked = ContextHook::Unpack(fn);  // validates; may throw
+  context_fn = std::move(fn);
+  hook = unpacked;  // borrows from context_fn, which the spec now owns
+}
+
+namespace {
 
 class Builder {
  public:
@@ -750,7 +740,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
                     PyObject* kwnames, CallSignature& out) {
   // The context first: a call that must defer (a JAX trace is active, jit is
   // disabled) defers before its arguments are looked at, whatever they are.
-  ContextHook hook = ContextHook::Unpack(spec.context_fn);
+  const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
   hook.CheckProbe();
   if (hook.context) {
     out.context = nb::steal(PyObject_CallNoArgs(hook.context));

@@ -77,6 +77,33 @@ struct CallSignature {
   std::string ToString(const std::string& fun_name) const;
 };
 
+// The context hook (see "context_fn" below) unpacked once per jitted
+// function. Pointers are borrowed from the spec's context_fn, an immutable
+// object the spec owns; fixed after SignatureSpec::SetContextFn.
+struct ContextHook {
+  PyObject* context = nullptr;          // context() -> hashable, or null
+  PyObject* probe = nullptr;            // probe(probe_arg) is probe_ok, or null
+  PyObject* probe_arg = nullptr;
+  PyObject* probe_ok = nullptr;
+  PyObject* requires = nullptr;         // tuple of (index, value), or null
+  PyObject* committed_types = nullptr;  // tuple of types, or null
+  PyObject* committed_attr = nullptr;   // str
+  PyObject* sharding_attr = nullptr;    // str
+
+  // Validates and unpacks a context_fn (callable, 8-tuple, or null); throws
+  // TypeError for a malformed tuple.
+  static ContextHook Unpack(const nb::object& hook_obj);
+  // Throws NeedsFallback when the call must not be cached: the probe says so
+  // (e.g. a JAX trace is active in this thread). Runs Python (the probe).
+  void CheckProbe() const;
+  // Throws NeedsFallback when an item of `ctx` named in `requires` is not the
+  // required object (e.g. jax_disable_jit is on).
+  void CheckRequires(PyObject* ctx) const;
+  // `type` is one of committed_types or a subclass (the MRO walk starts with
+  // `type` itself: an exact match is the first probe).
+  bool IsCommittedType(PyTypeObject* type) const;
+};
+
 // What a jitted function tells the builder; fixed after construction.
 struct SignatureSpec {
   std::vector<int> static_argnums;           // as given; negatives allowed
@@ -84,7 +111,8 @@ struct SignatureSpec {
   nb::object arg_names;                      // tuple of str (may be empty)
   std::string fun_name;                      // qualname, for messages
   nb::object pytree_flatten;                 // optional hook, see below
-  nb::object context_fn;                     // optional hook, see below
+  nb::object context_fn;                     // optional hook, see below; set by SetContextFn
+  ContextHook hook;                          // context_fn unpacked (borrows from it)
   nb::object fallback_types;                 // optional tuple of types, see below
   std::vector<PyTypeObject*> plain_types;    // exact types never in fallback_types
   std::vector<PyTypeObject*> aval_types;     // exact types read through .aval
@@ -95,6 +123,9 @@ struct SignatureSpec {
   // whose message ends with the original error rendered by nanobind, with no
   // __cause__, exactly as jaxlib raises it. Otherwise the original propagates.
   bool jax_style_errors = false;
+
+  // Sets context_fn and unpacks it into `hook` (once, not per call).
+  void SetContextFn(nb::object fn);
 
   // Positional argument `i` of a call with `nargs` positional arguments is
   // static if i or i - nargs is listed.

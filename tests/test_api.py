@@ -498,3 +498,22 @@ def test_many_jit_functions_do_not_leak():
     assert gc_collect_until(lambda: all(r() is None for r in refs))
     assert gc_collect_until(lambda: cache.size() == 0)
     gc.collect()
+
+
+def test_malformed_signature_hooks_are_rejected_at_decoration():
+    # The compiler protocol's signature_hooks tuple is unpacked once, when the
+    # function is jitted, not on every call: a malformed one fails jit().
+    class BadHooks(CountingCompiler):
+        signature_hooks = (None, None, None)
+
+    with pytest.raises(TypeError, match=r"a tuple context hook must be \(context, probe"):
+        ftjit.jit(lambda x: x, compiler=BadHooks(), cache=ftjit.FunctionCache())
+
+    class GoodHooks(CountingCompiler):
+        # context() folded into the signature; no probe, requires or placement.
+        signature_hooks = (lambda: ("ctx",), None, None, None, None, None, None, None)
+
+    comp = GoodHooks()
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+    assert jf(1.0) == 2.0 and jf(2.0) == 3.0
+    assert comp.calls == 1
