@@ -112,7 +112,7 @@ PyObject* FunctionEntries::FindReady(const CallSignature& sig) {
   auto on_found = [this](const EntryPtr& e) noexcept -> PyObject* {
     if (e->latch.state() != CompileLatch::State::kReady) return nullptr;
     counters_.Hit();
-    e->hits.fetch_add(1, std::memory_order_relaxed);
+    e->hits.Add();
     SharedLru<EntryPtr, nb::ft_mutex>::Touch(e);
     return Py_NewRef(e->executable.ptr());
   };

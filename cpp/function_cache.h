@@ -52,6 +52,35 @@ namespace nb = nanobind;
 
 class FunctionEntries;
 
+// This thread's index among kMaxThreadShards, assigned round-robin on the
+// thread's first use: threads mostly land on different shards, so counters
+// bumped on every hit are written on different cache lines.
+constexpr int kMaxThreadShards = 16;
+inline int ThreadShard() {
+  static std::atomic<int> next{0};
+  thread_local int shard = next.fetch_add(1, std::memory_order_relaxed) % kMaxThreadShards;
+  return shard;
+}
+
+// A relaxed counter split over cache-line-sized shards (one per thread
+// shard, modulo kShards); the total is their sum.
+template <int kShards>
+class ShardedCounter {
+ public:
+  void Add() { shards_[ThreadShard() % kShards].n.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t Load() const {
+    uint64_t total = 0;
+    for (const Shard& s : shards_) total += s.n.load(std::memory_order_relaxed);
+    return total;
+  }
+
+ private:
+  struct alignas(64) Shard {
+    std::atomic<uint64_t> n{0};
+  };
+  std::array<Shard, kShards> shards_;
+};
+
 struct Entry {
   Entry(std::shared_ptr<const CallSignature> s, std::weak_ptr<FunctionEntries> c,
         FunctionEntries* raw)
@@ -65,9 +94,9 @@ struct Entry {
   nb::object executable;  // see the table above
   nb::object error;       // the compile's exception, when it failed
   double compile_seconds = 0;  // written with `executable`
-  // Hits of this signature: a relaxed counter on its own cache line, so the
-  // read-mostly fields above never share a line with it.
-  alignas(64) std::atomic<uint64_t> hits{0};
+  // Hits of this signature, sharded: threads hitting one entry write
+  // different lines, and never the read-mostly fields above.
+  ShardedCounter<4> hits;
   LruHook<std::shared_ptr<Entry>> lru;
 };
 
@@ -93,29 +122,12 @@ struct CacheCore {
 
 // Counters of one function; a snapshot is what cache_info() returns.
 struct Counters {
-  static constexpr int kShards = 16;
-  struct alignas(64) Shard {
-    std::atomic<uint64_t> hits{0};
-  };
-  std::array<Shard, kShards> hit_shards;
+  ShardedCounter<kMaxThreadShards> hits;
   std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
   std::atomic<uint64_t> compile_nanos{0}, wait_nanos{0};
 
-  void Hit() {
-    thread_local int shard = NextShard();
-    hit_shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
-  }
-  uint64_t Hits() const {
-    uint64_t total = 0;
-    for (const Shard& s : hit_shards) total += s.hits.load(std::memory_order_relaxed);
-    return total;
-  }
-
- private:
-  static int NextShard() {
-    static std::atomic<int> next{0};
-    return next.fetch_add(1, std::memory_order_relaxed) % kShards;
-  }
+  void Hit() { hits.Add(); }
+  uint64_t Hits() const { return hits.Load(); }
 };
 
 class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {

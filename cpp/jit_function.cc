@@ -370,7 +370,7 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
   if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
   if (e.latch.state() == CompileLatch::State::kReady) {
     st.entries->counters().Hit();
-    e.hits.fetch_add(1, std::memory_order_relaxed);
+    e.hits.Add();
   } else {
     WaitForCompile(st, e);
   }
@@ -416,6 +416,10 @@ extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) 
     Py_VISIT(st->on_wait.ptr());
     Py_VISIT(st->spec.plain_types_owner.ptr());
     Py_VISIT(st->spec.aval_types_owner.ptr());
+    for (const AvalType& t : st->spec.aval_types) {
+      Py_VISIT(t.aval.fget.ptr());
+      Py_VISIT(t.committed.fget.ptr());
+    }
   }
   return 0;
 }
@@ -436,6 +440,7 @@ extern "C" int JitFunction_clear(PyObject* self) {
     st->spec.hook = ContextHook();  // borrowed from context_fn, moved out above
     // The raw type pointers borrowed from the two owners must not outlive them.
     st->spec.plain_types.clear();
+    std::vector<AvalType> aval_getters = std::move(st->spec.aval_types);  // drops fget refs last
     st->spec.aval_types.clear();
   }
   return 0;
@@ -489,7 +494,7 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
     for (const EntryPtr& e : entries) {
       if (e->latch.state() != CompileLatch::State::kReady) continue;
       out.append(nb::make_tuple(e->sig->ToString(st.spec.fun_name),
-                                e->hits.load(std::memory_order_relaxed), e->compile_seconds));
+                                e->hits.Load(), e->compile_seconds));
     }
     return out.release().ptr();
   } catch (nb::python_error& err) {
@@ -678,7 +683,7 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   if (!aval_types.is_none()) {
     for (nb::handle t : aval_types) {
       if (!PyType_Check(t.ptr())) throw nb::type_error("aval_types must be types");
-      st->spec.aval_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
+      st->spec.AddAvalType(reinterpret_cast<PyTypeObject*>(t.ptr()));
     }
     st->spec.aval_types_owner = aval_types;
   }

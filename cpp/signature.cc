@@ -207,11 +207,57 @@ void ContextHook::CheckRequires(PyObject* ctx) const {
 
 bool ContextHook::IsCommittedType(PyTypeObject* type) const {
   if (!committed_types) return false;
+  // Exact matches first (the common case: jax's one array type), without
+  // walking any MRO.
+  for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
+    if (PyTuple_GET_ITEM(committed_types, i) == reinterpret_cast<PyObject*>(type)) return true;
+  }
   for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
     PyObject* t = PyTuple_GET_ITEM(committed_types, i);
     if (PyType_Check(t) && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t))) return true;
   }
   return false;
+}
+
+DirectGetter DirectGetter::Resolve(PyTypeObject* type, PyObject* name) {
+  DirectGetter g;
+  g.type = type;
+  g.name = name;
+  // Reading the attribute through the type both finds the descriptor along
+  // the MRO (property.__get__(None, type) is the property itself) and makes
+  // CPython assign the type a version tag, which is read afterwards.
+  nb::object descr = nb::steal(PyObject_GetAttr(reinterpret_cast<PyObject*>(type), name));
+  if (!descr.is_valid()) {
+    PyErr_Clear();
+    return g;
+  }
+  if (Py_TYPE(descr.ptr()) != &PyProperty_Type || type->tp_getattro != PyObject_GenericGetAttr) {
+    return g;
+  }
+  nb::object fget = nb::steal(PyObject_GetAttrString(descr.ptr(), "fget"));
+  if (!fget.is_valid()) {
+    PyErr_Clear();
+    return g;
+  }
+  if (fget.is_none() || !PyCallable_Check(fget.ptr())) return g;
+  g.version = __atomic_load_n(&type->tp_version_tag, __ATOMIC_RELAXED);
+  if (g.version != 0) g.fget = std::move(fget);
+  return g;
+}
+
+PyObject* DirectGetter::Get(PyObject* obj) const {
+  if (version != 0 && __atomic_load_n(&type->tp_version_tag, __ATOMIC_RELAXED) == version) {
+    return PyObject_CallOneArg(fget.ptr(), obj);
+  }
+  return PyObject_GetAttr(obj, name);
+}
+
+void SignatureSpec::AddAvalType(PyTypeObject* type) {
+  AvalType t;
+  t.type = type;
+  t.aval = DirectGetter::Resolve(type, N().aval);
+  if (hook.IsCommittedType(type)) t.committed = DirectGetter::Resolve(type, hook.committed_attr);
+  aval_types.push_back(std::move(t));
 }
 
 void SignatureSpec::SetContextFn(nb::object fn) {
@@ -362,8 +408,8 @@ class Builder {
     for (PyTypeObject* t : spec_.plain_types) {
       if (t == type) return true;
     }
-    for (PyTypeObject* t : spec_.aval_types) {
-      if (t == type) return true;
+    for (const AvalType& t : spec_.aval_types) {
+      if (t.type == type) return true;
     }
     const PythonTypes& t = Types();
     return (t.ndarray && type == reinterpret_cast<PyTypeObject*>(t.ndarray)) ||
@@ -486,12 +532,14 @@ class Builder {
   // ints).
   bool TryArray(PyObject* obj) {
     ArrayShape s;
-    bool via_aval = false;
-    for (PyTypeObject* t : spec_.aval_types) via_aval |= (t == Py_TYPE(obj));
+    const AvalType* via_aval = nullptr;
+    for (const AvalType& t : spec_.aval_types) {
+      if (t.type == Py_TYPE(obj)) via_aval = &t;
+    }
     if (via_aval) {
       // For types whose .dtype/.shape are slow properties over an abstract
       // value (jax Arrays), read that value's plain attributes instead.
-      nb::object aval = nb::steal(PyObject_GetAttr(obj, N().aval));
+      nb::object aval = nb::steal(via_aval->aval.Get(obj));
       if (!aval.is_valid()) throw nb::python_error();
       AvalMemo& memo = AvalMemo::ForThread();
       if (!memo.Find(aval.ptr(), s)) {
@@ -507,7 +555,9 @@ class Builder {
     // shares the signature of a numpy array.
     nb::object sharding;
     if (hook_.IsCommittedType(Py_TYPE(obj))) {
-      nb::object committed = nb::steal(PyObject_GetAttr(obj, hook_.committed_attr));
+      nb::object committed = nb::steal(via_aval && via_aval->committed.name
+                                           ? via_aval->committed.Get(obj)
+                                           : PyObject_GetAttr(obj, hook_.committed_attr));
       if (!committed.is_valid()) throw nb::python_error();
       int truth = PyObject_IsTrue(committed.ptr());
       if (truth < 0) throw nb::python_error();
@@ -676,10 +726,10 @@ Py_hash_t ContextHash(nb::object& ctx) {
   PyObject* c = ctx.ptr();
   if (last && PyTuple_CheckExact(c) && PyTuple_CheckExact(last) &&
       PyTuple_GET_SIZE(c) == PyTuple_GET_SIZE(last)) {
-    bool same = true;
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(c); same && i < n; ++i) {
-      same = PyTuple_GET_ITEM(c, i) == PyTuple_GET_ITEM(last, i);
-    }
+    // Item by item, identity only: one memcmp of the two item arrays.
+    bool same = std::memcmp(reinterpret_cast<PyTupleObject*>(c)->ob_item,
+                            reinterpret_cast<PyTupleObject*>(last)->ob_item,
+                            sizeof(PyObject*) * static_cast<size_t>(PyTuple_GET_SIZE(c))) == 0;
     if (same) {
       ctx = nb::borrow(last);
       return last_hash;

@@ -104,6 +104,34 @@ struct ContextHook {
   bool IsCommittedType(PyTypeObject* type) const;
 };
 
+// A property of an array type read by calling its getter directly,
+// fget(obj), instead of the generic attribute lookup (type MRO walk, then
+// property.__get__): the same result, as a property is a data descriptor and
+// the type's tp_getattro is the generic one. Valid while the type is
+// unmodified: `version` is the type's version tag when the getter was
+// resolved, and CPython gives a type a new tag (never reused) whenever it
+// or a base changes. On any mismatch Get() takes the generic lookup.
+struct DirectGetter {
+  PyTypeObject* type = nullptr;  // borrowed: the spec's aval_types_owner owns it
+  PyObject* name = nullptr;      // interned attribute name, borrowed (owned by the spec/hook)
+  unsigned int version = 0;      // 0: no direct getter (always the generic lookup)
+  nb::object fget;
+
+  // Resolves `type.name` to a plain property's getter, if it is one and the
+  // type qualifies; otherwise a getter that always takes the generic path.
+  static DirectGetter Resolve(PyTypeObject* type, PyObject* name);
+  // New reference to obj.<name> (obj's exact type is `type`), or nullptr
+  // with an error set.
+  PyObject* Get(PyObject* obj) const;
+};
+
+// An exact array type whose dtype/shape/weak_type come from `.aval`.
+struct AvalType {
+  PyTypeObject* type = nullptr;  // borrowed from SignatureSpec::aval_types_owner
+  DirectGetter aval;             // obj.aval
+  DirectGetter committed;        // obj.<hook.committed_attr>, if a committed type
+};
+
 // What a jitted function tells the builder; fixed after construction.
 struct SignatureSpec {
   std::vector<int> static_argnums;           // as given; negatives allowed
@@ -115,7 +143,7 @@ struct SignatureSpec {
   ContextHook hook;                          // context_fn unpacked (borrows from it)
   nb::object fallback_types;                 // optional tuple of types, see below
   std::vector<PyTypeObject*> plain_types;    // exact types never in fallback_types
-  std::vector<PyTypeObject*> aval_types;     // exact types read through .aval
+  std::vector<AvalType> aval_types;          // exact types read through .aval
   nb::object plain_types_owner;              // keeps plain_types alive
   nb::object aval_types_owner;               // keeps aval_types alive
   // A static argument's failing __eq__ is reported as jax.jit reports it: a
@@ -126,6 +154,10 @@ struct SignatureSpec {
 
   // Sets context_fn and unpacks it into `hook` (once, not per call).
   void SetContextFn(nb::object fn);
+  // Adds an exact aval type and resolves its getters (after SetContextFn,
+  // which names the committed attribute). The caller keeps `type` alive
+  // through aval_types_owner.
+  void AddAvalType(PyTypeObject* type);
 
   // Positional argument `i` of a call with `nargs` positional arguments is
   // static if i or i - nargs is listed.

@@ -756,3 +756,100 @@ def test_equal_static_values_hit_through_both_lookup_paths():
     for s in (1, True, 1.0, 1, True, 1.0):
         jf(1.0, s)
     assert comp.calls == before + 3
+
+
+# --- aval types: properties read through their getter directly -------------
+
+
+class _Aval:
+    def __init__(self, dtype, shape, weak_type=False):
+        self.dtype = np.dtype(dtype)
+        self.shape = shape
+        self.weak_type = weak_type
+
+
+class _AvalCompiler(CountingCompiler):
+    """A compiler whose array type's dtype/shape come from ``.aval`` (as jax
+    Arrays do) and whose ``placed`` attribute is its committed flag."""
+
+    def __init__(self, array_type):
+        super().__init__()
+        self.aval_types = (array_type,)
+        self.signature_hooks = (None, None, None, None, None, (array_type,), "placed", "where")
+
+
+def _make_aval_array_type():
+    class AvalArray:
+        def __init__(self, aval, placed=False, where=None):
+            self._aval, self._placed, self._where = aval, placed, where
+
+        @property
+        def aval(self):
+            return self._aval
+
+        @property
+        def placed(self):
+            return self._placed
+
+        @property
+        def where(self):
+            return self._where
+
+    return AvalArray
+
+
+def test_aval_type_signature_reads_aval_and_placement():
+    AvalArray = _make_aval_array_type()
+    comp = _AvalCompiler(AvalArray)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    f32 = AvalArray(_Aval(np.float32, (4,)))
+    jf(f32)
+    jf(AvalArray(_Aval(np.float32, (4,))))
+    assert comp.calls == 1
+    jf(AvalArray(_Aval(np.int32, (4,))))
+    jf(AvalArray(_Aval(np.float32, (4,), weak_type=True)))
+    jf(AvalArray(_Aval(np.float32, (4,)), placed=True, where="dev0"))
+    jf(AvalArray(_Aval(np.float32, (4,)), placed=True, where="dev0"))
+    jf(AvalArray(_Aval(np.float32, (4,)), placed=True, where="dev1"))
+    assert comp.calls == 5
+    assert sorted((s.signature.split(".<locals>.")[-1], s.hits) for s in jf.signatures()) == sorted([
+        ("<lambda>(float32[4])", 1), ("<lambda>(int32[4])", 0), ("<lambda>(float32[4]{weak})", 0),
+        ("<lambda>(float32[4]@dev0)", 1), ("<lambda>(float32[4]@dev1)", 0)])
+
+
+@pytest.mark.thread_unsafe(reason="patches a class attribute that the other copies also read")
+def test_aval_type_patched_after_jit_is_read_through_the_new_attribute():
+    # The core calls the property getters directly while the type is
+    # unmodified; patching the class afterwards must be seen on the next call.
+    AvalArray = _make_aval_array_type()
+    comp = _AvalCompiler(AvalArray)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    x = AvalArray(_Aval(np.float32, (4,)))
+    jf(x)
+    AvalArray.aval = property(lambda self: _Aval(np.int8, (2, 2)))
+    jf(x)
+    AvalArray.placed = property(lambda self: True)
+    AvalArray.where = property(lambda self: "patched")
+    jf(x)
+    assert comp.calls == 3
+    assert sorted(s.signature.split(".<locals>.")[-1] for s in jf.signatures()) == sorted([
+        "<lambda>(float32[4])", "<lambda>(int8[2,2])", "<lambda>(int8[2,2]@patched)"])
+
+
+def test_aval_type_with_custom_getattribute_takes_the_generic_lookup():
+    AvalArray = _make_aval_array_type()
+
+    class Logged(AvalArray):
+        seen = []
+
+        def __getattribute__(self, name):
+            if name in ("aval", "placed"):
+                type(self).seen.append(name)
+            return super().__getattribute__(name)
+
+    comp = _AvalCompiler(Logged)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    jf(Logged(_Aval(np.float32, (3,))))
+    jf(Logged(_Aval(np.float32, (3,))))
+    assert comp.calls == 1
+    assert Logged.seen == ["aval", "placed"] * 2
