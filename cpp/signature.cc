@@ -656,10 +656,19 @@ PyObject* ArgName(const SignatureSpec& spec, size_t i) {
   ThrowWithCause(Types().unhashable_static, msg);
 }
 
-size_t HashStatic(const SignatureSpec& spec, PyObject* value, const std::string& which) {
+// `describe()` names the argument for the error message; it runs only when
+// hashing fails (it may call str() on the argument's name).
+template <class Describe>
+size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describe) {
   Py_hash_t h = PyObject_Hash(value);
   if (h == -1) {
-    if (PyErr_ExceptionMatches(PyExc_TypeError)) UnhashableStatic(spec, value, which);
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyObject *type, *exc, *tb;
+      PyErr_Fetch(&type, &exc, &tb);  // describe() runs no code with an error set
+      std::string which = describe();
+      PyErr_Restore(type, exc, tb);
+      UnhashableStatic(spec, value, which);
+    }
     throw nb::python_error();
   }
   return Mix(std::hash<const void*>()(Py_TYPE(value)), static_cast<size_t>(h));
@@ -802,10 +811,12 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
   b.MixIn(nargs);
   for (size_t i = 0; i < nargs; ++i) {
     if (!spec.static_argnums.empty() && spec.IsStaticPosition(i, nargs)) {
-      PyObject* name = ArgName(spec, i);
-      std::string which = std::to_string(i);
-      if (name) which += " ('" + Str(name) + "')";
-      b.MixIn(HashStatic(spec, args[i], which));
+      b.MixIn(HashStatic(spec, args[i], [&spec, i] {
+        PyObject* name = ArgName(spec, i);
+        std::string which = std::to_string(i);
+        if (name) which += " ('" + Str(name) + "')";
+        return which;
+      }));
       out.tree.push_back(Token(NodeKind::kStatic, 0));
       out.statics.push_back(nb::borrow(args[i]));
       continue;
@@ -834,7 +845,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
       b.MixIn(static_cast<size_t>(nh));
       out.kwnames.push_back(nb::borrow(name));
       if (!spec.static_argnames.empty() && spec.IsStaticName(name)) {
-        b.MixIn(HashStatic(spec, value, "'" + Str(name) + "'"));
+        b.MixIn(HashStatic(spec, value, [name] { return "'" + Str(name) + "'"; }));
         out.tree.push_back(Token(NodeKind::kStatic, 0));
         out.statics.push_back(nb::borrow(value));
         continue;
