@@ -68,6 +68,24 @@ Py_hash_t MemoHash(PyObject* obj) {
   Py_XDECREF(old);  // may run a finaliser: the slot is consistent already
   return h;
 }
+// Process-wide interned dtypes: the few dtype objects a program's arrays
+// use, kept alive until the process exits, so that signatures may pin them
+// (PinnedRef) instead of counting references. Identity only (Python-free);
+// bounded: past kMaxDtypes a dtype is simply not interned. Guarded by a leaf
+// ft_mutex (no-op on GIL builds, where the GIL serialises this section).
+constexpr size_t kMaxDtypes = 256;
+bool InternDtype(PyObject* dtype) {
+  static nb::ft_mutex mu;
+  static auto* table = new std::vector<PyObject*>();  // strong refs, process lifetime
+  nb::ft_lock_guard lock(mu);
+  for (PyObject* d : *table) {
+    if (d == dtype) return true;
+  }
+  if (table->size() >= kMaxDtypes) return false;
+  table->push_back(Py_NewRef(dtype));
+  return true;
+}
+
 struct DtypeTag {};
 struct ShardingTag {};
 inline Py_hash_t DtypeHash(PyObject* dtype) { return MemoHash<DtypeTag>(dtype); }
@@ -341,7 +359,7 @@ class Builder {
  private:
   void Scalar(LeafKind kind) {
     out_.tree.push_back(Token(NodeKind::kLeaf, 0));
-    out_.leaves.push_back(LeafSignature{kind, /*weak_type=*/true, 0, nb::object(), nb::object()});
+    out_.leaves.push_back(LeafSignature{kind, /*weak_type=*/true, 0, PinnedRef(), nb::object()});
     h_ = Mix(h_, 0x100 + static_cast<size_t>(kind));
   }
 
@@ -422,7 +440,7 @@ class Builder {
   // ints).
   // dtype, shape and weak type of an array-like `obj`, with their hash.
   struct ArrayShape {
-    nb::object dtype;
+    PinnedRef dtype;
     SmallVector<int64_t, 8> dims;
     bool weak = false;
     size_t hash = 0;
@@ -435,7 +453,7 @@ class Builder {
     int has = GetOptionalAttr(obj, N().dtype, &dtype_raw);
     if (has < 0) throw nb::python_error();
     if (!has) return false;
-    s.dtype = nb::steal(dtype_raw);
+    s.dtype = PinnedRef::Owned(nb::steal(dtype_raw));
     PyObject* shape_raw = nullptr;
     has = GetOptionalAttr(obj, N().shape, &shape_raw);
     if (has < 0) throw nb::python_error();
@@ -488,6 +506,7 @@ class Builder {
       int64_t dims[kMaxDims];
       uint8_t ndim = 0;
       bool weak = false;
+      bool pinned = false;        // dtype is interned (InternDtype)
       size_t hash = 0;
     };
     Slot slots[kSlots];
@@ -500,7 +519,7 @@ class Builder {
     bool Find(PyObject* aval, ArrayShape& s) const {
       for (const Slot& slot : slots) {
         if (slot.aval != aval) continue;
-        s.dtype = nb::borrow(slot.dtype);
+        s.dtype = slot.pinned ? PinnedRef::Pinned(slot.dtype) : PinnedRef::Owned(nb::borrow(slot.dtype));
         for (int i = 0; i < slot.ndim; ++i) s.dims.push_back(slot.dims[i]);
         s.weak = slot.weak;
         s.hash = slot.hash;
@@ -516,6 +535,7 @@ class Builder {
       PyObject* old_dtype = slot.dtype;
       slot.aval = Py_NewRef(aval);
       slot.dtype = Py_NewRef(s.dtype.ptr());
+      slot.pinned = InternDtype(s.dtype.ptr());
       slot.ndim = static_cast<uint8_t>(s.dims.size());
       for (size_t i = 0; i < s.dims.size(); ++i) slot.dims[i] = s.dims[i];
       slot.weak = s.weak;
@@ -691,9 +711,11 @@ std::vector<std::pair<Py_hash_t, PyObject*>>& Contexts() {
   return *contexts;
 }
 
-// The canonical object equal to `ctx` (hash `h`), interning `ctx` if new.
+// The canonical object equal to `ctx` (hash `h`), interning `ctx` if new;
+// *interned says whether the result is in the table (alive until exit).
 // Runs __eq__ of context items (outside the lock); may throw.
-nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h) {
+nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h, bool* interned) {
+  *interned = true;
   SmallVector<nb::object, 4> candidates;
   size_t seen;
   {
@@ -718,7 +740,11 @@ nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h) {
   for (size_t i = seen; i < all.size(); ++i) {
     if (all[i].second == ctx.ptr()) return ctx;
   }
-  if (all.size() < kMaxContexts) all.emplace_back(h, Py_NewRef(ctx.ptr()));
+  if (all.size() < kMaxContexts) {
+    all.emplace_back(h, Py_NewRef(ctx.ptr()));
+  } else {
+    *interned = false;
+  }
   return ctx;
 }
 
@@ -729,9 +755,10 @@ nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h) {
 // process-wide canonical object (see CanonicalContext), so that entries
 // compiled in any thread compare by identity. The memo's reference lives as
 // long as the thread, on purpose (see DtypeHash).
-Py_hash_t ContextHash(nb::object& ctx) {
+Py_hash_t ContextHash(PinnedRef& ctx) {
   thread_local PyObject* last = nullptr;
   thread_local Py_hash_t last_hash = 0;
+  thread_local bool last_interned = false;
   PyObject* c = ctx.ptr();
   if (last && PyTuple_CheckExact(c) && PyTuple_CheckExact(last) &&
       PyTuple_GET_SIZE(c) == PyTuple_GET_SIZE(last)) {
@@ -740,16 +767,19 @@ Py_hash_t ContextHash(nb::object& ctx) {
                             reinterpret_cast<PyTupleObject*>(last)->ob_item,
                             sizeof(PyObject*) * static_cast<size_t>(PyTuple_GET_SIZE(c))) == 0;
     if (same) {
-      ctx = nb::borrow(last);
+      ctx = last_interned ? PinnedRef::Pinned(last) : PinnedRef::Owned(nb::borrow(last));
       return last_hash;
     }
   }
   Py_hash_t h = PyObject_Hash(c);
   if (h == -1) throw nb::python_error();
-  ctx = CanonicalContext(ctx, h);
+  bool interned = false;
+  nb::object canonical = CanonicalContext(nb::borrow(c), h, &interned);
   PyObject* old = last;
-  last = Py_NewRef(ctx.ptr());
+  last = Py_NewRef(canonical.ptr());
   last_hash = h;
+  last_interned = interned;
+  ctx = interned ? PinnedRef::Pinned(canonical.ptr()) : PinnedRef::Owned(std::move(canonical));
   Py_XDECREF(old);
   return h;
 }
@@ -802,7 +832,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
   const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
   hook.CheckProbe();
   if (hook.context) {
-    out.context = nb::steal(PyObject_CallNoArgs(hook.context));
+    out.context = PinnedRef::Owned(nb::steal(PyObject_CallNoArgs(hook.context)));
     if (!out.context.is_valid()) throw nb::python_error();
     hook.CheckRequires(out.context.ptr());
   }

@@ -21,11 +21,55 @@ namespace nb = nanobind;
 
 enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex };
 
+// A reference that is either owned (a strong reference) or pinned: borrowed
+// from an object that a process-wide intern table keeps alive until the
+// process exits (dtypes, contexts). Pinned references write no reference
+// count, so threads building signatures of the same dtype or context do not
+// bounce that object's count between cores (an atomic on free-threaded
+// builds). Move-only.
+class PinnedRef {
+ public:
+  PinnedRef() = default;
+  static PinnedRef Owned(nb::object o) {
+    PinnedRef r;
+    r.p_ = o.release().ptr();
+    r.owned_ = true;
+    return r;
+  }
+  static PinnedRef Pinned(PyObject* p) {  // `p` must be interned (see above)
+    PinnedRef r;
+    r.p_ = p;
+    return r;
+  }
+  PinnedRef(PinnedRef&& o) noexcept : p_(o.p_), owned_(o.owned_) { o.p_ = nullptr; }
+  PinnedRef& operator=(PinnedRef&& o) noexcept {
+    if (this != &o) {
+      PyObject* old = owned_ ? p_ : nullptr;
+      p_ = o.p_;
+      owned_ = o.owned_;
+      o.p_ = nullptr;
+      Py_XDECREF(old);  // after the swap: a finaliser sees a consistent object
+    }
+    return *this;
+  }
+  PinnedRef(const PinnedRef&) = delete;
+  PinnedRef& operator=(const PinnedRef&) = delete;
+  ~PinnedRef() {
+    if (owned_) Py_XDECREF(p_);
+  }
+  PyObject* ptr() const { return p_; }
+  bool is_valid() const { return p_ != nullptr; }
+
+ private:
+  PyObject* p_ = nullptr;
+  bool owned_ = false;
+};
+
 struct LeafSignature {
   LeafKind kind;
   bool weak_type;
   uint32_t ndim;     // the dims live in CallSignature::dims, in leaf order
-  nb::object dtype;     // null for Python scalars
+  PinnedRef dtype;      // null for Python scalars
   nb::object sharding;  // a committed array's placement (see context_fn); else null
 };
 
@@ -55,7 +99,7 @@ struct CallSignature {
   SmallVector<int64_t, 8> dims;
   SmallVector<nb::object, 2> statics;  // positional statics, then keyword ones
   SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
-  nb::object context;                  // from the compiler's context hook
+  PinnedRef context;                   // from the compiler's context hook
   size_t hash = 0;
   bool jax_style_errors = false;       // from SignatureSpec, see there
 

@@ -853,3 +853,41 @@ def test_aval_type_with_custom_getattribute_takes_the_generic_lookup():
     jf(Logged(_Aval(np.float32, (3,))))
     assert comp.calls == 1
     assert Logged.seen == ["aval", "placed"] * 2
+
+
+def test_more_dtypes_than_the_intern_table_holds():
+    # The core interns up to 256 dtype objects process-wide (pinned, no
+    # reference counting on the hot path); past that, dtypes are owned
+    # references. Both kinds must key, compare and stay alive correctly.
+    AvalArray = _make_aval_array_type()
+    comp = _AvalCompiler(AvalArray)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(capacity=1000))
+    dtypes = [np.dtype([(f"f{i}", np.float32)]) for i in range(300)]
+    arrays = [AvalArray(_Aval(d, (2,))) for d in dtypes]
+    for a in arrays:
+        assert jf(a) is a
+    del dtypes
+    for a in arrays:
+        assert jf(a) is a
+    assert comp.calls == 300
+    info = jf.cache_info()
+    assert (info.hits, info.misses) == (300, 300)
+
+
+def test_more_contexts_than_the_intern_table_holds():
+    # Contexts are interned process-wide up to 256; later ones are owned
+    # references. Either way equal contexts hit and distinct ones compile.
+    state = {"ctx": None}
+
+    class CtxCompiler(CountingCompiler):
+        signature_hooks = (lambda: state["ctx"], None, None, None, None, None, None, None)
+
+    comp = CtxCompiler()
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache(capacity=1000))
+    for round_ in range(2):
+        for i in range(300):
+            state["ctx"] = ("test-context", i, object.__name__ * (i % 3))  # fresh equal tuples
+            assert jf(1.0) == 2.0
+    assert comp.calls == 300
+    info = jf.cache_info()
+    assert (info.hits, info.misses) == (300, 300)
