@@ -171,10 +171,12 @@ ContextHook ContextHook::Unpack(const nb::object& hook_obj) {
   auto bad = [] {
     PyErr_SetString(PyExc_TypeError,
                     "ftjit: a tuple context hook must be (context, probe, probe_arg, probe_ok, "
-                    "requires, committed_types, committed_attr, sharding_attr)");
+                    "requires, committed_types, committed_attr, sharding_attr[, extras]), extras "
+                    "a tuple of at most 8 (getter, arg) pairs");
     throw nb::python_error();
   };
-  if (PyTuple_GET_SIZE(hook) != 8) bad();
+  Py_ssize_t size = PyTuple_GET_SIZE(hook);
+  if (size != 8 && size != 9) bad();
   auto item = [&](Py_ssize_t i) -> PyObject* {
     PyObject* o = PyTuple_GET_ITEM(hook, i);
     return o == Py_None ? nullptr : o;
@@ -187,6 +189,20 @@ ContextHook ContextHook::Unpack(const nb::object& hook_obj) {
   h.committed_types = item(5);
   h.committed_attr = item(6);
   h.sharding_attr = item(7);
+  if (PyObject* extras = size == 9 ? item(8) : nullptr) {
+    if (!PyTuple_Check(extras) || static_cast<size_t>(PyTuple_GET_SIZE(extras)) > kMaxExtras) bad();
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extras); ++i) {
+      PyObject* pair = PyTuple_GET_ITEM(extras, i);
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+          !PyCallable_Check(PyTuple_GET_ITEM(pair, 0))) {
+        bad();
+      }
+      h.extra_getters[h.num_extras] = PyTuple_GET_ITEM(pair, 0);
+      h.extra_args[h.num_extras] = PyTuple_GET_ITEM(pair, 1);
+      ++h.num_extras;
+    }
+    if (h.num_extras > 0 && !h.context) bad();
+  }
   if ((h.requires && !PyTuple_Check(h.requires)) ||
       (h.committed_types && (!PyTuple_Check(h.committed_types) || !h.committed_attr ||
                              !h.sharding_attr || !PyUnicode_Check(h.committed_attr) ||
@@ -755,26 +771,43 @@ nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h, bool* interned) 
 // process-wide canonical object (see CanonicalContext), so that entries
 // compiled in any thread compare by identity. The memo's reference lives as
 // long as the thread, on purpose (see DtypeHash).
-Py_hash_t ContextHash(PinnedRef& ctx) {
+//
+// With extras (values of the hook's extra getters), the key is one tuple of
+// the context's items (or the context itself, if not a tuple) followed by
+// the extras; `ctx` is replaced by that key's canonical object.
+Py_hash_t ContextHash(PinnedRef& ctx, PyObject* const* extras, size_t num_extras) {
   thread_local PyObject* last = nullptr;
   thread_local Py_hash_t last_hash = 0;
   thread_local bool last_interned = false;
   PyObject* c = ctx.ptr();
-  if (last && PyTuple_CheckExact(c) && PyTuple_CheckExact(last) &&
-      PyTuple_GET_SIZE(c) == PyTuple_GET_SIZE(last)) {
-    // Item by item, identity only: one memcmp of the two item arrays.
-    bool same = std::memcmp(reinterpret_cast<PyTupleObject*>(c)->ob_item,
-                            reinterpret_cast<PyTupleObject*>(last)->ob_item,
-                            sizeof(PyObject*) * static_cast<size_t>(PyTuple_GET_SIZE(c))) == 0;
+  bool is_tuple = PyTuple_CheckExact(c);
+  PyObject* const* head = is_tuple ? reinterpret_cast<PyTupleObject*>(c)->ob_item : &c;
+  size_t num_head = is_tuple ? static_cast<size_t>(PyTuple_GET_SIZE(c)) : 1;
+  if (last && (is_tuple || num_extras > 0) && PyTuple_CheckExact(last) &&
+      static_cast<size_t>(PyTuple_GET_SIZE(last)) == num_head + num_extras) {
+    // Item by item, identity only: memcmp of the item arrays.
+    PyObject* const* items = reinterpret_cast<PyTupleObject*>(last)->ob_item;
+    bool same = std::memcmp(head, items, sizeof(PyObject*) * num_head) == 0 &&
+                (num_extras == 0 ||
+                 std::memcmp(extras, items + num_head, sizeof(PyObject*) * num_extras) == 0);
     if (same) {
       ctx = last_interned ? PinnedRef::Pinned(last) : PinnedRef::Owned(nb::borrow(last));
       return last_hash;
     }
   }
-  Py_hash_t h = PyObject_Hash(c);
+  nb::object key = nb::borrow(c);
+  if (num_extras > 0) {
+    key = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(num_head + num_extras)));
+    if (!key.is_valid()) throw nb::python_error();
+    for (size_t i = 0; i < num_head; ++i) PyTuple_SET_ITEM(key.ptr(), i, Py_NewRef(head[i]));
+    for (size_t i = 0; i < num_extras; ++i) {
+      PyTuple_SET_ITEM(key.ptr(), num_head + i, Py_NewRef(extras[i]));
+    }
+  }
+  Py_hash_t h = PyObject_Hash(key.ptr());
   if (h == -1) throw nb::python_error();
   bool interned = false;
-  nb::object canonical = CanonicalContext(nb::borrow(c), h, &interned);
+  nb::object canonical = CanonicalContext(key, h, &interned);
   PyObject* old = last;
   last = Py_NewRef(canonical.ptr());
   last_hash = h;
@@ -836,6 +869,12 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
     if (!out.context.is_valid()) throw nb::python_error();
     hook.CheckRequires(out.context.ptr());
   }
+  // Extra context parts (new references, alive until the key is built).
+  SmallVector<nb::object, 4> extras;
+  for (size_t i = 0; i < hook.num_extras; ++i) {
+    extras.push_back(nb::steal(PyObject_CallOneArg(hook.extra_getters[i], hook.extra_args[i])));
+    if (!extras.back().is_valid()) throw nb::python_error();
+  }
   Builder b(spec, hook, out);
   out.num_positional = static_cast<uint32_t>(nargs);
   b.MixIn(nargs);
@@ -884,7 +923,11 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
       b.Flatten(value);
     }
   }
-  if (out.context.is_valid()) b.MixIn(static_cast<size_t>(ContextHash(out.context)));
+  if (out.context.is_valid()) {
+    PyObject* extra_ptrs[ContextHook::kMaxExtras];
+    for (size_t i = 0; i < extras.size(); ++i) extra_ptrs[i] = extras[i].ptr();
+    b.MixIn(static_cast<size_t>(ContextHash(out.context, extra_ptrs, extras.size())));
+  }
   out.hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;
 }

@@ -133,9 +133,16 @@ struct ContextHook {
   PyObject* committed_types = nullptr;  // tuple of types, or null
   PyObject* committed_attr = nullptr;   // str
   PyObject* sharding_attr = nullptr;    // str
+  // Extra context parts: getter(arg) for each (getter, arg) pair, read after
+  // context() and keyed with it (e.g. JAX configs in jax.jit's key but not
+  // in trace_context()). Borrowed from the hook tuple's 9th item.
+  static constexpr size_t kMaxExtras = 8;
+  PyObject* extra_getters[kMaxExtras] = {};
+  PyObject* extra_args[kMaxExtras] = {};
+  size_t num_extras = 0;
 
-  // Validates and unpacks a context_fn (callable, 8-tuple, or null); throws
-  // TypeError for a malformed tuple.
+  // Validates and unpacks a context_fn (callable, 8- or 9-tuple, or null);
+  // throws TypeError for a malformed tuple.
   static ContextHook Unpack(const nb::object& hook_obj);
   // Throws NeedsFallback when the call must not be cached: the probe says so
   // (e.g. a JAX trace is active in this thread). Runs Python (the probe).
@@ -230,10 +237,10 @@ struct SignatureSpec {
 //       returns a tuple whose items are the very objects of this thread's
 //       previous context, the previous hash is reused (no re-hashing).
 //       It is called before the arguments are flattened.
-//     context_fn may instead be a tuple of 8 items (the JAX compiler's
-//       SignatureHooks), read on every call:
+//     context_fn may instead be a tuple of 8 or 9 items (the JAX compiler's
+//       SignatureHooks), unpacked once (ContextHook), used on every call:
 //       (context, probe, probe_arg, probe_ok, requires,
-//        committed_types, committed_attr, sharding_attr)
+//        committed_types, committed_attr, sharding_attr[, extras])
 //       context: the callable above, or None.
 //       probe: None, or a callable; when probe(probe_arg) is not probe_ok
 //         (identity), the call throws NeedsFallback before anything else is
@@ -246,6 +253,11 @@ struct SignatureSpec {
 //         committed_attr) is true, the object getattr(leaf, sharding_attr)
 //         is part of the leaf signature (hashed, compared with __eq__), as
 //         jax.jit keys on it.
+//       extras: None, or a tuple of at most 8 (getter, arg) pairs (context
+//         required): getter(arg) is read on every call, after context(), and
+//         keyed with it: the context part of the signature is then one tuple
+//         of context()'s items (or context() itself) followed by the extras
+//         (e.g. JAX configs of jax.jit's key that trace_context() leaves out).
 //   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
 //       tracer inside an outer transformation) makes BuildSignature throw
 //       NeedsFallback: such calls must not be cached. Leaves whose exact type

@@ -47,7 +47,15 @@ PUBLIC_CONTEXT_NAMES = (
     "jax_use_shardy_partitioner",
     "jax_enable_custom_prng",
     "jax_default_prng_impl",
+    "jax_optimization_level",
+    "jax_memory_fitting_level",
 )
+
+# Configs in jax.jit's own cache key (jaxlib's JitConfigs) that trace_context()
+# leaves out, so the core keys on them as extra context parts: the concrete
+# mesh of jax.set_mesh (it places outputs and sharding constraints) and two
+# compiler options. Names in jax._src.config.
+JIT_KEY_EXTRA_CONFIGS = ("device_context", "optimization_level", "memory_fitting_level")
 
 
 class SignatureHooks(NamedTuple):
@@ -70,6 +78,9 @@ class SignatureHooks(NamedTuple):
     committed_types: tuple[type, ...]
     committed_attr: str
     sharding_attr: str
+    #: ((getter, arg), ...): getter(arg) is keyed with context() (configs of
+    #: jax.jit's key that trace_context() leaves out, see JIT_KEY_EXTRA_CONFIGS)
+    extras: tuple[tuple[Callable[[Any], Any], Any], ...] = ()
 
 
 _hooks_lock = threading.Lock()
@@ -118,8 +129,14 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     probe = (_private_trace_probe() if "probe" in fast else None) or _public_trace_probe()
     placement = ("placement" in fast and _private_placement_attrs(array_type)) or ("committed", "sharding")
     aval = array_type is not None and "aval" in fast and _has_aval(array_type)
+    extras = (_private_context_extras() if "context" in fast else None) or _public_context_extras()
+
+    def full_context() -> Any:
+        """context() with the extras, as the core keys them (for miss explanations)."""
+        return (context(), *(getter(arg) for getter, arg in extras))
+
     return {
-        "context": context,
+        "context": full_context if extras else context,
         "signature_hooks": SignatureHooks(
             context,
             *probe,
@@ -127,6 +144,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
             # Without the concrete class, its public base (a subclass check).
             (array_type,) if array_type is not None else (jax.Array,) if isinstance(jax.Array, type) else (),
             *placement,
+            extras,
         ),
         "pytree_flatten": pytree_flatten,
         "fallback_types": (jax.core.Tracer,),
@@ -192,6 +210,46 @@ def _private_context() -> tuple[Callable[[], Any], tuple[str, ...]] | None:
         return context, names
     except Exception:  # noqa: BLE001 - a JAX without it: the public fallback
         return None
+
+
+def _private_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...] | None:
+    """Feature check: the configs of JIT_KEY_EXTRA_CONFIGS as jaxlib Config
+    objects, each read by the C++ getter of ``Config.value`` (one C call)."""
+    try:
+        from jax._src import config as jax_config
+
+        base = jax_config.config_ext.Config
+        fget = base.value.fget
+        extras = []
+        for name in JIT_KEY_EXTRA_CONFIGS:
+            config = getattr(jax_config, name, None)
+            if isinstance(config, base) and fget(config) is config.value:
+                extras.append((fget, config))
+        return tuple(extras) if len(extras) == len(JIT_KEY_EXTRA_CONFIGS) else None
+    except Exception:  # noqa: BLE001 - a JAX without them: the public fallback
+        return None
+
+
+def _public_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...]:
+    """The concrete mesh through the public ``jax.sharding.get_mesh()`` (the
+    two compiler options are in PUBLIC_CONTEXT_NAMES). ``get_mesh`` refuses to
+    run inside a trace, where the probe has already deferred the call; without
+    it (an older JAX), no extra."""
+    try:
+        import jax
+
+        get_mesh = jax.sharding.get_mesh
+        get_mesh()
+    except Exception:  # noqa: BLE001
+        return ()
+
+    def concrete_mesh(_: Any) -> Any:
+        try:
+            return get_mesh()
+        except ValueError:  # inside a trace: the call defers anyway
+            return None
+
+    return ((concrete_mesh, None),)
 
 
 def _public_context() -> tuple[Callable[[], Any], tuple[str, ...]]:

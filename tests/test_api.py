@@ -517,3 +517,32 @@ def test_malformed_signature_hooks_are_rejected_at_decoration():
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
     assert jf(1.0) == 2.0 and jf(2.0) == 3.0
     assert comp.calls == 1
+
+    for extras in ("not a tuple", ((len,),), ((1, 2),), tuple((len, ()) for _ in range(9))):
+        class BadExtras(CountingCompiler):
+            signature_hooks = (lambda: ("ctx",), None, None, None, None, None, None, None, extras)
+
+        with pytest.raises(TypeError, match=r"extras a tuple of at most 8 \(getter, arg\) pairs"):
+            ftjit.jit(lambda x: x, compiler=BadExtras(), cache=ftjit.FunctionCache())
+
+
+def test_signature_hooks_extras_are_keyed_with_the_context():
+    # A 9th item of the hook tuple: (getter, arg) pairs read on every call
+    # and keyed with context() (JAX uses it for configs of jax.jit's key that
+    # trace_context() leaves out).
+    mode = {"level": "O0"}
+
+    class ExtrasHooks(CountingCompiler):
+        signature_hooks = (lambda: ("ctx",), None, None, None, None, None, None, None,
+                           ((lambda d: d["level"], mode),))
+
+    comp = ExtrasHooks()
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+    assert jf(1.0) == 2.0 and jf(2.0) == 3.0
+    mode["level"] = "O1"
+    assert jf(1.0) == 2.0
+    mode["level"] = "O" + "0"  # an equal, distinct str: equal keys hit
+    assert jf(1.0) == 2.0
+    assert comp.calls == 2
+    info = jf.cache_info()
+    assert (info.hits, info.misses) == (2, 2)
