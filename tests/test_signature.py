@@ -798,10 +798,20 @@ def _make_aval_array_type():
     return AvalArray
 
 
+def _aval_jit(array_type=None):
+    """(array type, its counting compiler, an identity function jitted with it)."""
+    array_type = array_type or _make_aval_array_type()
+    comp = _AvalCompiler(array_type)
+    return array_type, comp, ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+
+
+def _short_signatures(jf, with_hits=False):
+    rows = [(s.signature.split(".<locals>.")[-1], s.hits) for s in jf.signatures()]
+    return sorted(rows if with_hits else [sig for sig, _ in rows])
+
+
 def test_aval_type_signature_reads_aval_and_placement():
-    AvalArray = _make_aval_array_type()
-    comp = _AvalCompiler(AvalArray)
-    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    AvalArray, comp, jf = _aval_jit()
     f32 = AvalArray(_Aval(np.float32, (4,)))
     jf(f32)
     jf(AvalArray(_Aval(np.float32, (4,))))
@@ -812,18 +822,16 @@ def test_aval_type_signature_reads_aval_and_placement():
     jf(AvalArray(_Aval(np.float32, (4,)), placed=True, where="dev0"))
     jf(AvalArray(_Aval(np.float32, (4,)), placed=True, where="dev1"))
     assert comp.calls == 5
-    assert sorted((s.signature.split(".<locals>.")[-1], s.hits) for s in jf.signatures()) == sorted([
+    assert _short_signatures(jf, with_hits=True) == sorted([
         ("<lambda>(float32[4])", 1), ("<lambda>(int32[4])", 0), ("<lambda>(float32[4]{weak})", 0),
         ("<lambda>(float32[4]@dev0)", 1), ("<lambda>(float32[4]@dev1)", 0)])
 
 
-@pytest.mark.thread_unsafe(reason="patches a class attribute that the other copies also read")
 def test_aval_type_patched_after_jit_is_read_through_the_new_attribute():
     # The core calls the property getters directly while the type is
-    # unmodified; patching the class afterwards must be seen on the next call.
-    AvalArray = _make_aval_array_type()
-    comp = _AvalCompiler(AvalArray)
-    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    # unmodified; patching the class (this test's own) afterwards must be
+    # seen on the next call.
+    AvalArray, comp, jf = _aval_jit()
     x = AvalArray(_Aval(np.float32, (4,)))
     jf(x)
     AvalArray.aval = property(lambda self: _Aval(np.int8, (2, 2)))
@@ -832,7 +840,7 @@ def test_aval_type_patched_after_jit_is_read_through_the_new_attribute():
     AvalArray.where = property(lambda self: "patched")
     jf(x)
     assert comp.calls == 3
-    assert sorted(s.signature.split(".<locals>.")[-1] for s in jf.signatures()) == sorted([
+    assert _short_signatures(jf) == sorted([
         "<lambda>(float32[4])", "<lambda>(int8[2,2])", "<lambda>(int8[2,2]@patched)"])
 
 
@@ -847,8 +855,7 @@ def test_aval_type_with_custom_getattribute_takes_the_generic_lookup():
                 type(self).seen.append(name)
             return super().__getattribute__(name)
 
-    comp = _AvalCompiler(Logged)
-    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    _, comp, jf = _aval_jit(Logged)
     jf(Logged(_Aval(np.float32, (3,))))
     jf(Logged(_Aval(np.float32, (3,))))
     assert comp.calls == 1
@@ -861,7 +868,7 @@ def test_more_dtypes_than_the_intern_table_holds():
     # references. Both kinds must key, compare and stay alive correctly.
     AvalArray = _make_aval_array_type()
     comp = _AvalCompiler(AvalArray)
-    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(capacity=1000))
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(capacity=1000))  # no eviction
     dtypes = [np.dtype([(f"f{i}", np.float32)]) for i in range(300)]
     arrays = [AvalArray(_Aval(d, (2,))) for d in dtypes]
     for a in arrays:
