@@ -111,8 +111,9 @@ PyObject* FunctionEntries::FindReady(const CallSignature& sig) {
   // Runs under the map's lock: Python-free (Py_NewRef only adds a reference).
   auto on_found = [this](const EntryPtr& e) noexcept -> PyObject* {
     if (e->latch.state() != CompileLatch::State::kReady) return nullptr;
-    counters_.Hit();
-    e->hits.Add();
+    int shard = ThreadShard();
+    counters_.Hit(shard);
+    e->hits.Add(shard);
     SharedLru<EntryPtr, nb::ft_mutex>::Touch(e);
     return Py_NewRef(e->executable.ptr());
   };

@@ -25,6 +25,7 @@
 //   | latch            | see compile_latch.h                               |
 //   | executable/error | written by the compiling thread before Publish(); |
 //   |                  | read only after observing the published state     |
+//   | hits             | ShardedCounter: relaxed atomics, one line a shard |
 //
 // Lock order: there is none to get wrong, because no two of these locks are
 // ever held at once: each critical section is Python-free and takes exactly
@@ -67,7 +68,10 @@ inline int ThreadShard() {
 template <int kShards>
 class ShardedCounter {
  public:
-  void Add() { shards_[ThreadShard() % kShards].n.fetch_add(1, std::memory_order_relaxed); }
+  // `shard` is ThreadShard(), which a caller bumping several counters reads once.
+  void Add(int shard = ThreadShard()) {
+    shards_[shard % kShards].n.fetch_add(1, std::memory_order_relaxed);
+  }
   uint64_t Load() const {
     uint64_t total = 0;
     for (const Shard& s : shards_) total += s.n.load(std::memory_order_relaxed);
@@ -126,7 +130,7 @@ struct Counters {
   std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
   std::atomic<uint64_t> compile_nanos{0}, wait_nanos{0};
 
-  void Hit() { hits.Add(); }
+  void Hit(int shard = ThreadShard()) { hits.Add(shard); }
   uint64_t Hits() const { return hits.Load(); }
 };
 

@@ -369,8 +369,9 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
   Entry& e = *found.entry;
   if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
   if (e.latch.state() == CompileLatch::State::kReady) {
-    st.entries->counters().Hit();
-    e.hits.Add();
+    int shard = ThreadShard();
+    st.entries->counters().Hit(shard);
+    e.hits.Add(shard);
   } else {
     WaitForCompile(st, e);
   }

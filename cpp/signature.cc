@@ -72,7 +72,8 @@ Py_hash_t MemoHash(PyObject* obj) {
 // use, kept alive until the process exits, so that signatures may pin them
 // (PinnedRef) instead of counting references. Identity only (Python-free);
 // bounded: past kMaxDtypes a dtype is simply not interned. Guarded by a leaf
-// ft_mutex (no-op on GIL builds, where the GIL serialises this section).
+// ft_mutex taken with the thread attached, under which no Python code runs
+// (Py_NewRef only); a no-op on GIL builds, where the GIL serialises it.
 constexpr size_t kMaxDtypes = 256;
 bool InternDtype(PyObject* dtype) {
   static nb::ft_mutex mu;
@@ -450,10 +451,6 @@ class Builder {
            (t.generic && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t.generic)));
   }
 
-  // An array leaf: dtype, shape, weak type (and placement, for committed
-  // arrays of the hook's committed_types). False, leaving `out_` untouched,
-  // if `obj` is not array-like (no .dtype, or a shape that is not a tuple of
-  // ints).
   // dtype, shape and weak type of an array-like `obj`, with their hash.
   struct ArrayShape {
     PinnedRef dtype;
@@ -570,7 +567,10 @@ class Builder {
     ArrayShape s;
     const AvalType* via_aval = nullptr;
     for (const AvalType& t : spec_.aval_types) {
-      if (t.type == Py_TYPE(obj)) via_aval = &t;
+      if (t.type == Py_TYPE(obj)) {
+        via_aval = &t;
+        break;
+      }
     }
     if (via_aval) {
       // For types whose .dtype/.shape are slow properties over an abstract
@@ -589,11 +589,12 @@ class Builder {
     // A committed array runs where it lives, so its placement is part of the
     // signature (what jax.jit keys on); an uncommitted one may be moved and
     // shares the signature of a numpy array.
+    // For an aval type, whether it is a committed type was settled (and its
+    // getter resolved) when the function was jitted (AddAvalType).
     nb::object sharding;
-    if (hook_.IsCommittedType(Py_TYPE(obj))) {
-      nb::object committed = nb::steal(via_aval && via_aval->committed.name
-                                           ? via_aval->committed.Get(obj)
-                                           : PyObject_GetAttr(obj, hook_.committed_attr));
+    if (via_aval ? via_aval->committed.name != nullptr : hook_.IsCommittedType(Py_TYPE(obj))) {
+      nb::object committed = nb::steal(via_aval ? via_aval->committed.Get(obj)
+                                                : PyObject_GetAttr(obj, hook_.committed_attr));
       if (!committed.is_valid()) throw nb::python_error();
       int truth = PyObject_IsTrue(committed.ptr());
       if (truth < 0) throw nb::python_error();
