@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import threading
 import time
 from typing import Any, Callable
+
+try:  # voluntary context switches (blocking waits); absent on Windows
+    import resource
+except ImportError:  # pragma: no cover
+    resource = None  # type: ignore[assignment]
 
 from .cases import Case, Side, _add
 from .timing import Measurement
 
 
-def _hammer(fn: Callable[..., Any], args: tuple[Any, ...], threads: int, calls: int) -> float:
-    """Wall ns per call when `threads` threads each make `calls` calls, released together."""
+def _blocking_waits() -> int:
+    """This process's voluntary context switches so far (0 where unknown)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw if resource is not None else 0
+
+
+def _hammer(fn: Callable[..., Any], args: tuple[Any, ...], threads: int, calls: int) -> tuple[float, float]:
+    """Wall ns per call when `threads` threads each make `calls` calls, released
+    together, and the blocking waits (voluntary context switches) per call."""
     barrier = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
@@ -26,16 +39,18 @@ def _hammer(fn: Callable[..., Any], args: tuple[Any, ...], threads: int, calls: 
     workers = [threading.Thread(target=work) for _ in range(threads)]
     for w in workers:
         w.start()
+    waits0 = _blocking_waits()
     barrier.wait()
     t0 = time.perf_counter_ns()
     for w in workers:
         w.join(timeout=600)
     elapsed = time.perf_counter_ns() - t0
+    waits = _blocking_waits() - waits0
     if errors:
         raise errors[0]
     if any(w.is_alive() for w in workers):
         raise RuntimeError("benchmark thread hung")
-    return elapsed / (threads * calls)
+    return elapsed / (threads * calls), waits / (threads * calls)
 
 
 def two_thread_measurement(calls: int, repeat: int) -> Measurement:
@@ -54,8 +69,17 @@ def two_thread_measurement(calls: int, repeat: int) -> Measurement:
                 note="aggregate wall ns/call of 2 threads; target = throughput >= 0.9x jax.jit's")
     ft: list[float] = []
     an: list[float] = []
+    waits: dict[int, list[float]] = {id(ft): [], id(an): []}
     for r in range(repeat):
         order = ((ours, ft), (theirs, an)) if r % 2 == 0 else ((theirs, an), (ours, ft))
         for fn, out in order:
-            out.append(_hammer(fn, (x, x), threads=2, calls=calls))
+            ns, per_call = _hammer(fn, (x, x), threads=2, calls=calls)
+            out.append(ns)
+            waits[id(out)].append(per_call)
+    if resource is not None:
+        # Under the GIL the two threads mostly take turns; what the row costs
+        # beyond the GIL-held work shows in how often a thread blocks.
+        case = dataclasses.replace(case, note=case.note + (
+            f"; blocking waits per call (median): ftjit {statistics.median(waits[id(ft)]):.2f}, "
+            f"jax.jit {statistics.median(waits[id(an)]):.2f}"))
     return Measurement(case, min(ft), min(an), tuple(ft), tuple(an))
