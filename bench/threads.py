@@ -69,17 +69,18 @@ def two_thread_measurement(calls: int, repeat: int) -> Measurement:
                 note="aggregate wall ns/call of 2 threads; target = throughput >= 0.9x jax.jit's")
     ft: list[float] = []
     an: list[float] = []
-    waits: dict[int, list[float]] = {id(ft): [], id(an): []}
+    ft_waits: list[float] = []
+    an_waits: list[float] = []
+    sides = ((ours, ft, ft_waits), (theirs, an, an_waits))
     for r in range(repeat):
-        order = ((ours, ft), (theirs, an)) if r % 2 == 0 else ((theirs, an), (ours, ft))
-        for fn, out in order:
-            ns, per_call = _hammer(fn, (x, x), threads=2, calls=calls)
-            out.append(ns)
-            waits[id(out)].append(per_call)
+        for fn, ns_out, waits_out in (sides if r % 2 == 0 else sides[::-1]):
+            ns, waits = _hammer(fn, (x, x), threads=2, calls=calls)
+            ns_out.append(ns)
+            waits_out.append(waits)
     if resource is not None:
         # Under the GIL the two threads mostly take turns; what the row costs
         # beyond the GIL-held work shows in how often a thread blocks.
         case = dataclasses.replace(case, note=case.note + (
-            f"; blocking waits per call (median): ftjit {statistics.median(waits[id(ft)]):.2f}, "
-            f"jax.jit {statistics.median(waits[id(an)]):.2f}"))
+            f"; blocking waits per call (median): ftjit {statistics.median(ft_waits):.2f}, "
+            f"jax.jit {statistics.median(an_waits):.2f}"))
     return Measurement(case, min(ft), min(an), tuple(ft), tuple(an))

@@ -441,7 +441,9 @@ extern "C" int JitFunction_clear(PyObject* self) {
     st->spec.hook = ContextHook();  // borrowed from context_fn, moved out above
     // The raw type pointers borrowed from the two owners must not outlive them.
     st->spec.plain_types.clear();
-    std::vector<AvalType> aval_getters = std::move(st->spec.aval_types);  // drops fget refs last
+    // The getters' fget references go with the other moved-out locals, once
+    // the state is already cleared.
+    std::vector<AvalType> aval_getters = std::move(st->spec.aval_types);
     st->spec.aval_types.clear();
   }
   return 0;
