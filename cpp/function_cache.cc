@@ -68,6 +68,18 @@ class FunctionCache {
     core = std::make_shared<CacheCore>(static_cast<size_t>(capacity));
     RegisterCore(core);
   }
+  // The cache's map holds each function's entries, and those hold the core:
+  // a cycle that, for a long-lived function, would keep the core, its LRU
+  // and every executable in it alive after the cache object and all its
+  // wrappers are gone. Nothing can look a function up in this cache once its
+  // Python object is gone, so the map is emptied here; wrappers still alive
+  // keep their own function's entries (and through them the core) usable.
+  ~FunctionCache() {
+    if (core) {
+      auto removed = core->functions.Clear();
+      // `removed` is dropped here, outside the map's lock.
+    }
+  }
   std::shared_ptr<CacheCore> core;  // fixed after construction
 };
 
@@ -91,8 +103,12 @@ void CacheCore::ClearAll() {
   }
   all.clear();
   // Entries that were inserted but not yet linked into the LRU are caught by
-  // their function's own clear; visit the functions too.
-  for (auto& kv : functions.Snapshot()) kv.second->Clear();
+  // their function's own clear; visit every function using this core, the
+  // private ones (callables that cannot be weakly referenced, never in
+  // `functions`) included.
+  for (auto& fe : LiveEntries()) {
+    if (fe->core().get() == this) fe->Clear();
+  }
 }
 
 void CacheCore::ForgetFunction(const FunctionEntries* fe) {
@@ -102,7 +118,16 @@ void CacheCore::ForgetFunction(const FunctionEntries* fe) {
   // `removed` (and possibly the FunctionEntries itself) is dropped here.
 }
 
-FunctionEntries::~FunctionEntries() = default;
+FunctionEntries::~FunctionEntries() {
+  // Usually empty by now (a clear, the weakref callback or the wrapper's
+  // dealloc ran first). When not (e.g. the cache object died first, see
+  // ~FunctionCache), the entries still linked in the shared LRU must stop
+  // counting against it: unlink them; they die after the LRU's unlock.
+  if (map_.size() == 0) return;
+  const FunctionEntries* self = this;
+  std::vector<EntryPtr> unlinked =
+      core_->lru.RemoveIf([self](const EntryPtr& e) { return e->cache_raw == self; });
+}
 
 PyObject* FunctionEntries::FindReady(const CallSignature& sig) {
   auto fast_eq = [](const SigPtr& stored, const CallSignature& probe) noexcept {

@@ -439,6 +439,58 @@ def test_cache_dies_with_its_functions():
         assert gc_collect_until(lambda: cache_ref() is None)
 
 
+def test_cache_object_death_frees_executables_while_the_function_lives():
+    # The cache's map holds the function's entries, which hold the cache's
+    # core: dropping the cache object and its wrappers must free the
+    # executables even though the function itself lives on.
+    comp = ExeCompiler()
+
+    def f(x):
+        return x
+
+    for _ in range(3):
+        cache = ftjit.FunctionCache(8)
+        jf = ftjit.jit(f, compiler=comp, cache=cache)
+        assert jf(1.0) == 1.0
+        del jf, cache
+    assert comp.calls == 3
+    assert gc_collect_until(lambda: all(r() is None for r in comp.exe_refs)), [
+        r() is not None for r in comp.exe_refs
+    ]
+
+
+def test_cache_object_dropped_before_its_wrappers():
+    # Wrappers keep their cache alive and usable; the executables of every
+    # function in it go with the last wrapper, though the functions live on.
+    comp = ExeCompiler()
+
+    def f(x):
+        return x
+
+    def g(x):
+        return x * 2
+
+    cache = ftjit.FunctionCache(4)
+    jf = ftjit.jit(f, compiler=comp, cache=cache)
+    jg = ftjit.jit(g, compiler=comp, cache=cache)
+    assert (jf(1.0), jg(1.0)) == (1.0, 2.0)
+    cache_ref = weakref.ref(cache) if _weakrefable(cache) else None
+    del cache
+    assert (jf(2.0), jg(np.ones(2))[0]) == (2.0, 2.0)
+    assert comp.calls == 3
+    del jf
+    # g's wrapper still holds the cache: f's entry stays for a new wrapper.
+    assert jg._cache.size() == 3
+    assert ftjit.jit(f, compiler=comp, cache=jg._cache)(3.0) == 3.0
+    assert comp.calls == 3
+    del jg
+    assert gc_collect_until(lambda: all(r() is None for r in comp.exe_refs)), [
+        r() is not None for r in comp.exe_refs
+    ]
+    if cache_ref is not None:
+        assert gc_collect_until(lambda: cache_ref() is None)
+
+
 def _weakrefable(obj):
     try:
         weakref.ref(obj)
@@ -667,7 +719,26 @@ def test_non_weakrefable_callable_entries_leave_the_shared_cache_with_the_wrappe
     assert other.cache_info().size == 1
 
 
-def test_clear_between_insert_and_lru_link_leaves_no_orphan():
+class _SlotsAdd:
+    __slots__ = ()
+
+    def __call__(self, x, k):
+        return x + k.v
+
+
+@pytest.mark.parametrize("callable_kind", ["function", "not_weakrefable"])
+@pytest.mark.parametrize(
+    "clear",
+    [
+        "clear_cache",
+        "cache.clear",
+        pytest.param(
+            "clear_caches",
+            marks=pytest.mark.thread_unsafe(reason="clear_caches() clears every function in the process"),
+        ),
+    ],
+)
+def test_clear_between_insert_and_lru_link_leaves_no_orphan(callable_kind, clear):
     # A miss inserts its entry in the function's map, then links it into the
     # shared LRU. Here a clear_cache() runs in between: the lookup's last
     # reference to an older signature (dropped right after the insert) owns
@@ -695,15 +766,24 @@ def test_clear_between_insert_and_lru_link_leaves_no_orphan():
                 # the insert's: clearing there leaves A's last reference with
                 # the insert, which drops it just after inserting B.
                 if len(eq_calls) == 2:
-                    jf.clear_cache()
+                    do_clear()
             return isinstance(other, Key) and self.v == other.v
 
         def __del__(self):
             if self.clear_on_del and not cleared:
                 cleared.append(self.v)
-                jf.clear_cache()  # runs after B's insert, before its LRU link
+                do_clear()  # runs after B's insert, before its LRU link
 
-    jf = ftjit.jit(lambda x, k: x + k.v, static_argnums=1, compiler=comp, cache=cache)
+    def do_clear():
+        if clear == "clear_cache":
+            jf.clear_cache()
+        elif clear == "cache.clear":
+            cache.clear()
+        else:
+            ftjit.clear_caches()
+
+    fun = (lambda x, k: x + k.v) if callable_kind == "function" else _SlotsAdd()
+    jf = ftjit.jit(fun, static_argnums=1, compiler=comp, cache=cache)
     assert jf(1.0, Key(1, clear_on_del=True)) == 2.0
     assert jf(1.0, Key(2, clear_on_del=False)) == 3.0
     assert cleared == [1]
