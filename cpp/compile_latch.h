@@ -27,6 +27,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 namespace ftjit {
 
@@ -74,32 +75,47 @@ class CompileLatch {
 // registering happen under one lock, so of two threads about to wait on each
 // other the second always sees the first.
 //
+// Waits nest: Python code run while a thread waits (a signal handler, a GC
+// callback run by the wait's signal check) may itself call a jitted function
+// and wait on another latch. Each thread therefore has a stack of latches;
+// the innermost is what it is blocked on now and the edge the walk follows.
+// While an inner wait hides an outer one, a cycle through the outer edge can
+// close without anyone's BeginWait seeing it; so a waiter re-checks with
+// StillSafe() between the slices of its wait, and the first to see a cycle
+// leaves it (under the lock: exactly one thread of the cycle is refused).
+//
 // A registered latch stays alive while registered: the waiter holds a strong
 // reference to it for the whole wait and calls EndWait before dropping it.
 class WaitForGraph {
  public:
-  // Registers `self` as waiting on `latch` and returns true, or returns false
-  // (registering nothing) when waiting would close a cycle of compiles.
+  // Registers `self` as waiting on `latch` (innermost) and returns true, or
+  // returns false (registering nothing) when waiting would close a cycle of
+  // compiles.
   bool BeginWait(ThreadId self, const CompileLatch* latch) {
     std::lock_guard<std::mutex> lock(mu_);
-    const CompileLatch* cur = latch;
-    // Each thread waits on at most one latch, so the walk ends within
-    // waiting_.size() + 1 steps.
-    for (size_t steps = 0; steps <= waiting_.size(); ++steps) {
-      if (!cur->compiling()) break;  // that edge resolves by itself
-      ThreadId owner = cur->owner();
-      if (owner == self) return false;
-      auto it = waiting_.find(owner);
-      if (it == waiting_.end()) break;
-      cur = it->second;
-    }
-    waiting_[self] = latch;
+    if (ClosesCycleLocked(self, latch)) return false;
+    waiting_[self].push_back(latch);
     return true;
   }
 
+  // Ends the innermost wait of `self` (the outer one, if any, is what it
+  // waits on again). Harmless when `self` is not waiting.
   void EndWait(ThreadId self) {
     std::lock_guard<std::mutex> lock(mu_);
-    waiting_.erase(self);
+    PopLocked(self);
+  }
+
+  // For a registered waiter, between slices: true while its innermost wait
+  // still cannot deadlock. When a cycle has closed through it, ends that wait
+  // (as EndWait does, so the caller must not call EndWait for it again) and
+  // returns false.
+  bool StillSafe(ThreadId self) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waiting_.find(self);
+    if (it == waiting_.end()) return true;
+    if (!ClosesCycleLocked(self, it->second.back())) return true;
+    PopLocked(self);
+    return false;
   }
 
   // For tests and diagnostics: how many threads are registered as waiting.
@@ -109,8 +125,32 @@ class WaitForGraph {
   }
 
  private:
+  // Whether following latch -> owner -> its innermost latch -> ... reaches
+  // `self`. Each thread has one innermost latch, so the walk ends within
+  // waiting_.size() + 1 steps.
+  bool ClosesCycleLocked(ThreadId self, const CompileLatch* latch) const {
+    const CompileLatch* cur = latch;
+    for (size_t steps = 0; steps <= waiting_.size(); ++steps) {
+      if (!cur->compiling()) return false;  // that edge resolves by itself
+      ThreadId owner = cur->owner();
+      if (owner == self) return true;
+      auto it = waiting_.find(owner);
+      if (it == waiting_.end()) return false;
+      cur = it->second.back();
+    }
+    return false;
+  }
+
+  void PopLocked(ThreadId self) {
+    auto it = waiting_.find(self);
+    if (it == waiting_.end()) return;
+    it->second.pop_back();
+    if (it->second.empty()) waiting_.erase(it);
+  }
+
   mutable std::mutex mu_;  // leaf lock
-  std::unordered_map<ThreadId, const CompileLatch*> waiting_;  // guarded by mu_
+  // Per waiting thread, its nested waits, innermost last; never empty.
+  std::unordered_map<ThreadId, std::vector<const CompileLatch*>> waiting_;  // guarded by mu_
 };
 
 }  // namespace ftjit

@@ -289,17 +289,21 @@ void WaitForCompile(JitState& st, Entry& e) {
                      "signature being compiled, which can never finish. Break the recursion, "
                      "or call the un-jitted function (__wrapped__) inside.");
   }
-  if (!Graph().BeginWait(self, &e.latch)) {
+  auto raise_cycle = [&] {
     RaiseMessage(Types().compile_cycle,
                  "compiling in this thread needs " + e.sig->ToString(st.spec.fun_name) +
                      ", which another thread is compiling while it waits (directly or through "
                      "other threads) for a compile this thread is running: the compiles form a "
                      "cycle and would deadlock. Compile one of the functions first, or break "
                      "the mutual dependency.");
-  }
+  };
+  if (!Graph().BeginWait(self, &e.latch)) raise_cycle();
   struct EndWait {
     ThreadId self;
-    ~EndWait() { Graph().EndWait(self); }
+    bool registered = true;
+    ~EndWait() {
+      if (registered) Graph().EndWait(self);
+    }
   } end_wait{self};
   Counters& c = st.entries->counters();
   c.waits.fetch_add(1, std::memory_order_relaxed);
@@ -334,6 +338,14 @@ void WaitForCompile(JitState& st, Entry& e) {
     if (s == CompileLatch::State::kCompiling && PyErr_CheckSignals() != 0) {
       c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
       throw nb::python_error();
+    }
+    // A cycle may have closed while a nested wait (Python code run by the
+    // signal check above, here or in another thread) hid an outer edge from
+    // the walk of BeginWait: see WaitForGraph.
+    if (s == CompileLatch::State::kCompiling && !Graph().StillSafe(self)) {
+      end_wait.registered = false;
+      c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+      raise_cycle();
     }
   }
   uint64_t waited = NanosSince(t0);

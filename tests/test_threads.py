@@ -341,6 +341,105 @@ def test_08_wait_is_interruptible_by_ctrl_c():
     assert comp.calls == 1
 
 
+@pytest.mark.thread_unsafe(reason="delivers SIGUSR1 to the main thread")
+@pytest.mark.parametrize("cycle_closes", ["after_nested_wait", "during_nested_wait"])
+def test_08b_nested_wait_in_a_signal_handler_keeps_cycle_detection(cycle_closes):
+    """The main thread compiles h, whose compile waits on f, which thread A is
+    compiling. While main waits, a signal handler runs in it and itself waits
+    on a third compile (g, by thread B): a nested wait. Then A's compile of f
+    asks for h, closing the cycle main -> f -> A -> h -> main, either after the
+    nested wait ended or while it still hides main's wait on f. Both threads
+    must get CompileCycleError within a few seconds, not wait for the compile
+    timeout (before the fix: the nested wait erased main's wait-for edge)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are only delivered to the main thread")
+    if not hasattr(signal, "pthread_kill"):
+        pytest.skip("needs signal.pthread_kill")
+    a_compiling, go_a = threading.Event(), threading.Event()
+    g_compiling, release_g, handler_done = threading.Event(), threading.Event(), threading.Event()
+    cache = ftjit.FunctionCache()
+    active = [True]
+
+    def f_hook(fun, args, kwargs):  # in thread A
+        if active[0]:
+            a_compiling.set()
+            assert go_a.wait(10)
+            h(1.0)
+
+    def h_hook(fun, args, kwargs):  # in the main thread
+        if active[0]:
+            f(1.0)
+
+    def g_hook(fun, args, kwargs):  # in thread B
+        if active[0]:
+            g_compiling.set()
+            assert release_g.wait(10)
+
+    kw = dict(cache=cache, compile_timeout=8.0)
+    f = ftjit.jit(lambda x: x + 1, compiler=CountingCompiler(on_compile=f_hook), **kw)
+    h = ftjit.jit(lambda x: x + 2, compiler=CountingCompiler(on_compile=h_hook), **kw)
+    g = ftjit.jit(lambda x: x + 3, compiler=CountingCompiler(on_compile=g_hook), **kw)
+    outcomes = {}
+
+    def catch(name, fn):
+        try:
+            outcomes[name] = ("ok", fn())
+        except BaseException as e:  # noqa: BLE001 - examined below
+            outcomes[name] = ("err", e)
+
+    b = threading.Thread(target=catch, args=("B", lambda: g(1.0)), daemon=True)
+
+    def handler(signum, frame):
+        b.start()
+        assert g_compiling.wait(5)
+        catch("handler", lambda: g(1.0))  # the nested wait
+        handler_done.set()
+
+    def poke():
+        assert wait_for(lambda: ftjit._core._waiting_threads() >= 1, 5)  # main waits on f
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        assert wait_for(lambda: g.cache_info().waits == 1, 5)  # the handler waits on g
+        if cycle_closes == "after_nested_wait":
+            release_g.set()
+            assert handler_done.wait(5)
+            go_a.set()
+        else:
+            go_a.set()
+            # A waits on h while main's innermost wait is still the one on g.
+            assert wait_for(lambda: ftjit._core._waiting_threads() >= 2, 5)
+            release_g.set()
+
+    a = threading.Thread(target=catch, args=("A", lambda: f(1.0)), daemon=True)
+    poker = threading.Thread(target=catch, args=("poker", poke), daemon=True)
+    old_handler = signal.signal(signal.SIGUSR1, handler)
+    try:
+        a.start()
+        assert a_compiling.wait(5)
+        poker.start()
+        t0 = time.monotonic()
+        catch("main", lambda: h(1.0))
+        elapsed = time.monotonic() - t0
+    finally:
+        signal.signal(signal.SIGUSR1, old_handler)
+        go_a.set()
+        release_g.set()
+    for t in (a, b, poker):
+        t.join(15)
+        assert not t.is_alive(), t.name
+    assert outcomes["poker"] == ("ok", None), outcomes
+    assert outcomes["B"] == ("ok", 4.0), outcomes
+    assert outcomes["handler"] == ("ok", 4.0), outcomes
+    for name in ("main", "A"):
+        kind, err = outcomes[name]
+        assert kind == "err" and type(err) is ftjit.CompileCycleError, (name, outcomes[name])
+        assert "the compiles form a cycle" in str(err)
+    assert elapsed < 5.0, elapsed
+    assert ftjit._core._waiting_threads() == 0
+    # Nothing failed is kept: f and h compile again once the cycle is gone.
+    active[0] = False
+    assert (f(1.0), h(1.0), g(1.0)) == (2.0, 3.0, 4.0)
+
+
 class Reentrant:
     """A static argument whose __eq__ re-enters the jitted function `jf` and
     clears its cache in the middle of the lookup."""

@@ -385,9 +385,11 @@ void TestEndWaitCounts() {
       return;
     }
     CHECK(graph.BeginWait(self, latch.get()));
-    CHECK(graph.BeginWait(self, latch.get()));  // re-registering replaces, never duplicates
+    CHECK(graph.BeginWait(self, latch.get()));  // a nested wait: still one waiting thread
     registered.fetch_add(1);
     steps.Await(static_cast<int>(t));
+    CHECK_EQ(graph.waiting(), kWaiters - (t - 1));
+    graph.EndWait(self);  // the inner wait: the outer one stays registered
     CHECK_EQ(graph.waiting(), kWaiters - (t - 1));
     graph.EndWait(self);
     CHECK_EQ(graph.waiting(), kWaiters - t);
@@ -396,6 +398,109 @@ void TestEndWaitCounts() {
   });
   CHECK_EQ(graph.waiting(), size_t{0});
   CHECK_EQ(latch->state(), State::kReady);
+}
+
+// Nested waits (Python run during a wait waits on another latch). Threads
+// A, B, C own LA, LB, LC. B waits on LA (outer), and inside that on LC
+// (inner). After the inner wait ends, B's outer edge must still be there:
+// A then waiting on LB closes the cycle A -> LB -> B -> LA -> A and is refused.
+void TestNestedWaitKeepsOuterEdge() {
+  for (int iter = 0; iter < 20; ++iter) {
+    WaitForGraph graph;
+    std::unique_ptr<CompileLatch> latches[3];  // A's, B's, C's
+    Barrier made(3);
+    Steps steps;
+    bool a_began = true;
+    RunThreads(3, [&](size_t t) {
+      const auto self = std::this_thread::get_id();
+      latches[t] = std::make_unique<CompileLatch>(self);
+      made.Arrive();
+      if (t == 1) {  // B
+        CHECK(graph.BeginWait(self, latches[0].get()));  // outer: LA
+        CHECK(graph.BeginWait(self, latches[2].get()));  // inner: LC
+        CHECK_EQ(graph.waiting(), size_t{1});
+        steps.Set(1);
+        steps.Await(2);  // C published LC
+        CHECK_EQ(WaitUntilDone(*latches[2]), State::kReady);
+        graph.EndWait(self);  // inner done: B waits on LA again
+        CHECK_EQ(graph.waiting(), size_t{1});
+        CHECK(graph.StillSafe(self));  // nobody waits on B yet
+        steps.Set(3);
+        CHECK_EQ(WaitUntilDone(*latches[0]), State::kFailed);
+        graph.EndWait(self);
+        latches[1]->Publish(State::kReady);
+      } else if (t == 2) {  // C
+        steps.Await(1);
+        latches[2]->Publish(State::kReady);
+        steps.Set(2);
+      } else {  // A
+        steps.Await(3);
+        a_began = graph.BeginWait(self, latches[1].get());
+        latches[0]->Publish(State::kFailed);  // A gives up its compile: B's wait ends
+      }
+    });
+    CHECK(!a_began);
+    CHECK_EQ(graph.waiting(), size_t{0});
+  }
+}
+
+// A cycle can close unseen while an inner wait hides an outer edge: B waits on
+// LA, and inside that on LC; A's BeginWait on LB follows B's innermost edge
+// (to C, who waits on nothing) and is allowed. When B's inner wait ends, the
+// cycle A -> LB -> B -> LA -> A exists; StillSafe (called by every waiter
+// between slices) refuses exactly one of A and B, and unregisters it.
+void TestHiddenCycleCaughtBetweenSlices() {
+  for (int iter = 0; iter < 20; ++iter) {
+    WaitForGraph graph;
+    std::unique_ptr<CompileLatch> latches[3];  // A's, B's, C's
+    Barrier made(3);
+    Barrier checked(2);  // A and B
+    Steps steps;
+    std::atomic<int> refused{0};
+    RunThreads(3, [&](size_t t) {
+      const auto self = std::this_thread::get_id();
+      latches[t] = std::make_unique<CompileLatch>(self);
+      made.Arrive();
+      if (t == 1) {  // B
+        CHECK(graph.BeginWait(self, latches[0].get()));  // outer: LA
+        CHECK(graph.BeginWait(self, latches[2].get()));  // inner: LC
+        steps.Set(1);
+        CHECK_EQ(WaitUntilDone(*latches[2]), State::kReady);  // C publishes after A registered
+        graph.EndWait(self);  // the cycle is now closed
+        checked.Arrive();
+        bool safe = graph.StillSafe(self);
+        if (!safe) {
+          refused.fetch_add(1);
+          latches[1]->Publish(State::kFailed);  // B's caller raises: its compile fails
+          return;
+        }
+        CHECK_EQ(WaitUntilDone(*latches[0]), State::kFailed);
+        graph.EndWait(self);
+        latches[1]->Publish(State::kReady);
+      } else if (t == 0) {  // A
+        steps.Await(1);
+        CHECK(graph.BeginWait(self, latches[1].get()));  // the walk stops at C
+        CHECK_EQ(graph.waiting(), size_t{2});
+        steps.Set(2);
+        checked.Arrive();
+        bool safe = graph.StillSafe(self);
+        if (!safe) {
+          refused.fetch_add(1);
+          latches[0]->Publish(State::kFailed);
+          return;
+        }
+        WaitUntilDone(*latches[1]);
+        graph.EndWait(self);
+        latches[0]->Publish(State::kFailed);
+      }
+      if (t == 2) {  // C: waits on nothing
+        steps.Await(2);
+        latches[2]->Publish(State::kReady);
+      }
+    });
+    CHECK_EQ(refused.load(), 1);
+    CHECK_EQ(graph.waiting(), size_t{0});
+  }
 }
 
 }  // namespace
@@ -410,6 +515,8 @@ int main() {
   RUN_TEST(TestPublishedLatchNoFalseCycle);
   RUN_TEST(TestRandomWaitGraphs);
   RUN_TEST(TestEndWaitCounts);
+  RUN_TEST(TestNestedWaitKeepsOuterEdge);
+  RUN_TEST(TestHiddenCycleCaughtBetweenSlices);
   std::fprintf(stderr, "all CompileLatch/WaitForGraph tests passed\n");
   return 0;
 }
