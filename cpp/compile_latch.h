@@ -35,7 +35,9 @@ using ThreadId = std::thread::id;
 
 class CompileLatch {
  public:
-  enum class State : uint8_t { kCompiling, kReady, kFailed };
+  // kAbandoned: the compile was interrupted (not failed) and its entry
+  // dropped; a waiter looks the signature up again and may compile it.
+  enum class State : uint8_t { kCompiling, kReady, kFailed, kAbandoned };
 
   explicit CompileLatch(ThreadId owner) : owner_(owner) {}
   CompileLatch(const CompileLatch&) = delete;
@@ -45,7 +47,8 @@ class CompileLatch {
   State state() const { return state_.load(std::memory_order_acquire); }
   bool compiling() const { return state() == State::kCompiling; }
 
-  // Owner only, once: moves to kReady or kFailed and wakes every waiter.
+  // Owner only, once: moves to kReady, kFailed or kAbandoned and wakes
+  // every waiter.
   void Publish(State final_state) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -200,11 +200,11 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
     JitState& st;
     const EntryPtr& e;
     bool done = false;
-    void Fail() {
+    void Fail(CompileLatch::State how = CompileLatch::State::kFailed) {
       done = true;
       st.entries->Discard(e);  // before publishing: the next call recompiles
       st.entries->counters().failures.fetch_add(1, std::memory_order_relaxed);
-      e->latch.Publish(CompileLatch::State::kFailed);
+      e->latch.Publish(how);
     }
     ~Publisher() {
       if (!done) {
@@ -242,8 +242,16 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
   }
   if (!exe.is_valid()) {
     nb::object error = FetchNormalized();
-    e->error = ErrorForWaiters(error);
-    publisher.Fail();
+    // An interruption of this thread (KeyboardInterrupt, SystemExit: any
+    // BaseException that is not an Exception) is not the compile's result:
+    // it stays with this thread, and a waiter compiles again instead.
+    if (PyObject_IsInstance(error.ptr(), PyExc_Exception) == 1) {
+      e->error = ErrorForWaiters(error);
+      publisher.Fail();
+    } else {
+      PyErr_Clear();  // IsInstance may have raised (a hostile __class__)
+      publisher.Fail(CompileLatch::State::kAbandoned);
+    }
     if (st.on_compile.is_valid()) {
       nb::object secs = nb::steal(PyFloat_FromDouble(static_cast<double>(NanosSince(t0)) * 1e-9));
       nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
@@ -279,7 +287,10 @@ nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args
 }
 
 // `e` is being compiled by another thread (or by this one: recursion).
-void WaitForCompile(JitState& st, Entry& e) {
+// Returns true once it is ready, false when its compile was abandoned (the
+// caller looks the signature up again); raises the compile's error if it
+// failed.
+bool WaitForCompile(JitState& st, Entry& e) {
   ThreadId self = std::this_thread::get_id();
   if (e.latch.owner() == self) {
     RaiseMessage(Types().recursive_compile,
@@ -358,6 +369,7 @@ void WaitForCompile(JitState& st, Entry& e) {
     CallHook(st.on_wait, {name.ptr(), sig.ptr(), secs.ptr()});
   }
   if (s == CompileLatch::State::kFailed) RaiseForWaiter(e.error);
+  return s == CompileLatch::State::kReady;
 }
 
 nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -377,18 +389,20 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
     nb::object hold = nb::steal(exe);  // the entry may be evicted meanwhile
     return CallExecutable(st, exe, args, nargsf, kwnames);
   }
-  FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);
-  Entry& e = *found.entry;
-  if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
-  if (e.latch.state() == CompileLatch::State::kReady) {
-    int shard = ThreadShard();
-    st.entries->counters().Hit(shard);
-    e.hits.Add(shard);
-  } else {
-    WaitForCompile(st, e);
+  for (;;) {
+    FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);  // moves `sig` if inserted
+    Entry& e = *found.entry;
+    if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
+    if (e.latch.state() == CompileLatch::State::kReady) {
+      int shard = ThreadShard();
+      st.entries->counters().Hit(shard);
+      e.hits.Add(shard);
+    } else if (!WaitForCompile(st, e)) {
+      continue;  // the compiling thread was interrupted: look up (and maybe compile) again
+    }
+    SharedLru<EntryPtr, nb::ft_mutex>::Touch(found.entry);
+    return CallExecutable(st, e.executable.ptr(), args, nargsf, kwnames);
   }
-  SharedLru<EntryPtr, nb::ft_mutex>::Touch(found.entry);
-  return CallExecutable(st, e.executable.ptr(), args, nargsf, kwnames);
 }
 
 extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args,
@@ -524,6 +538,10 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
 extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* args,
                                             Py_ssize_t nargs, PyObject* kwnames) {
   JitState& st = StateOf(self);
+  if (!st.fun.is_valid()) {
+    PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
+    return nullptr;
+  }
   try {
     CallSignature sig;
     try {
@@ -533,13 +551,18 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
                                         "() for arguments that need the fallback path "
                                         "(e.g. tracers)");
     }
-    FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);
-    if (found.inserted) {
-      Compile(st, found.entry, args, static_cast<size_t>(nargs), kwnames);
-      Py_RETURN_TRUE;
+    for (;;) {
+      FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);  // moves `sig` if inserted
+      if (found.inserted) {
+        Compile(st, found.entry, args, static_cast<size_t>(nargs), kwnames);
+        Py_RETURN_TRUE;
+      }
+      if (found.entry->latch.state() == CompileLatch::State::kReady ||
+          WaitForCompile(st, *found.entry)) {
+        Py_RETURN_FALSE;
+      }
+      // The compiling thread was interrupted: look up (and maybe compile) again.
     }
-    if (found.entry->latch.state() != CompileLatch::State::kReady) WaitForCompile(st, *found.entry);
-    Py_RETURN_FALSE;
   } catch (nb::python_error& err) {
     err.restore();
     return nullptr;
@@ -552,6 +575,10 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
 extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* args,
                                               Py_ssize_t nargs, PyObject* kwnames) {
   JitState& st = StateOf(self);
+  if (!st.fun.is_valid()) {
+    PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
+    return nullptr;
+  }
   try {
     CallSignature sig;
     try {

@@ -288,6 +288,82 @@ def test_07_executable_error_propagates_and_entry_stays():
     assert (info.size, info.compiles, info.misses) == (1, 1, 1)
 
 
+class _Interrupt(BaseException):
+    """A BaseException that is not an Exception, like KeyboardInterrupt."""
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, SystemExit, _Interrupt])
+def test_06b_interrupted_compile_is_retried_not_spread_to_waiters(interruption):
+    """The compiling thread is interrupted (KeyboardInterrupt, SystemExit: a
+    BaseException that is not an Exception). That is the thread's, not the
+    compile's result: only it raises; one waiter compiles again and every
+    other thread gets its result from that compile."""
+    n = 6
+    first = [True]
+    lock = threading.Lock()
+
+    def hook(fun, args, kwargs):
+        with lock:
+            interrupted, first[0] = first[0], False
+        if interrupted:
+            # Interrupt only once every other caller waits on this compile.
+            assert wait_for(lambda: jf.cache_info().waits >= n - 1, 5)
+            raise interruption("stop")
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        try:
+            return ("ok", jf(float(i)))
+        except BaseException as e:  # noqa: BLE001 - examined below
+            return ("err", e)
+
+    results = run_threads(n, target)
+    errors = [r[1] for r in results if r[0] == "err"]
+    assert len(errors) == 1, results
+    assert type(errors[0]) is interruption and errors[0].args == ("stop",)
+    for i, (kind, value) in enumerate(results):
+        assert kind == "err" or value == float(i) + 1, (i, results)
+    assert comp.calls == 2  # the interrupted compile, and one retry
+    info = jf.cache_info()
+    assert (info.compiles, info.failures, info.size) == (1, 1, 1)
+    assert jf(10.0) == 11.0 and comp.calls == 2
+
+
+def test_06c_precompile_waiting_on_an_interrupted_compile_compiles_it():
+    """A precompile that waited on a compile the compiling thread abandoned
+    (KeyboardInterrupt) compiles the signature itself and says so (True)."""
+    first = [True]
+
+    def hook(fun, args, kwargs):
+        if first[0]:
+            first[0] = False
+            assert wait_for(lambda: jf.cache_info().waits >= 1, 5)
+            raise KeyboardInterrupt
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        if i == 0:
+            try:
+                jf(1.0)
+            except KeyboardInterrupt:
+                return "interrupted"
+            return "not interrupted"
+        assert wait_for(lambda: comp.calls == 1, 5)
+        try:
+            return jf._precompile(2.0)
+        except BaseException as e:  # noqa: BLE001 - a KeyboardInterrupt must fail the test, not end the run
+            return e
+
+    assert run_threads(2, target) == ["interrupted", True]
+    assert comp.calls == 2
+    assert comp.exec_calls == 0
+    assert jf(3.0) == 4.0 and comp.calls == 2
+
+
 @pytest.mark.thread_unsafe(reason="delivers SIGINT to the main thread")
 def test_08_wait_is_interruptible_by_ctrl_c():
     """The main thread waiting on another thread's 3 s compile answers Ctrl-C
