@@ -86,6 +86,37 @@ nb::object FetchNormalized() {
   throw nb::python_error();
 }
 
+// type(exc).__new__(type(exc), *exc.args) with exc's __dict__: a copy that
+// skips __init__, for types whose __init__ does not take their own args
+// (`def __init__(self, a, b): super().__init__(f"{a}/{b}")`), which
+// copy.copy cannot rebuild. Null (error set) on failure.
+PyObject* CopyWithoutInit(PyObject* exc) {
+  PyTypeObject* tp = Py_TYPE(exc);
+  nb::object args = nb::steal(PyObject_GetAttrString(exc, "args"));
+  if (!args.is_valid()) return nullptr;
+  if (!PyTuple_Check(args.ptr()) || !tp->tp_new) {
+    PyErr_SetString(PyExc_TypeError, "exception not copyable");
+    return nullptr;
+  }
+  nb::object copy = nb::steal(tp->tp_new(tp, args.ptr(), nullptr));
+  if (!copy.is_valid()) return nullptr;
+  if (Py_TYPE(copy.ptr()) != tp) {
+    PyErr_SetString(PyExc_TypeError, "exception not copyable");
+    return nullptr;
+  }
+  nb::object dict = nb::steal(PyObject_GetAttrString(exc, "__dict__"));
+  if (!dict.is_valid()) return nullptr;
+  if (PyDict_Check(dict.ptr()) && PyDict_Size(dict.ptr()) > 0) {
+    nb::object copy_dict = nb::steal(PyObject_GetAttrString(copy.ptr(), "__dict__"));
+    if (!copy_dict.is_valid()) return nullptr;
+    if (!PyDict_Check(copy_dict.ptr()) || PyDict_Update(copy_dict.ptr(), dict.ptr()) != 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "exception not copyable");
+      return nullptr;
+    }
+  }
+  return copy.release().ptr();
+}
+
 // A copy of `exc` (same type, args, __dict__), carrying its traceback, cause
 // and context, or null when the type cannot be copied. Clears any error the
 // copy raised.
@@ -94,7 +125,11 @@ PyObject* CopyException(PyObject* exc) {
   if (!copy || Py_TYPE(copy) != Py_TYPE(exc)) {
     PyErr_Clear();
     Py_XDECREF(copy);
-    return nullptr;
+    copy = CopyWithoutInit(exc);
+    if (!copy) {
+      PyErr_Clear();
+      return nullptr;
+    }
   }
   if (PyObject* tb = PyException_GetTraceback(exc)) {
     PyException_SetTraceback(copy, tb);
@@ -108,10 +143,22 @@ PyObject* CopyException(PyObject* exc) {
 // The compile's exception as waiters will read it. The compiling thread
 // raises the original, and unwinding writes the original's __traceback__;
 // waiters read (and copy) this private copy instead, which nobody raises or
-// writes after Publish(). Falls back to the original for uncopyable types.
+// writes after Publish(). For a type that cannot be copied at all, a
+// RuntimeError naming it, caused by the original (never raised by waiters).
 nb::object ErrorForWaiters(const nb::object& original) {
-  PyObject* copy = CopyException(original.ptr());
-  return copy ? nb::steal(copy) : original;
+  if (PyObject* copy = CopyException(original.ptr())) return nb::steal(copy);
+  PyObject* wrapper = PyObject_CallFunction(
+      PyExc_RuntimeError, "s",
+      ("ftjit: the compile failed in another thread with " +
+       std::string(Py_TYPE(original.ptr())->tp_name) +
+       ", which cannot be copied for this thread (see __cause__)")
+          .c_str());
+  if (!wrapper) {
+    PyErr_Clear();
+    return original;
+  }
+  PyException_SetCause(wrapper, Py_NewRef(original.ptr()));
+  return nb::steal(wrapper);
 }
 
 // Each waiter raises its own copy of the compile's exception, so that threads

@@ -288,6 +288,63 @@ def test_07_executable_error_propagates_and_entry_stays():
     assert (info.size, info.compiles, info.misses) == (1, 1, 1)
 
 
+class _TwoArgError(Exception):
+    """copy.copy cannot rebuild it: __init__ does not take its own args."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+        self.a = a
+
+
+class _UncopyableError(Exception):
+    """Neither copy.copy nor __new__(cls, *args) can rebuild it."""
+
+    def __new__(cls, a, b):
+        return super().__new__(cls, f"{a}/{b}")
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+@pytest.mark.parametrize("error_type", [_TwoArgError, _UncopyableError])
+def test_06d_waiters_never_share_the_compile_error_object(error_type):
+    """A compile error whose type copy.copy cannot rebuild still reaches each
+    waiter as an object of its own: a copy of the same type made without
+    __init__, or, when even that fails, a RuntimeError caused by it."""
+    n = 4
+
+    def hook(fun, args, kwargs):
+        assert wait_for(lambda: jf.cache_info().waits >= n - 1, 5)
+
+    comp = CountingCompiler(fail=lambda: error_type(1, 2), on_compile=hook)
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        try:
+            jf(float(i))
+        except Exception as e:  # noqa: BLE001 - examined below
+            return e
+        return None
+
+    errors = run_threads(n, target)
+    assert comp.calls == 1
+    assert len({id(e) for e in errors}) == n
+    originals = [e for e in errors if type(e) is error_type]
+    for e in errors:
+        if error_type is _TwoArgError:
+            assert type(e) is _TwoArgError and e.args == ("1/2",) and e.a == 1
+            assert "raise _make_exception(fail)" in "".join(traceback.format_exception(e))
+        elif e is not originals[0]:
+            assert type(e) is RuntimeError, repr(e)
+            assert str(e) == (
+                "ftjit: the compile failed in another thread with _UncopyableError, "
+                "which cannot be copied for this thread (see __cause__)"
+            )
+            assert e.__cause__ is originals[0]
+    if error_type is _UncopyableError:
+        assert len(originals) == 1 and originals[0].args == ("1/2",)
+
+
 class _Interrupt(BaseException):
     """A BaseException that is not an Exception, like KeyboardInterrupt."""
 
