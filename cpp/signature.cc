@@ -405,8 +405,12 @@ class Builder {
     nb::object keys = nb::steal(PyDict_Keys(obj));
     if (!keys.is_valid()) throw nb::python_error();
     if (PyList_Sort(keys.ptr()) < 0) {
+      PyObject *type, *exc, *tb;
+      PyErr_Fetch(&type, &exc, &tb);  // Where() runs repr() of keys: no error may be set
+      std::string where = Where();
+      PyErr_Restore(type, exc, tb);
       ThrowWithCause(PyExc_TypeError,
-                     "the keys of a dict argument " + Where() +
+                     "the keys of a dict argument " + where +
                          " cannot be sorted; dict keys of a jitted function's "
                          "arguments must be mutually comparable (e.g. all str)");
     }

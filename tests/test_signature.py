@@ -618,6 +618,38 @@ def test_dict_non_string_keys_sorted():
     assert comp.calls == 1
 
 
+class _ReprKey:
+    """A dict key with a Python __repr__ (runs while the error message is built)."""
+
+    def __repr__(self):
+        return "K()"
+
+    def __lt__(self, other):
+        return id(self) < id(other)
+
+
+@pytest.mark.parametrize(
+    "arg, where",
+    [
+        ({1: 1.0, "a": 2.0}, "'d' (positional argument 0)"),
+        ({"k": {1: 1.0, "a": 2.0}}, "'d['k']' (positional argument 0)"),
+        ({_ReprKey(): {1: 1.0, "a": 2.0}}, "'d[K()]' (positional argument 0)"),
+    ],
+)
+def test_dict_keys_that_cannot_be_sorted(arg, where):
+    jf, comp = make(lambda d: d)
+    with pytest.raises(TypeError) as info:
+        jf(arg)
+    assert str(info.value) == (
+        f"the keys of a dict argument {where} cannot be sorted; dict keys of a jitted "
+        "function's arguments must be mutually comparable (e.g. all str)"
+    )
+    cause = info.value.__cause__
+    assert type(cause) is TypeError
+    assert str(cause) == "'<' not supported between instances of 'str' and 'int'"
+    assert comp.calls == 0
+
+
 def test_non_contiguous_array_same_signature_as_contiguous():
     jf, comp = make(lambda x: float(x.sum()))
     assert jf(np.ones((3, 4))[:, ::2]) == 6.0
