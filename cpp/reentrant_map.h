@@ -65,8 +65,10 @@ class ReentrantMap {
   // UNDER the map's lock, so it must be Python-free, cheap and noexcept; it
   // returns FastEq-like results (kEqual, kNotEqual, kUnknown). On a stored
   // key deciding kEqual, `on_found(value)` also runs under the lock (same
-  // rules) and its result is returned. Copies nothing: no reference counts
-  // are touched, so threads hitting one entry share its lines read-only.
+  // rules) and its result is returned. Copies no key or value: no
+  // shared_ptr reference count is written. The lock itself is (threads
+  // probing one map at once serialise on it for the probe's duration), and
+  // so is whatever `on_found` writes.
   // Returns `miss` when every candidate decided kNotEqual, `unknown` when
   // some could not decide (the caller then uses Find).
   template <class Probe, class FastEqFn, class OnFound, class R>
