@@ -160,8 +160,8 @@ def jit(
     fun: F,
     /,
     *,
-    static_argnums: int | Sequence[int] = ...,
-    static_argnames: str | Sequence[str] = ...,
+    static_argnums: int | Sequence[int] | None = ...,
+    static_argnames: str | Sequence[str] | None = ...,
     compiler: Callable[..., Any] | None = ...,
     cache: FunctionCache | None = ...,
     donate_argnums: int | Sequence[int] | None = ...,
@@ -175,8 +175,8 @@ def jit(
 @overload
 def jit(
     *,
-    static_argnums: int | Sequence[int] = ...,
-    static_argnames: str | Sequence[str] = ...,
+    static_argnums: int | Sequence[int] | None = ...,
+    static_argnames: str | Sequence[str] | None = ...,
     compiler: Callable[..., Any] | None = ...,
     cache: FunctionCache | None = ...,
     donate_argnums: int | Sequence[int] | None = ...,
@@ -191,8 +191,8 @@ def jit(
     fun: Any = _NOT_GIVEN,
     /,
     *,
-    static_argnums: int | Sequence[int] = (),
-    static_argnames: str | Sequence[str] = (),
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
     compiler: Callable[..., Any] | None = None,
     cache: FunctionCache | None = None,
     donate_argnums: int | Sequence[int] | None = None,
@@ -259,8 +259,10 @@ def jit(
         raise ValueError(f'on_excess must be "warn" or "raise", got {on_excess!r}')
     if explain_misses is not None and not isinstance(explain_misses, bool):
         raise TypeError(f"explain_misses must be a bool or None, got {explain_misses!r}")
-    nums_given = static_argnums not in ((), None)
-    names_given = static_argnames not in ((), None)
+    # As jax.jit: an explicit empty value counts as given (nothing is then
+    # inferred from the other through the signature); only None is "not given".
+    nums_given = static_argnums is not None
+    names_given = static_argnames is not None
     argnums = _as_tuple(static_argnums, int, "static_argnums")
     argnames = _as_tuple(static_argnames, str, "static_argnames")
     sig = _signature_of(fun)

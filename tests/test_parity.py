@@ -450,6 +450,27 @@ def test_static_argnames_resolve_to_positions_and_back_as_jax_jit():
     assert want.value[1] == [2, 2, 3, 3]
 
 
+def test_explicit_empty_static_side_infers_nothing_as_jax_jit():
+    # jax.jit infers the other side only from a side left None: with
+    # static_argnums=() given, n passed positionally stays dynamic (traced).
+    def scenario(jit):
+        traces = []
+
+        def f(x, n):
+            traces.append(type(n).__name__ == "int")
+            return x * n
+
+        g = jit(f, static_argnums=(), static_argnames="n")
+        h = jit(f, static_argnums=1, static_argnames=())
+        outs = [g(1.0, 2), g(1.0, 3), g(1.0, n=4), h(1.0, 5), h(1.0, n=6), h(1.0, n=7)]
+        return outs, traces
+
+    want, _ = both(scenario)
+    # g: positional n traced (one trace for 2 and 3), keyword n static;
+    # h: positional n static, keyword n traced (one trace for 6 and 7).
+    assert want.value[1] == [False, True, True, False]
+
+
 def test_decorator_form_as_jax_jit():
     def scenario(jit):
         @jit(static_argnames="n", donate_argnums=0)
