@@ -68,6 +68,27 @@ def on_wait(name: str, signature: str, seconds: float) -> None:
 # --- call descriptions, for miss explanations --------------------------------
 
 
+def _safe_repr(x: Any) -> str:
+    """repr(x), or a placeholder when its __repr__ raises: describing a call
+    must never fail the compile it describes."""
+    try:
+        return repr(x)
+    except Exception:  # noqa: BLE001
+        return f"<{type(x).__name__} object (repr failed)>"
+
+
+def _placement(x: Any) -> str:
+    """'@devices' for a committed jax Array (the core keys those on their
+    sharding), '' otherwise."""
+    if not getattr(x, "_committed", False):
+        return ""
+    sharding = getattr(x, "_sharding", None)
+    devices = getattr(sharding, "_device_assignment", None)
+    if type(sharding).__name__ == "SingleDeviceSharding" and devices and len(devices) == 1:
+        return f"@{devices[0]}"
+    return f"@{_safe_repr(sharding)}"
+
+
 def _leaf(x: Any) -> str:
     if type(x) is bool:
         return "bool"
@@ -77,7 +98,7 @@ def _leaf(x: Any) -> str:
     shape = getattr(x, "shape", None)
     if dtype is not None and isinstance(shape, tuple):
         weak = "{weak}" if getattr(x, "weak_type", False) else ""
-        return f"{dtype}[{','.join(str(d) for d in shape)}]{weak}"
+        return f"{dtype}[{','.join(str(d) for d in shape)}]{weak}{_placement(x)}"
     return f"<{type(x).__name__}>"
 
 
@@ -96,9 +117,9 @@ def _flatten_builtin(x: Any, path: str, out: list[tuple[str, str]], shape: list[
             keys = sorted(x)
         except TypeError:
             keys = list(x)
-        shape.append("{" + ",".join(repr(k) for k in keys))
+        shape.append("{" + ",".join(_safe_repr(k) for k in keys))
         for k in keys:
-            _flatten_builtin(x[k], f"{path}[{k!r}]", out, shape)
+            _flatten_builtin(x[k], f"{path}[{_safe_repr(k)}]", out, shape)
         shape.append("}")
     else:
         shape.append("*")
@@ -128,9 +149,12 @@ class CallDescription:
     layout: str = ""
     #: the compiler's tracing context (e.g. jax config) when the call was made
     context: Any = None
+    #: statics as the core keys them, by (name, type, hash): equal statics
+    #: whose reprs differ (e.g. the default repr, with an address) are one
+    statics_key: tuple = ()
 
     def key(self) -> tuple:
-        return (self.leaves, self.statics, self.trees, self.layout, self.context)
+        return (self.leaves, self.statics_key, self.trees, self.layout, self.context)
 
 
 class Describer:
@@ -155,25 +179,30 @@ class Describer:
     def __call__(self, args: tuple, kwargs: dict) -> CallDescription:
         leaves: list[tuple[str, str]] = []
         statics: list[tuple[str, str]] = []
+        statics_key: list[tuple[str, type, int]] = []
         trees: list[tuple[str, str]] = []
         n = len(args)
         for i, value in enumerate(args):
             if i in self.static_argnums or (i - n) in self.static_argnums:
-                statics.append((self._name(i), repr(value)))
+                statics.append((self._name(i), _safe_repr(value)))
+                statics_key.append((self._name(i), type(value), hash(value)))
                 continue
             skeleton: list[str] = []
             self.flatten(value, self._name(i), leaves, skeleton)
             trees.append((self._name(i), " ".join(skeleton)))
         for key in sorted(kwargs):
             if key in self.static_argnames:
-                statics.append((f"'{key}'", repr(kwargs[key])))
+                statics.append((f"'{key}'", _safe_repr(kwargs[key])))
+                statics_key.append((f"'{key}'", type(kwargs[key]), hash(kwargs[key])))
                 continue
             skeleton = []
             self.flatten(kwargs[key], f"'{key}'", leaves, skeleton)
             trees.append((f"'{key}'", " ".join(skeleton)))
         layout = ", ".join([self._name(i).strip("'") for i in range(n)] + [f"{key}=" for key in sorted(kwargs)])
         context = self.context() if self.context is not None else None
-        return CallDescription(tuple(leaves), tuple(statics), tuple(trees), f"({layout})", context)
+        return CallDescription(
+            tuple(leaves), tuple(statics), tuple(trees), f"({layout})", context, tuple(statics_key)
+        )
 
 
 def _differences(old: CallDescription, new: CallDescription) -> list[str]:
@@ -192,9 +221,14 @@ def _differences(old: CallDescription, new: CallDescription) -> list[str]:
         if path in old_leaves and old_leaves[path] != new_leaves[path]:
             out.append(f"argument {path}: {old_leaves[path]} -> {new_leaves[path]}")
     old_statics, new_statics = dict(old.statics), dict(new.statics)
+    old_keys = {k[0]: k[1:] for k in old.statics_key}
+    new_keys = {k[0]: k[1:] for k in new.statics_key}
     for name in sorted(set(old_statics) | set(new_statics)):
-        if old_statics.get(name) != new_statics.get(name):
-            out.append(f"static {name}: {old_statics.get(name, '<absent>')} -> {new_statics.get(name, '<absent>')}")
+        before, after = old_statics.get(name, "<absent>"), new_statics.get(name, "<absent>")
+        if before != after:
+            out.append(f"static {name}: {before} -> {after}")
+        elif old_keys.get(name) != new_keys.get(name):
+            out.append(f"static {name}: {before} -> {after} (unequal values with the same repr)")
     return out
 
 
@@ -287,8 +321,13 @@ class GuardedCompiler:
         # Otherwise every compile is described and remembered (a few strings per
         # signature, next to a compile), so that turning the global switch on
         # later explains misses against signatures compiled before it.
-        desc = self.describe(args, kwargs)
-        key = desc.key()
+        try:
+            desc = self.describe(args, kwargs)
+            key = desc.key()
+            hash(key)
+        except Exception:  # noqa: BLE001 - describing must never fail the compile
+            logger.debug("%s: could not describe a call's signature; compiling unguarded", self.name, exc_info=True)
+            return self.inner(fun, args, kwargs)
         with self._lock:
             known = key in self._seen
             cached = list(self._seen.values())
@@ -296,7 +335,7 @@ class GuardedCompiler:
             warn_now = excess and self.on_excess == "warn" and not self._warned
             if warn_now:
                 self._warned = True
-            room = guarded or len(self._seen) < _MAX_REMEMBERED
+            room = len(self._seen) < max(_MAX_REMEMBERED, self.max_signatures or 0)
             if room and (not excess or self.on_excess == "warn"):
                 self._seen.setdefault(key, desc)
         why = explain(cached, desc) if cached and not known else None

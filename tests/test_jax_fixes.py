@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import re
 import subprocess
 import sys
 import textwrap
@@ -624,3 +625,35 @@ def test_lower_with_keywords_statics_and_shape_dtype_structs_matches_jax_jit():
     assert_same(jf(x, 2, y=x, mode="add"), jj(x, 2, y=x, mode="add"))
     info = jf.cache_info()
     assert (info.compiles, info.hits, info.size) == (1, 1, 1)
+
+
+# -- max_signatures counts committed placements as the core does -----------
+
+MAX_SIGNATURES_PER_DEVICE = """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"
+    import jax, jax.numpy as jnp
+    import ftjit
+
+    @ftjit.jit(max_signatures=2, on_excess="raise")
+    def f(x):
+        return x + 1
+
+    devices = jax.devices()
+    assert len(devices) == 3, devices
+    for d in devices[:2]:
+        f(jax.device_put(jnp.ones(2), d))
+    try:
+        f(jax.device_put(jnp.ones(2), devices[2]))
+    except ftjit.RecompileLimitError as e:
+        print(str(e).split("(differs from the closest cached one by: ")[1].split(")")[0])
+    print(f.cache_info().compiles)
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
+def test_max_signatures_counts_arrays_committed_to_different_devices():
+    out = run_script(MAX_SIGNATURES_PER_DEVICE).splitlines()
+    assert len(out) == 2, out
+    assert re.fullmatch(r"argument 'x': float32\[2\]@\S+ -> float32\[2\]@\S+", out[0]), out
+    assert out[1] == "2"

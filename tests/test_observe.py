@@ -585,6 +585,85 @@ def test_max_signatures_failed_compile_frees_the_slot():
     assert comp.calls == 2
 
 
+class _UnprintableStatic:
+    """Hashable by value; its __repr__ raises."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __hash__(self):
+        return hash(self.k)
+
+    def __eq__(self, other):
+        return isinstance(other, _UnprintableStatic) and other.k == self.k
+
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class _ValueStatic(_UnprintableStatic):
+    """Hashable by value, with the default repr (which shows the address)."""
+
+    __repr__ = object.__repr__
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(explain_misses=True), dict(max_signatures=4, on_excess="raise")],
+    ids=["default", "explaining", "guarded"],
+)
+def test_a_static_whose_repr_raises_never_fails_the_call(options):
+    name = unique_name("unprintable")
+
+    def fun(x, s):
+        return x * s.k
+
+    jf = ftjit.jit(named(fun, name), static_argnums=1, compiler=CountingCompiler(), cache=ftjit.FunctionCache(),
+                   **options)
+    with LogCapture(name) as cap:
+        assert jf(2.0, _UnprintableStatic(3)) == 6.0
+        assert jf(2.0, _UnprintableStatic(4)) == 8.0
+        assert jf(2.0, _UnprintableStatic(3)) == 6.0
+    assert jf.cache_info().compiles == 2
+    if options.get("explain_misses"):
+        assert _explanations(cap, name) == [
+            "static 's': <_UnprintableStatic object (repr failed)> -> <_UnprintableStatic object (repr failed)>"
+            " (unequal values with the same repr)"
+        ]
+
+
+def test_max_signatures_counts_equal_statics_once_whatever_their_repr():
+    # An equal static (a new object, so a new default repr) is the same
+    # signature: recompiling it after an eviction is not a new signature.
+    cache = ftjit.FunctionCache(1)
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, m: x * m.k, static_argnums=1, compiler=comp, cache=cache, max_signatures=1,
+                   on_excess="raise")
+    other = ftjit.jit(lambda x: x, compiler=comp, cache=cache)
+    assert jf(1.0, _ValueStatic(2)) == 2.0
+    assert other(1.0) == 1.0  # evicts jf's only entry
+    assert jf.cache_info().size == 0
+    assert jf(1.0, _ValueStatic(2)) == 2.0
+    assert comp.calls == 3
+    with pytest.raises(ftjit.RecompileLimitError):
+        jf(1.0, _ValueStatic(3))
+
+
+@pytest.mark.thread_unsafe(reason="patches a module-level bound")
+def test_signatures_remembered_for_explanations_stay_bounded_past_the_limit(monkeypatch):
+    import ftjit._observe as observe
+
+    monkeypatch.setattr(observe, "_MAX_REMEMBERED", 4)
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, n: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2)
+    with pytest.warns(RuntimeWarning, match="past max_signatures=2"):
+        for n in range(10):
+            assert jf(1.0, n) == 1.0
+    assert comp.calls == 10
+    assert isinstance(jf._compiler, observe.GuardedCompiler)
+    assert len(jf._compiler._seen) == 4
+
+
 def test_max_signatures_counts_cached_signatures():
     """The limit bounds distinct cached signatures: f(x) and f(x=x) are two
     (signatures() lists both), so with max_signatures=1 the second must not compile."""
