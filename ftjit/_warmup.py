@@ -7,7 +7,8 @@ import dataclasses
 import sys
 import threading
 import time
-from typing import Any, Iterable, Sequence, TextIO
+import warnings
+from typing import Any, Callable, Iterable, Sequence, TextIO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +153,15 @@ def warmup(
         bar.step()
         return WarmupResult(signature, time.perf_counter() - t0, bool(compiled), error)
 
+    if workers > 1 and len(items) > 1 and not _same_context_in_a_new_thread(fn):
+        warnings.warn(
+            f"warmup of {getattr(fn, '__name__', 'fn')}: this thread's tracing context (e.g. a thread-local "
+            "jax config such as jax.enable_x64(), which worker threads do not inherit) differs from a new "
+            f"thread's, so the specs are compiled in this thread, one at a time (workers={workers} ignored)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        workers = 1
     t0 = time.perf_counter()
     if workers == 1:
         results = [run(s) for s in items]
@@ -162,3 +172,27 @@ def warmup(
     if strict and report.errors:
         raise report.errors[0].error  # type: ignore[misc]
     return report
+
+
+def _context_hook(fn: Any) -> Callable[[], Any] | None:
+    """The compiler's context hook (e.g. JAX's config, thread-local overrides
+    included), or None for a compiler without one."""
+    describe = getattr(getattr(fn, "_compiler", None), "describe", None)
+    context = getattr(describe, "context", None)
+    return context if callable(context) else None
+
+
+def _same_context_in_a_new_thread(fn: Any) -> bool:
+    """Whether a worker thread would compile the signatures this thread's
+    calls use: the context hook gives equal values here and in a new thread
+    (JAX's thread-local config, e.g. ``jax.enable_x64()``, is not inherited)."""
+    context = _context_hook(fn)
+    if context is None:
+        return True
+    try:
+        mine = context()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftjit-warmup") as probe:
+            theirs = probe.submit(context).result()
+        return bool(mine == theirs)
+    except Exception:  # noqa: BLE001 - unknown: the safe choice is this thread
+        return False

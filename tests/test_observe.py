@@ -1022,6 +1022,43 @@ def test_warmup_jax_shape_dtype_structs():
     assert {s.signature for s in jf.signatures()} == {f"{name}(float32[{n}])" for n in sizes}
 
 
+@pytest.mark.thread_unsafe(reason="records warnings (process-global warning filters)")
+def test_warmup_under_a_thread_local_jax_config_compiles_in_this_thread():
+    # Worker threads do not inherit jax.enable_x64(); warming there would
+    # compile float32 signatures for float64 traffic.
+    jax = pytest.importorskip("jax")
+    fun, name = fresh1("warm_x64", body=lambda x: x * 2)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
+    specs = [(np.ones(n),) for n in (1, 2, 3)]
+    with jax.enable_x64(True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = jf.warmup(specs, workers=2, progress=False)
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(messages) == 1, messages
+        assert messages[0].startswith(f"warmup of {name}: this thread's tracing context")
+        assert messages[0].endswith("(workers=2 ignored)")
+        assert caught[0].filename == __file__
+        assert report.ok and report.workers == 1
+        assert [r.signature for r in report.results] == [f"{name}(float64[{n}])" for n in (1, 2, 3)]
+        outs = [jf(*spec) for spec in specs]
+    assert [str(o.dtype) for o in outs] == ["float64"] * 3
+    info = jf.cache_info()
+    assert (info.compiles, info.hits) == (3, 3)
+
+
+@pytest.mark.thread_unsafe(reason="records warnings (process-global warning filters)")
+def test_warmup_with_the_default_config_uses_its_workers_without_warning():
+    pytest.importorskip("jax")
+    fun, name = fresh1("warm_plain")
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=2, progress=False)
+    assert [w for w in caught if "warmup" in str(w.message)] == []
+    assert report.ok and report.workers == 2
+
+
 # --- warm-up progress bar, warn-with-explanation, weak-type explanations ------
 
 
