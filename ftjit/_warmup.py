@@ -89,15 +89,20 @@ class _Progress:
     def step(self) -> None:
         with self._lock:
             self.done += 1
-            if self.stream is not None:
-                width = 30
-                filled = width * self.done // max(self.total, 1)
+            if self.stream is None:
+                return
+            width = 30
+            filled = width * self.done // max(self.total, 1)
+            try:
                 self.stream.write(
                     f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
                 )
                 if self.done == self.total:
                     self.stream.write("\n")
                 self.stream.flush()
+            except Exception as exc:  # noqa: BLE001 - a broken stream must not lose the report
+                self.stream = None
+                warnings.warn(f"warmup: progress bar disabled, its stream failed: {exc!r}", RuntimeWarning, stacklevel=2)
 
 
 def _progress_stream(progress: Any) -> TextIO | None:
@@ -142,7 +147,7 @@ def warmup(
         t0 = time.perf_counter()
         try:
             signature = fn._signature_of(*spec.args, **spec.kwargs)
-        except BaseException as exc:
+        except Exception as exc:  # a KeyboardInterrupt ends the warm-up instead
             bar.step()
             return WarmupResult(f"<{type(exc).__name__}>", 0.0, False, exc)
         try:

@@ -1059,6 +1059,47 @@ def test_warmup_with_the_default_config_uses_its_workers_without_warning():
     assert report.ok and report.workers == 2
 
 
+class _FailingStream:
+    def __init__(self):
+        self.writes = 0
+
+    def write(self, text):
+        self.writes += 1
+        raise OSError("stream closed")
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.thread_unsafe(reason="records warnings (process-global warning filters)")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_warmup_survives_a_progress_stream_that_fails(workers):
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    stream = _FailingStream()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=workers, progress=stream)
+    assert report.ok and [r.compiled for r in report.results] == [True, True, True]
+    assert comp.calls == 3
+    assert stream.writes == 1  # the bar is dropped after its first failure
+    assert [str(w.message) for w in caught] == [
+        "warmup: progress bar disabled, its stream failed: OSError('stream closed')"
+    ]
+
+
+def test_warmup_lets_a_keyboard_interrupt_through():
+    class Interrupting:
+        def __hash__(self):
+            raise KeyboardInterrupt
+
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, s: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(KeyboardInterrupt):
+        jf.warmup([(1.0, 1), (1.0, Interrupting()), (1.0, 2)], progress=False)
+    assert comp.calls == 1
+
+
 # --- warm-up progress bar, warn-with-explanation, weak-type explanations ------
 
 
