@@ -19,6 +19,7 @@ import importlib
 import operator
 import os
 import threading
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -31,7 +32,11 @@ FAST_PATH = True
 
 # The configs that change tracing, read through the public jax.config when
 # jax's private trace_context() is missing (the ones this JAX lacks are
-# skipped). jax_disable_jit must stay: the core defers to jax.jit when it is on.
+# skipped): every config of trace_context_names() that jax.config can read
+# (tests check the list against the installed JAX), and a few older ones.
+# jax_disable_jit must stay: the core defers to jax.jit when it is on. What
+# jax.config cannot read (the mesh, axis-env, compute_on and xla_metadata
+# context managers; user_context) the public fallback cannot key on.
 PUBLIC_CONTEXT_NAMES = (
     "jax_enable_x64",
     "jax_default_device",
@@ -49,6 +54,33 @@ PUBLIC_CONTEXT_NAMES = (
     "jax_default_prng_impl",
     "jax_optimization_level",
     "jax_memory_fitting_level",
+    "jax_random_seed_offset",
+    "jax_threefry_gpu_kernel_lowering",
+    "jax_scan3",
+    "jax_remat3",
+    "jax_custom_vjp3",
+    "jax_use_direct_linearize",
+    "jax_use_simplified_jaxpr_constants",
+    "jax_embedded_constants_max_bytes",
+    "jax_remove_size_one_mesh_axis_from_type",
+    "check_vma",
+    "jax_hlo_source_file_canonicalization_regex",
+    "jax_enable_pgle",
+    "jax_pgle_profiling_runs",
+    "jax_error_checking_behavior_nan",
+    "jax_error_checking_behavior_divide",
+    "jax_error_checking_behavior_oob",
+    "jax_auto_pcast",
+    "jax_allow_f16_reductions",
+    "jax_use_emit_pipeline_primitive",
+    "eager_constant_folding",
+    "jax_no_execution",
+    "jax_mutable_array_checks",
+    "jax_xla_profile_version",
+    "jax_high_dynamic_range_gumbel",
+    "jax_ragged_dot_use_gpu_pallas_triton_lowering",
+    "jax_pallas_enable_debug_checks",
+    "jax_pallas_use_mosaic_gpu",
 )
 
 # Configs in jax.jit's own cache key (jaxlib's JitConfigs) that trace_context()
@@ -127,6 +159,16 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     found = _private_context() if "context" in fast else None
     context, names = found if found is not None else _public_context()
     probe = (_private_trace_probe() if "probe" in fast else None) or _public_trace_probe()
+    if probe[0] is None:
+        # No way to see an active trace: closed-over tracers could not be told
+        # from a top-level call, so every call goes through jax.jit.
+        warnings.warn(
+            "ftjit: this JAX has no API ftjit knows for detecting an active trace; every call of a "
+            "function jitted with the JAX compiler goes through jax.jit (correct, not cached by ftjit)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        probe = (_never_outside_a_trace, None, True)
     placement = ("placement" in fast and _private_placement_attrs(array_type)) or ("committed", "sharding")
     aval = array_type is not None and "aval" in fast and _has_aval(array_type)
     extras = (_private_context_extras() if "context" in fast else None) or _public_context_extras()
@@ -302,12 +344,17 @@ def _private_trace_probe() -> tuple[Callable[[Any], Any], Any, Any] | None:
     return None
 
 
+def _never_outside_a_trace(_: Any) -> bool:
+    """The probe when none is found: always "maybe in a trace", so every call defers."""
+    return False
+
+
 def _public_trace_probe() -> tuple[Callable[[Any], Any] | None, Any, Any]:
     """``jax.extend.core.get_opaque_trace_state()`` compared with the eval
     trace's (public API, slower: a Python call and an __eq__ per call).
 
-    Without it (a JAX that has neither this nor the private probe), no probe:
-    tracer arguments still defer, closed-over tracers cannot be detected.
+    Without it (a JAX that has neither this nor the private probe),
+    build_hooks() makes every call defer to jax.jit.
     """
     try:
         from jax.extend import core as jex_core

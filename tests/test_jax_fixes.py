@@ -330,6 +330,49 @@ def test_public_fallbacks_match_jax_jit(monkeypatch, missing):
     assert (after.size, after.hits, after.misses) == (before.size, before.hits, before.misses)
 
 
+def test_public_context_names_cover_every_readable_trace_context_config():
+    # The public fallback reads configs by name through jax.config: it must
+    # know every config of the installed JAX's trace context that it can read
+    # (a JAX release adding one makes this fail: add it to the list).
+    from jax._src import config as jax_config
+
+    names_fn = getattr(getattr(jax_config, "config_ext", None), "trace_context_names", None)
+    if names_fn is None:
+        pytest.skip("this JAX has no trace_context_names()")
+    readable = [n for n in names_fn() if ftjit._jax._readable(jax.config, n)]
+    assert readable, "no config of the trace context is readable through jax.config"
+    assert [n for n in readable if n not in ftjit._jax.PUBLIC_CONTEXT_NAMES] == []
+
+
+def test_public_fallback_keys_on_jax_random_seed_offset():
+    # One of the configs the public fallback missed before: a stale executable
+    # would ignore the new offset.
+    from jax._src import config as jax_config
+
+    hooks = ftjit._jax.build_hooks(frozenset())
+    context = hooks["signature_hooks"].context
+    before = context()
+    with jax_config.random_seed_offset(7):  # the thread-local override
+        assert context() != before
+    assert context() == before
+
+
+@pytest.mark.thread_unsafe(reason="swaps the process-wide JAX hooks")
+def test_without_any_trace_probe_every_call_defers_to_jax_jit(monkeypatch):
+    monkeypatch.setattr(ftjit._jax, "_private_trace_probe", lambda: None)
+    monkeypatch.setattr(ftjit._jax, "_public_trace_probe", lambda: (None, None, None))
+    with pytest.warns(RuntimeWarning, match="no API ftjit knows for detecting an active trace"):
+        hooks = ftjit._jax.build_hooks()
+    monkeypatch.setattr(ftjit._jax, "_hooks", hooks)
+    jf = ftjit.jit(lambda x, a: x * a)
+    assert float(jf(2.0, 3.0)) == 6.0
+    # A closed-over tracer, which only a probe could have seen: still right.
+    assert float(jax.jit(lambda a: ftjit.jit(lambda x: x * a)(2.0))(3.0)) == 6.0
+    assert float(jax.grad(lambda a: jf(a, 3.0))(2.0)) == 3.0
+    info = jf.cache_info()
+    assert (info.compiles, info.size) == (0, 0)  # nothing cached: all through jax.jit
+
+
 # -- 6b. configs of jax.jit's key that trace_context() leaves out ----------
 
 SET_MESH = """
