@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "function_cache.h"
+#include "py_compat.h"
 #include "signature.h"
 
 namespace ftjit {
@@ -123,11 +124,11 @@ PyObject* CopyWithoutInit(PyObject* exc) {
 PyObject* CopyException(PyObject* exc) {
   PyObject* copy = PyObject_CallOneArg(Types().copy, exc);
   if (!copy || Py_TYPE(copy) != Py_TYPE(exc)) {
-    PyErr_Clear();
+    ClearErrorKeepingInterrupt();
     Py_XDECREF(copy);
     copy = CopyWithoutInit(exc);
     if (!copy) {
-      PyErr_Clear();
+      ClearErrorKeepingInterrupt();
       return nullptr;
     }
   }
@@ -184,7 +185,11 @@ void CallHook(const nb::object& hook, std::initializer_list<PyObject*> args) {
   std::vector<PyObject*> argv(args);
   PyObject* r = PyObject_Vectorcall(hook.ptr(), argv.data(), argv.size(), nullptr);
   if (!r) {
-    PyErr_WriteUnraisable(hook.ptr());
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+      ClearErrorKeepingInterrupt();  // a Ctrl-C in a logging hook is not "unraisable"
+    } else {
+      PyErr_WriteUnraisable(hook.ptr());
+    }
   } else {
     Py_DECREF(r);
   }

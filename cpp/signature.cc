@@ -130,7 +130,7 @@ std::string Str(PyObject* o);
 std::string Repr(PyObject* o) {
   PyObject* r = PyObject_Repr(o);
   if (!r) {
-    PyErr_Clear();
+    ClearErrorKeepingInterrupt();
     return "<unprintable " + std::string(Py_TYPE(o)->tp_name) + ">";
   }
   const char* s = PyUnicode_AsUTF8(r);
@@ -143,7 +143,7 @@ std::string Repr(PyObject* o) {
 std::string Str(PyObject* o) {
   PyObject* r = PyObject_Str(o);
   if (!r) {
-    PyErr_Clear();
+    ClearErrorKeepingInterrupt();
     return Repr(o);
   }
   const char* s = PyUnicode_AsUTF8(r);

@@ -474,6 +474,40 @@ def test_08_wait_is_interruptible_by_ctrl_c():
     assert comp.calls == 1
 
 
+@pytest.mark.thread_unsafe(reason="re-arms SIGINT in the main thread")
+def test_ctrl_c_while_an_error_message_is_built_is_not_lost():
+    """repr() of user objects while ftjit builds an error message runs the
+    signal handlers first; a KeyboardInterrupt raised there must reach the
+    program (re-armed), not be swallowed with the failed repr."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are only delivered to the main thread")
+
+    class Key:
+        def __repr__(self):
+            raise KeyboardInterrupt  # as a Ctrl-C landing in repr() would
+
+        def __lt__(self, other):
+            return id(self) < id(other)
+
+    jf = ftjit.jit(lambda d: d, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt = None
+    try:
+        try:
+            jf({Key(): {1: 1.0, "a": 2.0}})  # unsortable inner keys: the message repr()s Key
+        except TypeError:
+            for _ in range(1000):  # the re-armed SIGINT is handled at the next check
+                time.sleep(0)
+    except KeyboardInterrupt as e:
+        interrupt = e
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+    assert interrupt is not None, "the KeyboardInterrupt was lost"
+    # Raised while the call's TypeError (with its best-effort message) was handled.
+    assert type(interrupt.__context__) is TypeError
+    assert "d[<unprintable Key>]" in str(interrupt.__context__)
+
+
 @pytest.mark.thread_unsafe(reason="delivers SIGUSR1 to the main thread")
 @pytest.mark.parametrize("cycle_closes", ["after_nested_wait", "during_nested_wait"])
 def test_08b_nested_wait_in_a_signal_handler_keeps_cycle_detection(cycle_closes):
