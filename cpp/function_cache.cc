@@ -151,11 +151,19 @@ FunctionEntries::Lookup FunctionEntries::FindOrInsert(CallSignature& sig) {
   // The hit path: no allocation.
   if (EntryPtr found = map_.Find(sig.hash, sig, eq)) return Lookup{std::move(found), false};
   // A miss: the signature becomes the key, and the probe of the insert.
-  SigPtr key = std::make_shared<const CallSignature>(std::move(sig));
+  auto owned = std::make_shared<CallSignature>(std::move(sig));
+  SigPtr key = owned;
   auto make = [this, &key]() {
     return std::make_pair(key, std::make_shared<Entry>(key, weak_from_this(), this));
   };
   auto r = map_.FindOrInsert(key->hash, *key, eq, make);
+  if (!r.inserted) {
+    // Another thread inserted it meanwhile. Nothing kept `owned` (a pair made
+    // for the insert died with it), so the caller gets its signature back: it
+    // may look it up again (after an abandoned compile).
+    key.reset();
+    sig = std::move(*owned);
+  }
   return Lookup{std::move(r.value), r.inserted};
 }
 

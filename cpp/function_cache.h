@@ -152,7 +152,8 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
   PyObject* FindReady(const CallSignature& sig);
 
   // Finds or inserts the entry for `sig`; moves `sig` into a new entry only
-  // if inserting. May run Python (__eq__) and throw nb::python_error.
+  // if inserting (otherwise `sig` is intact on return, whatever raced). May
+  // run Python (__eq__) and throw nb::python_error (`sig` is then unusable).
   Lookup FindOrInsert(CallSignature& sig);
 
   // Links a freshly inserted entry into the shared LRU and evicts.

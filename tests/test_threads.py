@@ -388,6 +388,74 @@ def test_06b_interrupted_compile_is_retried_not_spread_to_waiters(interruption):
     assert jf(10.0) == 11.0 and comp.calls == 2
 
 
+@pytest.mark.parametrize("how", ["call", "precompile"])
+def test_06e_retry_after_an_abandoned_compile_keeps_its_signature(how):
+    """B's lookup misses, then finds A's entry inserted meanwhile (B's insert
+    loses), and waits; A's compile is interrupted; B looks its signature up
+    again and compiles it. That retry must use B's real signature (it was
+    once consumed by the lost insert), so the entry is found by later calls."""
+
+    class Interrupt(BaseException):
+        pass
+
+    b_in_insert, a_compiling = threading.Event(), threading.Event()
+    b_eq_calls = [0]
+    armed = [False]
+
+    class S:
+        def __init__(self, v):
+            self.v = v
+
+        def __hash__(self):
+            return 0  # collides with S(0): every lookup of S(1) runs __eq__
+
+        def __eq__(self, other):
+            if threading.current_thread().name == "B":
+                b_eq_calls[0] += 1
+                if b_eq_calls[0] == 2:  # in B's insert, after its plain lookup missed
+                    b_in_insert.set()
+                    assert a_compiling.wait(10)
+            return isinstance(other, S) and self.v == other.v
+
+    def hook(fun, args, kwargs):
+        if armed[0] and threading.current_thread().name == "A":
+            armed[0] = False
+            a_compiling.set()
+            assert wait_for(lambda: jf.cache_info().waits >= 1, 10)  # B waits on A's entry
+            raise Interrupt("stop")
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda x, s: x + s.v, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
+    assert jf(1.0, S(0)) == 1.0
+    armed[0] = True
+    out = {}
+
+    def run(name):
+        try:
+            if name == "B" and how == "precompile":
+                out[name] = jf._precompile(1.0, S(1))
+            else:
+                out[name] = jf(1.0, S(1))
+        except BaseException as e:  # noqa: BLE001 - examined below
+            out[name] = e
+
+    b = threading.Thread(target=run, args=("B",), name="B", daemon=True)
+    b.start()
+    assert b_in_insert.wait(10)
+    a = threading.Thread(target=run, args=("A",), name="A", daemon=True)
+    a.start()
+    for t in (a, b):
+        t.join(15)
+        assert not t.is_alive(), t.name
+    assert type(out["A"]) is Interrupt, out
+    assert out["B"] == (True if how == "precompile" else 2.0), out
+    assert comp.calls == 3  # S(0), A's interrupted compile, B's retry
+    assert jf(1.0, S(1)) == 2.0  # B's entry is found: a hit
+    assert comp.calls == 3
+    assert jf.cache_info().size == 2
+    assert sorted(s.signature.count("S") for s in jf.signatures()) == [1, 1]
+
+
 def test_06c_precompile_waiting_on_an_interrupted_compile_compiles_it():
     """A precompile that waited on a compile the compiling thread abandoned
     (KeyboardInterrupt) compiles the signature itself and says so (True)."""
