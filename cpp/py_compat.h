@@ -45,15 +45,4 @@ inline int GetOptionalAttr(PyObject* obj, PyObject* name, PyObject** out) {
 #endif
 }
 
-// PyErr_Clear for best-effort code (building an error message, copying an
-// exception, running a logging hook), except that a KeyboardInterrupt is
-// not dropped: PyObject_Repr/Str run the signal handlers first, so a Ctrl-C
-// arriving there surfaces as their failure. It is re-armed as a pending
-// SIGINT, which the next signal check (soon, in the interpreter) raises.
-inline void ClearErrorKeepingInterrupt() {
-  bool interrupt = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
-  PyErr_Clear();
-  if (interrupt) PyErr_SetInterrupt();
-}
-
 }  // namespace ftjit

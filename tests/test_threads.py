@@ -576,6 +576,51 @@ def test_ctrl_c_while_an_error_message_is_built_is_not_lost():
     assert "d[<unprintable Key>]" in str(interrupt.__context__)
 
 
+@pytest.mark.thread_unsafe(reason="installs a SIGINT handler in the main thread")
+@pytest.mark.parametrize("where", ["worker_thread", "custom_handler"])
+def test_a_swallowed_keyboard_interrupt_is_not_re_armed_where_it_would_misfire(where):
+    """Re-arming means a SIGINT for the main thread: from a worker thread it
+    would interrupt the wrong thread, and a custom handler would run a second
+    time. There the interrupt is dropped as before (message still built)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are only delivered to the main thread")
+
+    class Key:
+        def __repr__(self):
+            raise KeyboardInterrupt
+
+        def __lt__(self, other):
+            return id(self) < id(other)
+
+    jf = ftjit.jit(lambda d: d, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    handled = []
+    handler = signal.default_int_handler if where == "worker_thread" else (lambda *a: handled.append(a))
+    old_handler = signal.signal(signal.SIGINT, handler)
+    messages = []
+
+    def call():
+        try:
+            jf({Key(): {1: 1.0, "a": 2.0}})
+        except TypeError as e:
+            messages.append(str(e))
+
+    interrupted = False
+    try:
+        if where == "worker_thread":
+            run_threads(1, lambda i: call())
+        else:
+            call()
+        for _ in range(1000):
+            time.sleep(0)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+    assert len(messages) == 1 and "d[<unprintable Key>]" in messages[0], messages
+    assert not interrupted
+    assert handled == []
+
+
 @pytest.mark.thread_unsafe(reason="delivers SIGUSR1 to the main thread")
 @pytest.mark.parametrize("cycle_closes", ["after_nested_wait", "during_nested_wait"])
 def test_08b_nested_wait_in_a_signal_handler_keeps_cycle_detection(cycle_closes):
