@@ -87,6 +87,7 @@ class _Progress:
         self._lock = threading.Lock()  # guards done and the drawing
 
     def step(self) -> None:
+        failure = None
         with self._lock:
             self.done += 1
             if self.stream is None:
@@ -102,7 +103,13 @@ class _Progress:
                 self.stream.flush()
             except Exception as exc:  # noqa: BLE001 - a broken stream must not lose the report
                 self.stream = None
-                warnings.warn(f"warmup: progress bar disabled, its stream failed: {exc!r}", RuntimeWarning, stacklevel=2)
+                failure = exc
+        if failure is not None:
+            try:
+                warnings.warn(f"warmup: progress bar disabled, its stream failed: {failure!r}", RuntimeWarning,
+                              stacklevel=2)
+            except Exception:  # noqa: BLE001 - e.g. -W error: the report still matters more than the bar
+                pass
 
 
 def _progress_stream(progress: Any) -> TextIO | None:

@@ -1088,6 +1088,16 @@ def test_warmup_survives_a_progress_stream_that_fails(workers):
     ]
 
 
+@pytest.mark.thread_unsafe(reason="changes the process-global warning filters")
+def test_warmup_report_survives_a_failing_progress_stream_under_warnings_as_errors():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=2, progress=_FailingStream())
+    assert report.ok and comp.calls == 3
+
+
 def test_warmup_lets_a_keyboard_interrupt_through():
     class Interrupting:
         def __hash__(self):
