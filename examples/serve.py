@@ -184,6 +184,8 @@ def parse_inputs(body: bytes, max_batch: int) -> np.ndarray:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # a huge int literal; nesting too deep
+        raise BadRequest(f"body cannot be read as JSON: {type(exc).__name__}") from None
     if not isinstance(payload, dict) or "inputs" not in payload:
         raise BadRequest('body must be a JSON object {"inputs": [[...], ...]}')
     inputs = payload["inputs"]
@@ -198,8 +200,11 @@ def parse_inputs(body: bytes, max_batch: int) -> np.ndarray:
             raise BadRequest(f"inputs[{i}] must be a list of {N_INPUTS} numbers")
         if not all(type(v) in (int, float) for v in row):
             raise BadRequest(f"inputs[{i}] must contain only numbers")
-    with np.errstate(over="ignore"):
-        x = np.array(inputs, dtype=np.float32)
+    try:
+        with np.errstate(over="ignore"):
+            x = np.array(inputs, dtype=np.float32)
+    except OverflowError:  # an int beyond float64 (e.g. 10**309)
+        raise BadRequest("inputs must be finite float32 numbers") from None
     if not np.isfinite(x).all():
         raise BadRequest("inputs must be finite float32 numbers")
     return x

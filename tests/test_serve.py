@@ -168,6 +168,9 @@ def test_bad_input_gets_400_and_a_json_error_on_a_connection_that_stays_usable(r
         "NaN": b'{"inputs": [[' + b", ".join([b"NaN"] * serve.N_INPUTS) + b"]]}",
         "float32 overflow": json.dumps({"inputs": [[1e39] * serve.N_INPUTS]}).encode(),
         "ragged": json.dumps({"inputs": [row, row[:-1]]}).encode(),
+        "nested too deep": b'{"inputs": ' + b"[" * 1500 + b"]" * 1500 + b"}",
+        "int too long to parse": b'{"inputs": [[' + b"9" * 5000 + b", " + b", ".join([b"1"] * (serve.N_INPUTS - 1)) + b"]]}",
+        "int beyond float64": json.dumps({"inputs": [[10**309] + row[1:]]}).encode(),
     }
     connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
     try:
