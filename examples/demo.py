@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         status, stats = fetch_json("127.0.0.1", running.port, "/stats")
     finally:
-        running.shutdown()
+        shutdown_problem = None
+        try:
+            running.shutdown()
+        except TimeoutError as exc:  # a hung request handler: reported below, not hung on
+            shutdown_problem = str(exc)
     if status != 200:
         print(f"FAIL: GET /stats answered HTTP {status}")
         return 1
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_rows(rows))
 
     problems = []
+    if report.requests == 0:
+        problems.append("no request was answered")
+    if shutdown_problem is not None:
+        problems.append(f"the server did not shut down cleanly ({shutdown_problem})")
     if report.errors:
         problems.append(f"{report.errors} failed request(s) (first: {report.first_error})")
     if report.wrong:

@@ -147,6 +147,11 @@ class _Run:
             self._next += 1
             return index
 
+    def taken(self) -> int:
+        """How many requests take() handed out."""
+        with self._lock:
+            return self._next
+
     def record(self, latency: float, rows: int, error: str | None, wrong: bool) -> None:
         with self._lock:
             self.latencies.append(latency)
@@ -203,7 +208,10 @@ def _worker(run: _Run, host: str, port: int, seed: int, max_batch: int, weights:
                     connection.close()
                     connection = None
                 continue
-            error, wrong = _check_answer(response.status, answer, expected)
+            try:
+                error, wrong = _check_answer(response.status, answer, expected)
+            except Exception as exc:  # noqa: BLE001 - a taken request is always recorded
+                error, wrong = f"answer not checkable ({type(exc).__name__}: {exc})", False
             run.record(latency, len(x), error, wrong)
     finally:
         if connection is not None:
@@ -250,6 +258,12 @@ def run_load(
     for worker in workers:
         worker.join()
     elapsed = time.monotonic() - t0
+    # A worker that died (a bug here) leaves the request it had taken
+    # unrecorded: count it as an error rather than let the run pass without it.
+    lost = run.taken() - len(run.latencies)
+    if lost:
+        run.errors += lost
+        run.first_error = run.first_error or f"{lost} request(s) taken by a load thread that died"
     bar.update(len(run.latencies), final=True)
 
     try:
@@ -333,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     print(format_table(report))
-    return 0 if report.errors == 0 and report.wrong == 0 else 1
+    return 0 if report.requests > 0 and report.errors == 0 and report.wrong == 0 else 1
 
 
 if __name__ == "__main__":

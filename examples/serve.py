@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, ModuleType
@@ -295,17 +296,26 @@ class InferenceServer(ThreadingHTTPServer):
 
     ``server_close()`` (after ``shutdown()``) wakes the threads of idle
     keep-alive connections and joins every connection thread, so a clean
-    shutdown leaves no request half-answered.
+    shutdown leaves no request half-answered; a thread still running after
+    ``close_timeout`` seconds is left behind (a daemon) and named in
+    ``hung_handlers`` instead of hanging the shutdown.
     """
 
-    daemon_threads = False  # joined by server_close() (ThreadingMixIn.block_on_close)
+    # server_close() joins the connection threads itself, with a deadline
+    # (ThreadingMixIn's own join has none); daemons, so a hung one cannot
+    # keep the process alive.
+    daemon_threads = True
+    block_on_close = False
+    close_timeout = 30.0
 
     def __init__(self, address: tuple[str, int], model: Model, access_log: bool = False):
         self.model = model
         self.access_log = access_log
         self.max_body_bytes = 1024 + model.max_batch * N_INPUTS * 32
         self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()  # guards _connections
+        self._handlers: set[threading.Thread] = set()
+        self._connections_lock = threading.Lock()  # guards _connections and _handlers
+        self.hung_handlers: list[str] = []  # set by server_close()
         super().__init__(address, _Handler)
 
     @property
@@ -314,9 +324,25 @@ class InferenceServer(ThreadingHTTPServer):
         return self.server_address[1]
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        # ThreadingMixIn's, with the thread registered before it starts, so
+        # that server_close() sees every connection thread.
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name=f"connection-{client_address[1] if isinstance(client_address, tuple) else ''}",
+            daemon=True,
+        )
         with self._connections_lock:
             self._connections.add(request)
-        super().process_request(request, client_address)
+            self._handlers.add(thread)
+        thread.start()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._handlers.discard(threading.current_thread())
 
     def shutdown_request(self, request: Any) -> None:
         with self._connections_lock:
@@ -333,6 +359,12 @@ class InferenceServer(ThreadingHTTPServer):
             except OSError:
                 pass
         super().server_close()
+        deadline = time.monotonic() + self.close_timeout
+        with self._connections_lock:
+            handlers = list(self._handlers)
+        for thread in handlers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.hung_handlers = sorted(t.name for t in handlers if t.is_alive())
 
 
 def make_server(
@@ -372,12 +404,19 @@ class RunningServer:
         return f"http://{host}:{port}"
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stops serving, closes every connection and joins the serving thread; raises TimeoutError if it hangs."""
-        self.server.shutdown()
-        self.thread.join(timeout)
+        """Stops serving, closes every connection and joins the serving and
+        connection threads; raises TimeoutError naming what still runs after
+        ``timeout`` seconds (instead of hanging)."""
+        deadline = time.monotonic() + timeout
+        stopper = threading.Thread(target=self.server.shutdown, name="server-shutdown", daemon=True)
+        stopper.start()
+        stopper.join(timeout)
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        self.server.close_timeout = max(0.0, deadline - time.monotonic())
         self.server.server_close()
-        if self.thread.is_alive():
-            raise TimeoutError(f"the server thread did not stop within {timeout} s")
+        stuck = ([self.thread.name] if self.thread.is_alive() else []) + self.server.hung_handlers
+        if stuck:
+            raise TimeoutError(f"still running {timeout} s after shutdown: {', '.join(stuck)}")
 
     def __enter__(self) -> "RunningServer":
         return self
@@ -429,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving on http://{host}:{port}", flush=True)
     server.serve_forever()
     server.server_close()
+    if server.hung_handlers:
+        print(f"serve.py: connection threads still running after {server.close_timeout:g} s, left behind: "
+              f"{', '.join(server.hung_handlers)}", file=sys.stderr, flush=True)
+        return 1
     print("server stopped", flush=True)
     return 0
 

@@ -345,3 +345,43 @@ def test_load_script_reports_which_limit_stopped_it(running, capsys):
     out = capsys.readouterr().out
     assert re.search(r"^stopped by +time limit$", out, re.M)
     assert re.search(r"^errors +0$", out, re.M) and re.search(r"^server compiles +4$", out, re.M)
+
+
+@starts_servers
+@pytest.mark.timeout(120)
+def test_load_script_fails_when_no_request_was_answered(running, capsys):
+    # A run that sends nothing proves nothing: exit code 1, not a pass.
+    args = ["--port", str(running.port), "--threads", "2", "--seconds", "0.000001"]
+    assert load.main(args) == 1
+    assert re.search(r"^requests +0$", capsys.readouterr().out, re.M)
+
+
+@starts_servers
+@pytest.mark.timeout(120)
+def test_shutdown_with_a_hung_request_handler_raises_instead_of_hanging():
+    running = serve.serve_in_thread(max_batch=2, warmup_workers=1)
+    entered, release = threading.Event(), threading.Event()
+    predict = running.model.predict
+
+    def hung_predict(x):
+        entered.set()
+        release.wait(60)
+        return predict(x)
+
+    running.model.predict = hung_predict
+    client = threading.Thread(
+        target=lambda: load.run_load(running.port, threads=1, requests=1, seconds=None, max_batch=2, progress=False),
+        daemon=True,
+    )
+    client.start()
+    try:
+        assert entered.wait(30)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"^still running 1\.5 s after shutdown: connection-\d+$"):
+            running.shutdown(timeout=1.5)
+        assert time.monotonic() - t0 < 10
+        assert not running.thread.is_alive()  # the serving thread itself stopped
+    finally:
+        release.set()
+        client.join(30)
+    assert not client.is_alive()
