@@ -23,6 +23,11 @@ COMPILE_SLEEP_S = (0.0, 0.003)  #: clears land during compiles too
 CLEAR_SLEEP_S = (0.002, 0.010)
 CLEAR_KINDS = ("jf.clear_cache", "ftjit.clear_caches", "FunctionCache.clear")
 SIGNATURES = len(ARG_SPECS) * len(STATICS)
+#: every CLEAR_GATE calls a caller waits (briefly) until the clearers have
+#: done at least calls/CLEAR_GATE clears in all, so clears land throughout the
+#: storm however fast the calls are (hits take ~2 us, clears come every few ms)
+CLEAR_GATE = 100
+CLEAR_WAIT_S = 10.0
 
 
 def make_function(index: int) -> Callable[..., Any]:
@@ -50,7 +55,9 @@ class Storm:
         self.seeds = [rng.getrandbits(32) for _ in range(self.ncallers + CLEARERS)]
         self.per_function_calls = [[0] * FUNCTIONS for _ in range(self.ncallers)]
         self.clears = {kind: 0 for kind in CLEAR_KINDS}
+        self.clears_total = 0  # guarded by clears_lock (the condition's lock)
         self.clears_lock = threading.Lock()
+        self.cleared = threading.Condition(self.clears_lock)  # notified after each clear
         self.pool = Pool(ctx, "clear_storm", self.ncallers * self.calls_per_thread)
 
     def _key_of(self, fun: Callable[..., Any], args: tuple[Any, ...]) -> Hashable:
@@ -62,6 +69,10 @@ class Storm:
         for n in range(self.calls_per_thread):
             if self.pool.stop.is_set():
                 return
+            if n and n % CLEAR_GATE == 0 and not self._clears_caught_up(n // CLEAR_GATE):
+                log.failures.append(f"caller {index}: the clearers did {self.clears_total} clears in "
+                                    f"{CLEAR_WAIT_S} s, fewer than the {n // CLEAR_GATE} the storm needs")
+                return
             f, spec, k = rng.randrange(FUNCTIONS), rng.choice(ARG_SPECS), rng.choice(STATICS)
             x = spec.make(rng.randrange(100))
             log.round, log.phase = n, f"call f{f} {spec} k={k}"
@@ -72,11 +83,20 @@ class Storm:
                 log.failures.append(f"caller {index} call {n} f{f} {spec} k={k}: {problem}")
             self.pool.step()
 
+    def _clears_caught_up(self, needed: int) -> bool:
+        with self.cleared:
+            return self.cleared.wait_for(
+                lambda: self.clears_total >= needed or self.pool.stop.is_set(), timeout=CLEAR_WAIT_S
+            )
+
     def clear(self, index: int, log: WorkerLog) -> None:
-        """Background: one of the three clears, at random, every few ms until the callers are done."""
+        """Background: the three clears in turn (each clearer from its own
+        starting point), every few ms until the callers are done."""
         rng = random.Random(self.seeds[self.ncallers + index])
+        turn = index
         while not self.pool.stop.is_set():
-            kind = rng.choice(CLEAR_KINDS)
+            kind = CLEAR_KINDS[turn % len(CLEAR_KINDS)]
+            turn += 1
             log.phase = kind
             if kind == "jf.clear_cache":
                 self.jfs[rng.randrange(FUNCTIONS)].clear_cache()
@@ -84,8 +104,10 @@ class Storm:
                 ftjit.clear_caches()
             else:
                 self.cache.clear()
-            with self.clears_lock:
+            with self.cleared:
                 self.clears[kind] += 1
+                self.clears_total += 1
+                self.cleared.notify_all()
             time.sleep(rng.uniform(*CLEAR_SLEEP_S))
 
 
@@ -106,6 +128,15 @@ def check(storm: Storm, aborted: list[str]) -> list[str]:
             violations.append(f"f{f}: size {info.size} > {SIGNATURES} distinct signatures")
     if aborted:
         return violations
+    # The storm happened: every kind of clear ran while callers called, and
+    # clears dropped entries that callers then compiled again.
+    if min(storm.clears.values()) == 0:
+        violations.append(f"a kind of clear never ran during the storm: {storm.clears}")
+    if storm.compiler.calls <= FUNCTIONS * SIGNATURES:
+        violations.append(
+            f"{storm.compiler.calls} compiles for {FUNCTIONS * SIGNATURES} signatures: no clear dropped an entry "
+            "that was called again, so the storm tested nothing"
+        )
     ftjit.clear_caches()
     sizes = [jf.cache_info().size for jf in storm.jfs] + [storm.cache.size()]
     if any(sizes):
