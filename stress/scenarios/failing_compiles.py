@@ -81,7 +81,9 @@ class Failing:
             deadline = time.monotonic() + HERD_WAIT_S
             while self.jf.cache_info().waits - self.round_waits0 < self.nthreads - 1 and time.monotonic() < deadline:
                 time.sleep(0.001)
-        if self.fail_rng.random() >= FAIL_P:
+        # The draw is always made (the sequence stays the seed's); the first
+        # compile of the first round always fails, so every run tests a failure.
+        if self.fail_rng.random() >= FAIL_P and (self.raised or rnd != 0):
             return
         error_type = self.fail_rng.choice(FAILURE_TYPES)
         message = f"injected compile failure of {key} in round {rnd}"
@@ -160,9 +162,11 @@ def run_failing_compiles(ctx: Context) -> Result:
     run = Failing(ctx)
     aborted = run.pool.run([run.work] * run.nthreads)
     violations = list(aborted)
+    failed = sum(len(v) for v in run.raised.values())
     if not aborted:
         violations += check_rounds(run)[:10] + check_recovery(run)
-    failed = sum(len(v) for v in run.raised.values())
+        if failed == 0:
+            violations.append("no compile failed: the scenario tested nothing")
     notes = [f"{failed} of {run.compiler.calls} compiles failed; {len(run.rounds)} herd rounds, "
              f"{sum(1 for b in run.compiled_before if not b)} of them compiling"]
     return run.pool.result(run.compiler.calls, run.jf.cache_info().waits, violations, notes)
