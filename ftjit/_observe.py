@@ -290,6 +290,8 @@ class GuardedCompiler:
 
     #: the max_signatures warning's stacklevel: the frame that called the JitFunction
     warn_stacklevel = 2
+    #: descriptions remembered at most (more when max_signatures is larger)
+    max_remembered = _MAX_REMEMBERED
 
     def __init__(
         self,
@@ -335,7 +337,7 @@ class GuardedCompiler:
             warn_now = excess and self.on_excess == "warn" and not self._warned
             if warn_now:
                 self._warned = True
-            room = len(self._seen) < max(_MAX_REMEMBERED, self.max_signatures or 0)
+            room = len(self._seen) < max(self.max_remembered, self.max_signatures or 0)
             if room and (not excess or self.on_excess == "warn"):
                 self._seen.setdefault(key, desc)
         why = explain(cached, desc) if cached and not known else None

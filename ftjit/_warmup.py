@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import sys
 import threading
 import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence, TextIO
+
+logger = logging.getLogger("ftjit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +108,7 @@ class _Progress:
                 self.stream = None
                 failure = exc
         if failure is not None:
-            try:
-                warnings.warn(f"warmup: progress bar disabled, its stream failed: {failure!r}", RuntimeWarning,
-                              stacklevel=2)
-            except Exception:  # noqa: BLE001 - e.g. -W error: the report still matters more than the bar
-                pass
+            logger.warning("warmup: progress bar disabled, its stream failed: %r", failure)
 
 
 def _progress_stream(progress: Any) -> TextIO | None:

@@ -649,18 +649,19 @@ def test_max_signatures_counts_equal_statics_once_whatever_their_repr():
         jf(1.0, _ValueStatic(3))
 
 
-@pytest.mark.thread_unsafe(reason="patches a module-level bound")
-def test_signatures_remembered_for_explanations_stay_bounded_past_the_limit(monkeypatch):
+def test_signatures_remembered_for_explanations_stay_bounded_past_the_limit():
     import ftjit._observe as observe
 
-    monkeypatch.setattr(observe, "_MAX_REMEMBERED", 4)
     comp = CountingCompiler()
-    jf = ftjit.jit(lambda x, n: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2)
-    with pytest.warns(RuntimeWarning, match="past max_signatures=2"):
-        for n in range(10):
-            assert jf(1.0, n) == 1.0
-    assert comp.calls == 10
+    jf = ftjit.jit(lambda x, n: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2,
+                   on_excess="warn")
     assert isinstance(jf._compiler, observe.GuardedCompiler)
+    assert jf._compiler.max_remembered == observe._MAX_REMEMBERED == 4096
+    jf._compiler.max_remembered = 4
+    jf._compiler._warned = True  # as after the once-only warning (not examined here)
+    for n in range(10):
+        assert jf(1.0, n) == 1.0
+    assert comp.calls == 10
     assert len(jf._compiler._seen) == 4
 
 
@@ -1047,55 +1048,40 @@ def test_warmup_under_a_thread_local_jax_config_compiles_in_this_thread():
     assert (info.compiles, info.hits) == (3, 3)
 
 
-@pytest.mark.thread_unsafe(reason="records warnings (process-global warning filters)")
-def test_warmup_with_the_default_config_uses_its_workers_without_warning():
+def test_warmup_with_the_default_config_uses_its_workers():
     pytest.importorskip("jax")
     fun, name = fresh1("warm_plain")
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=2, progress=False)
-    assert [w for w in caught if "warmup" in str(w.message)] == []
+    assert ftjit._warmup._same_context_in_a_new_thread(jf)
+    report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=2, progress=False)
     assert report.ok and report.workers == 2
 
 
 class _FailingStream:
-    def __init__(self):
+    def __init__(self, tag="stream closed"):
         self.writes = 0
+        self.tag = tag
 
     def write(self, text):
         self.writes += 1
-        raise OSError("stream closed")
+        raise OSError(self.tag)
 
     def flush(self):
         pass
 
 
-@pytest.mark.thread_unsafe(reason="records warnings (process-global warning filters)")
 @pytest.mark.parametrize("workers", [1, 2])
 def test_warmup_survives_a_progress_stream_that_fails(workers):
     comp = CountingCompiler()
     jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
-    stream = _FailingStream()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    tag = unique_name("closed")  # this copy's records only, when copies run in parallel
+    stream = _FailingStream(tag)
+    with LogCapture(tag) as cap:
         report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=workers, progress=stream)
     assert report.ok and [r.compiled for r in report.results] == [True, True, True]
     assert comp.calls == 3
     assert stream.writes == 1  # the bar is dropped after its first failure
-    assert [str(w.message) for w in caught] == [
-        "warmup: progress bar disabled, its stream failed: OSError('stream closed')"
-    ]
-
-
-@pytest.mark.thread_unsafe(reason="changes the process-global warning filters")
-def test_warmup_report_survives_a_failing_progress_stream_under_warnings_as_errors():
-    comp = CountingCompiler()
-    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=2, progress=_FailingStream())
-    assert report.ok and comp.calls == 3
+    assert cap.messages(logging.WARNING) == [f"warmup: progress bar disabled, its stream failed: OSError('{tag}')"]
 
 
 def test_warmup_lets_a_keyboard_interrupt_through():
