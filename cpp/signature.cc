@@ -853,6 +853,9 @@ void ClearErrorKeepingInterrupt() {
     rearm = current.is_valid() && main.is_valid() && current.ptr() == main.ptr() && handler.is_valid() &&
             default_handler.is_valid() && handler.ptr() == default_handler.ptr();
   }
+  // These are Python calls, which check for signals: a second Ctrl-C landing
+  // in them is re-armed whatever they were about to say.
+  if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) rearm = true;
   PyErr_Clear();
   if (rearm) PyErr_SetInterrupt();
 }

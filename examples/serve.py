@@ -335,7 +335,12 @@ class InferenceServer(ThreadingHTTPServer):
         with self._connections_lock:
             self._connections.add(request)
             self._handlers.add(thread)
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:  # e.g. "can't start new thread": never joinable, so not ours to join
+            with self._connections_lock:
+                self._handlers.discard(thread)
+            raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

@@ -385,3 +385,31 @@ def test_shutdown_with_a_hung_request_handler_raises_instead_of_hanging():
         release.set()
         client.join(30)
     assert not client.is_alive()
+
+
+@starts_servers
+@pytest.mark.timeout(120)
+def test_a_connection_thread_that_fails_to_start_does_not_break_shutdown(monkeypatch):
+    running = serve.serve_in_thread(max_batch=2, warmup_workers=1)
+    start = threading.Thread.start
+    failed = []
+
+    def failing_start(self):
+        if self.name.startswith("connection-") and not failed:
+            failed.append(self.name)
+            raise RuntimeError("can't start new thread")  # as under a thread limit
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", failing_start)
+    first = http.client.HTTPConnection("127.0.0.1", running.port, timeout=10)
+    with pytest.raises((http.client.HTTPException, OSError)):
+        first.request("GET", "/healthz")
+        first.getresponse()
+    first.close()
+    second = http.client.HTTPConnection("127.0.0.1", running.port, timeout=10)
+    second.request("GET", "/healthz")
+    assert second.getresponse().status == 200
+    second.close()
+    assert len(failed) == 1
+    running.shutdown(timeout=10)  # no "cannot join thread before it is started"
+    assert running.server.hung_handlers == []
