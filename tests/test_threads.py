@@ -215,27 +215,34 @@ def test_05_cross_thread_compile_cycle_is_an_error_not_a_hang():
     assert g(1.0) == 3.0
 
 
-def test_06_failed_compile_reaches_every_waiter_once():
-    """8 threads on one signature whose compile raises: the compiling caller and
-    all waiters get the error, no waiter starts its own compile, and the
-    failed entry is dropped so the next call compiles again."""
-    n = 8
+def _herd_on_a_failing_compile(n, fail, wait_s):
+    """n threads call one new signature whose compile raises ``fail`` (see
+    CountingCompiler) once the other n - 1 wait on it (up to ``wait_s``).
+    Returns (each thread's exception or None, the compiler, the function)."""
 
     def hook(fun, args, kwargs):
         # Keep the compile in progress until the other callers are waiting.
-        wait_for(lambda: jf.cache_info().waits >= n - 1, 1.0)
+        wait_for(lambda: jf.cache_info().waits >= n - 1, wait_s)
 
-    comp = CountingCompiler(fail=ValueError("compile failed: boom"), on_compile=hook)
+    comp = CountingCompiler(fail=fail, on_compile=hook)
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
 
     def target(i):
         try:
             jf(float(i))
-        except Exception as e:  # noqa: BLE001 - examined below
+        except Exception as e:  # noqa: BLE001 - examined by the caller
             return e
         return None
 
-    errors = run_threads(n, target)
+    return run_threads(n, target), comp, jf
+
+
+def test_06_failed_compile_reaches_every_waiter_once():
+    """8 threads on one signature whose compile raises: the compiling caller and
+    all waiters get the error, no waiter starts its own compile, and the
+    failed entry is dropped so the next call compiles again."""
+    n = 8
+    errors, comp, jf = _herd_on_a_failing_compile(n, ValueError("compile failed: boom"), wait_s=1.0)
     for e in errors:
         assert type(e) is ValueError, repr(e)
         assert str(e) == "compile failed: boom"
@@ -312,21 +319,7 @@ def test_06d_waiters_never_share_the_compile_error_object(error_type):
     waiter as an object of its own: a copy of the same type made without
     __init__, or, when even that fails, a RuntimeError caused by it."""
     n = 4
-
-    def hook(fun, args, kwargs):
-        assert wait_for(lambda: jf.cache_info().waits >= n - 1, 5)
-
-    comp = CountingCompiler(fail=lambda: error_type(1, 2), on_compile=hook)
-    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
-
-    def target(i):
-        try:
-            jf(float(i))
-        except Exception as e:  # noqa: BLE001 - examined below
-            return e
-        return None
-
-    errors = run_threads(n, target)
+    errors, comp, _ = _herd_on_a_failing_compile(n, lambda: error_type(1, 2), wait_s=5.0)
     assert comp.calls == 1
     assert len({id(e) for e in errors}) == n
     originals = [e for e in errors if type(e) is error_type]
