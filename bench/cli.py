@@ -67,8 +67,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sizes["warmup_repeat"] = min(sizes["warmup_repeat"], args.repeat)
     cases = default_cases(with_jax=not args.no_jax)
     print(f"bench: ftjit {ftjit.__version__}, {len(cases)} cases, number={sizes['number']}, "
-          f"repeat={sizes['repeat']} (min per side; sides interleaved)", file=sys.stderr, flush=True)
-    results = measure(cases, sizes["number"], sizes["repeat"], on_repeat=_progress)
+          f"repeat={sizes['repeat']} (sides paired and interleaved; ratio = median of paired ratios)",
+          file=sys.stderr, flush=True)
+    overhead = loop_overhead_ns(sizes["number"], sizes["repeat"])
+    results = measure(cases, sizes["number"], sizes["repeat"], on_repeat=_progress, overhead_ns=overhead)
     if not args.no_jax:
         from .threads import two_thread_measurement
         from .warmup import warmup_measurement
@@ -77,10 +79,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench: warm-up, {args.warmup_signatures} signatures, workers={args.warmup_workers} vs 1, "
               f"{sizes['warmup_repeat']} run(s) each", file=sys.stderr, flush=True)
         results.append(warmup_measurement(args.warmup_signatures, args.warmup_workers, sizes["warmup_repeat"]))
-    overhead = loop_overhead_ns(sizes["number"], sizes["repeat"])
     print(format_table(results))
-    print(f"(ratio = ftjit / anchor, lower is better; ns/call include timeit's loop overhead of {overhead:.1f} ns "
-          "on both sides)")
+    print(f"(ratio = ftjit / anchor, lower is better: for the single-thread rows the median over back-to-back "
+          f"pairs of timings, whose best is shown per side; timeit's loop overhead, {overhead:.1f} ns/call, is "
+          "taken out of both sides)")
     for warning in _check_compiled_once(cases):
         print(warning)
     _write_outputs(args, results, {"quick": args.quick, "ftjit": ftjit.__version__, "loop_overhead_ns": overhead,

@@ -30,7 +30,7 @@ def _row(m: Measurement, footnote: str) -> tuple[str, ...]:
         format_time(m.ftjit_ns, m.case.unit),
         m.case.anchor.label,
         format_time(m.anchor_ns, m.case.unit),
-        f"{m.ratio:.2f}x",
+        f"{m.ratio:.3f}x",
         _bound(m.case.target),
         _bound(m.case.goal),
         m.status,
@@ -83,6 +83,7 @@ def to_json(measurements: Sequence[Measurement], meta: dict[str, Any]) -> dict[s
                 "note": m.case.note,
                 "ftjit_samples_ns": list(m.ftjit_samples_ns),
                 "anchor_samples_ns": list(m.anchor_samples_ns),
+                "paired_ratios": list(m.paired_ratios),
             }
             for m in measurements
         ],

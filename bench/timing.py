@@ -1,9 +1,19 @@
-"""Interleaved timing: both sides of every case are timed in each repeat, and the best repeat per side is kept."""
+"""Interleaved, paired timing: both sides of every case are timed back to back, in alternating order.
+
+Each row's ns/call per side is its best timing, less timeit's own loop
+overhead. Its ratio is the median over the pairs (one ftjit timing and the
+anchor timing next to it) of their ratio: host noise that slows a stretch of
+the run hits both members of a pair, so the median of paired ratios is far
+steadier than the ratio of two independent minimums (which let one side's
+lucky timing decide a PASS or a MISS). Slow rows are split into many short
+pairs (``Case.splits``) for the same reason.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import statistics
 import timeit
 from typing import Callable, Optional, Sequence
 
@@ -19,9 +29,14 @@ class Measurement:
     anchor_ns: float
     ftjit_samples_ns: tuple[float, ...]
     anchor_samples_ns: tuple[float, ...]
+    #: per pair, ftjit/anchor (loop overhead taken out); empty for rows timed otherwise
+    paired_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
+        """The median paired ratio when there are pairs, else best ftjit / best anchor."""
+        if self.paired_ratios:
+            return statistics.median(self.paired_ratios)
         return self.ftjit_ns / self.anchor_ns
 
     @property
@@ -53,8 +68,11 @@ def _ns_per_call(timer: timeit.Timer, number: int) -> float:
 
 
 def measure(cases: Sequence[Case], number: int, repeat: int,
-            on_repeat: Optional[Callable[[int, int], None]] = None) -> list[Measurement]:
-    """Times every case ``repeat`` times, alternating which side goes first, with the GC off while timing."""
+            on_repeat: Optional[Callable[[int, int], None]] = None, overhead_ns: float = 0.0) -> list[Measurement]:
+    """Times every case ``repeat`` times (each time as ``case.splits`` pairs of
+    ``number * case.scale / splits`` calls per side), alternating which side
+    goes first, with the GC off while timing. ``overhead_ns`` (timeit's loop,
+    see loop_overhead_ns) is taken out of the reported times and ratios."""
     timers = [(_timer(c.ftjit), _timer(c.anchor)) for c in cases]
     samples: list[tuple[list[float], list[float]]] = [([], []) for _ in cases]
     gc_was_enabled = gc.isenabled()
@@ -62,16 +80,24 @@ def measure(cases: Sequence[Case], number: int, repeat: int,
     try:
         for r in range(repeat):
             for case, (ft, an), (ft_s, an_s) in zip(cases, timers, samples):
-                order = ((ft, ft_s), (an, an_s)) if r % 2 == 0 else ((an, an_s), (ft, ft_s))
-                n = max(1, int(number * case.scale))
-                for timer, out in order:
-                    out.append(_ns_per_call(timer, n))
+                splits = max(1, case.splits)
+                n = max(1, int(number * case.scale / splits))
+                for s in range(splits):
+                    order = ((ft, ft_s), (an, an_s)) if (r * splits + s) % 2 == 0 else ((an, an_s), (ft, ft_s))
+                    for timer, out in order:
+                        out.append(_ns_per_call(timer, n))
             if on_repeat is not None:
                 on_repeat(r + 1, repeat)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return [Measurement(c, min(ft_s), min(an_s), tuple(ft_s), tuple(an_s)) for c, (ft_s, an_s) in zip(cases, samples)]
+    out = []
+    for c, (ft_s, an_s) in zip(cases, samples):
+        ft_net = [max(t - overhead_ns, 1e-3) for t in ft_s]
+        an_net = [max(t - overhead_ns, 1e-3) for t in an_s]
+        pairs = tuple(f / a for f, a in zip(ft_net, an_net))
+        out.append(Measurement(c, min(ft_net), min(an_net), tuple(ft_net), tuple(an_net), pairs))
+    return out
 
 
 def loop_overhead_ns(number: int, repeat: int) -> float:

@@ -59,6 +59,8 @@ def warm_fresh(workers: int, signatures: int, salt: float) -> tuple[float, float
     cpu = time.process_time() - cpu0
     if not report.ok:
         raise RuntimeError(f"bench warmup failed:\n{report}")
+    if report.workers != workers:  # e.g. warmup fell back to this thread: the row would compare a loop with a loop
+        raise RuntimeError(f"bench warmup ran with {report.workers} worker(s), asked for {workers}")
     compiles = fn.cache_info().compiles
     if compiles != signatures or not all(r.compiled for r in report.results):
         raise RuntimeError(f"bench warmup compiled {compiles} signatures, expected {signatures}:\n{report}")
@@ -73,7 +75,9 @@ def warmup_measurement(signatures: int = 8, workers: int = 4, repeat: int = 2) -
     """
     if signatures < 1 or workers < 2 or repeat < 1:
         raise ValueError(f"need signatures >= 1, workers >= 2, repeat >= 1; got {signatures}, {workers}, {repeat}")
-    warm_fresh(1, 1, salt=-1.0)  # JAX's first compile in a process pays one-time set-up: keep it out
+    # JAX's first compiles in a process pay one-time set-up (and per-shape
+    # traces of the jnp helpers the MLP calls): keep them out of both sides.
+    warm_fresh(1, signatures, salt=-1.0)
     parallel: list[float] = []
     loop: list[float] = []
     loop_cores: list[float] = []  # CPU seconds / wall seconds of each loop run: cores it kept busy

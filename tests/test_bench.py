@@ -7,6 +7,7 @@ of its output and the arithmetic of its ratios are asserted.
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,7 @@ def test_bench_smoke_run_prints_every_row_with_finite_ratios(tmp_path):
         assert anchor_label == anchor, name
         unit = "ms" if "warmup" in name else "ns"
         assert re.fullmatch(rf"\d+\.\d {unit}", ftjit_time) and re.fullmatch(rf"\d+\.\d {unit}", anchor_time), name
-        assert re.fullmatch(r"\d+\.\d\dx", ratio) and float(ratio[:-1]) > 0, name
+        assert re.fullmatch(r"\d+\.\d{3}x", ratio) and float(ratio[:-1]) > 0, name
         if target is None:
             assert (target_cell, goal_cell, status) == ("-", "-", "report"), name
         else:
@@ -82,8 +83,15 @@ def test_bench_smoke_run_prints_every_row_with_finite_ratios(tmp_path):
         assert r["target"] == target
         for key in ("ftjit_ns", "anchor_ns", "ratio"):
             assert math.isfinite(r[key]) and r[key] > 0, (name, key, r[key])
-        assert r["ratio"] == pytest.approx(r["ftjit_ns"] / r["anchor_ns"])
         assert r["ftjit_ns"] == min(r["ftjit_samples_ns"]) and r["anchor_ns"] == min(r["anchor_samples_ns"])
+        if r["paired_ratios"]:  # the single-thread rows: the median of back-to-back pairs
+            assert len(r["paired_ratios"]) == len(r["ftjit_samples_ns"]) == len(r["anchor_samples_ns"])
+            pairs = [f / a for f, a in zip(r["ftjit_samples_ns"], r["anchor_samples_ns"])]
+            assert r["paired_ratios"] == pytest.approx(pairs)
+            assert r["ratio"] == pytest.approx(statistics.median(pairs))
+        else:  # the two-thread and warm-up rows: best against best
+            assert "threads" in name or "warmup" in name, name
+            assert r["ratio"] == pytest.approx(r["ftjit_ns"] / r["anchor_ns"])
         if target is None:
             assert r["status"] == "report"
         else:
@@ -107,10 +115,10 @@ def test_table_statuses_and_miss_line():
     ]
     table = format_table(rows)
     cells = _table_rows(table)
-    assert cells["fast"][3:] == ["1.00x", "<= 4", "<= 2", "PASS (goal)"]
-    assert cells["ok"][3:] == ["3.00x", "<= 4", "<= 2", "PASS"]
-    assert cells["slow"][3:] == ["5.00x", "<= 4", "<= 2", "MISS"]
-    assert cells["untargeted"][3:] == ["9.00x", "-", "-", "report"]
+    assert cells["fast"][3:] == ["1.000x", "<= 4", "<= 2", "PASS (goal)"]
+    assert cells["ok"][3:] == ["3.000x", "<= 4", "<= 2", "PASS"]
+    assert cells["slow"][3:] == ["5.000x", "<= 4", "<= 2", "MISS"]
+    assert cells["untargeted"][3:] == ["9.000x", "-", "-", "report"]
     assert table.splitlines()[-1] == "MISS: 1 case(s) slower than target: slow"
     assert [m.passed for m in rows] == [True, True, False, True]
 
@@ -131,3 +139,16 @@ def test_cases_other_than_jax_call_both_sides_with_the_same_arguments():
     for case in cases:
         assert case.ftjit.args == case.anchor.args, case.name
     assert [c.target for c in cases] == [4.0, None, None]
+
+
+def test_ratio_of_paired_timings_is_their_median():
+    # Each pair is one ftjit timing and the anchor timing right next to it; a
+    # lucky anchor timing (90) no longer decides the row on its own.
+    side = Side("x", lambda: None, ())
+    ft, an = (100.0, 120.0, 130.0), (90.0, 115.0, 120.0)
+    pairs = tuple(f / a for f, a in zip(ft, an))
+    m = Measurement(Case("paired", side, side, target=1.1, goal=1.0), min(ft), min(an), ft, an, pairs)
+    assert m.ratio == pytest.approx(130.0 / 120.0)  # the median pair
+    assert m.status == "PASS"
+    assert Measurement(m.case, min(ft), min(an), ft, an).ratio == pytest.approx(100.0 / 90.0)  # best/best: MISS
+    assert _table_rows(format_table([m]))["paired"][3] == "1.083x"
