@@ -14,8 +14,8 @@ _TITLE = {"ns": "ftjit hit latency vs anchor", "ms": "parallel warm-up vs loop"}
 
 def _label(m: Measurement) -> str:
     if m.case.target is None:
-        return f"{m.ratio:.2f}x"
-    return f"{m.ratio:.2f}x{'' if m.passed else ' MISS'}"
+        return f"{m.ratio:.3f}x"
+    return f"{m.ratio:.3f}x{'' if m.passed else ' MISS'}"
 
 
 def write_png(path: str, measurements: Sequence[Measurement]) -> Optional[str]:

@@ -20,9 +20,12 @@ QUICK = {"number": 20_000, "repeat": 3, "warmup_repeat": 2}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description="ftjit dispatch benchmarks.")
     parser.add_argument("--quick", action="store_true", help="short run (CI): fewer calls and repeats")
-    parser.add_argument("--number", type=int, metavar="N", help="calls per timing (overrides the preset)")
+    parser.add_argument("--number", type=int, metavar="N",
+                        help="calls per timing of a fast row; slow rows use number * scale / splits "
+                             "(overrides the preset)")
     parser.add_argument("--repeat", type=int, metavar="R",
-                        help="timings per side, best kept (overrides the preset; also caps the warm-up runs)")
+                        help="rounds of paired timings (splits pairs per row each; overrides the preset, "
+                             "also caps the warm-up runs)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument("--png", metavar="PATH", default="bench/bench.png",
                         help="write a bar chart to PATH (needs matplotlib; default %(default)s, '' to skip)")

@@ -15,7 +15,7 @@ import dataclasses
 import gc
 import statistics
 import timeit
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .cases import Case, Side
 
@@ -68,12 +68,15 @@ def _ns_per_call(timer: timeit.Timer, number: int) -> float:
 
 
 def measure(cases: Sequence[Case], number: int, repeat: int,
-            on_repeat: Optional[Callable[[int, int], None]] = None, overhead_ns: float = 0.0) -> list[Measurement]:
+            on_repeat: Optional[Callable[[int, int], None]] = None, overhead_ns: float = 0.0,
+            make_timer: Callable[[Side], Any] = _timer,
+            time_calls: Callable[[Any, int], float] = _ns_per_call) -> list[Measurement]:
     """Times every case ``repeat`` times (each time as ``case.splits`` pairs of
     ``number * case.scale / splits`` calls per side), alternating which side
     goes first, with the GC off while timing. ``overhead_ns`` (timeit's loop,
-    see loop_overhead_ns) is taken out of the reported times and ratios."""
-    timers = [(_timer(c.ftjit), _timer(c.anchor)) for c in cases]
+    see loop_overhead_ns) is taken out of the reported times and ratios.
+    ``make_timer``/``time_calls`` are the timing itself (tests replace them)."""
+    timers = [(make_timer(c.ftjit), make_timer(c.anchor)) for c in cases]
     samples: list[tuple[list[float], list[float]]] = [([], []) for _ in cases]
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -85,7 +88,7 @@ def measure(cases: Sequence[Case], number: int, repeat: int,
                 for s in range(splits):
                     order = ((ft, ft_s), (an, an_s)) if (r * splits + s) % 2 == 0 else ((an, an_s), (ft, ft_s))
                     for timer, out in order:
-                        out.append(_ns_per_call(timer, n))
+                        out.append(time_calls(timer, n))
             if on_repeat is not None:
                 on_repeat(r + 1, repeat)
     finally:

@@ -152,3 +152,36 @@ def test_ratio_of_paired_timings_is_their_median():
     assert m.status == "PASS"
     assert Measurement(m.case, min(ft), min(an), ft, an).ratio == pytest.approx(100.0 / 90.0)  # best/best: MISS
     assert _table_rows(format_table([m]))["paired"][3] == "1.083x"
+
+
+def test_measure_pairs_adjacent_timings_alternates_order_and_takes_overhead_out():
+    import bench.timing as timing
+
+    calls = []  # (side label, calls per timing)
+    clock = iter(range(1000, 100000, 10))  # ns/call of each timing, in call order
+
+    def fake_ns_per_call(timer, number):
+        calls.append((timer.label, number))
+        return float(next(clock))
+
+    class FakeTimer:
+        def __init__(self, label):
+            self.label = label
+
+    ft, an = Side("ft", lambda: None, ()), Side("an", lambda: None, ())
+    case = Case("split", ft, an, target=1.5, goal=None, scale=0.1, splits=4)
+    (m,) = timing.measure([case], number=2000, repeat=3, overhead_ns=5.0,
+                          make_timer=lambda side: FakeTimer(side.label), time_calls=fake_ns_per_call)
+    # 3 repeats x 4 splits = 12 pairs of 2000 * 0.1 / 4 = 50 calls per side, order alternating.
+    assert [n for _, n in calls] == [50] * 24
+    firsts = [calls[2 * i][0] for i in range(12)]
+    assert firsts == ["ft", "an"] * 6
+    assert all({calls[2 * i][0], calls[2 * i + 1][0]} == {"ft", "an"} for i in range(12))
+    values = [1000.0 + 10 * i for i in range(24)]
+    ft_raw = [v for (label, _), v in zip(calls, values) if label == "ft"]
+    an_raw = [v for (label, _), v in zip(calls, values) if label == "an"]
+    assert m.ftjit_samples_ns == tuple(v - 5.0 for v in ft_raw)  # overhead out of both sides
+    assert m.anchor_samples_ns == tuple(v - 5.0 for v in an_raw)
+    assert m.paired_ratios == pytest.approx([(f - 5.0) / (a - 5.0) for f, a in zip(ft_raw, an_raw)])
+    assert (m.ftjit_ns, m.anchor_ns) == (min(ft_raw) - 5.0, min(an_raw) - 5.0)
+    assert m.ratio == pytest.approx(statistics.median(m.paired_ratios))
