@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "function_cache.h"
-#include "py_compat.h"
 #include "signature.h"
 
 namespace ftjit {
@@ -424,6 +423,34 @@ bool WaitForCompile(JitState& st, Entry& e) {
   return s == CompileLatch::State::kReady;
 }
 
+// The entry of `sig` after the hot path missed: either one this thread
+// inserted and must compile, or a ready one (found ready, or waited for).
+// An abandoned compile (its thread was interrupted) is looked up again, and
+// this thread may then be the one to compile it.
+struct Resolved {
+  EntryPtr entry;
+  bool inserted;   // this thread owns the compile
+  bool was_ready;  // ready when found: a hit, no wait
+};
+
+Resolved Resolve(JitState& st, CallSignature& sig) {
+  for (;;) {
+    FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);  // moves `sig` if inserted
+    if (found.inserted) return {std::move(found.entry), true, false};
+    if (found.entry->latch.state() == CompileLatch::State::kReady) {
+      return {std::move(found.entry), false, true};
+    }
+    if (WaitForCompile(st, *found.entry)) return {std::move(found.entry), false, false};
+  }
+}
+
+// RuntimeError (and true) when the GC's tp_clear already emptied this function.
+bool Cleared(const JitState& st) {
+  if (st.fun.is_valid()) return false;
+  PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
+  return true;
+}
+
 nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   CallSignature sig;
   try {
@@ -441,29 +468,21 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
     nb::object hold = nb::steal(exe);  // the entry may be evicted meanwhile
     return CallExecutable(st, exe, args, nargsf, kwnames);
   }
-  for (;;) {
-    FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);  // moves `sig` if inserted
-    Entry& e = *found.entry;
-    if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);
-    if (e.latch.state() == CompileLatch::State::kReady) {
-      int shard = ThreadShard();
-      st.entries->counters().Hit(shard);
-      e.hits.Add(shard);
-    } else if (!WaitForCompile(st, e)) {
-      continue;  // the compiling thread was interrupted: look up (and maybe compile) again
-    }
-    SharedLru<EntryPtr, nb::ft_mutex>::Touch(found.entry);
-    return CallExecutable(st, e.executable.ptr(), args, nargsf, kwnames);
+  Resolved r = Resolve(st, sig);
+  if (r.inserted) return CompileAndCall(st, r.entry, args, nargsf, kwnames);
+  if (r.was_ready) {
+    int shard = ThreadShard();
+    st.entries->counters().Hit(shard);
+    r.entry->hits.Add(shard);
   }
+  SharedLru<EntryPtr, nb::ft_mutex>::Touch(r.entry);
+  return CallExecutable(st, r.entry->executable.ptr(), args, nargsf, kwnames);
 }
 
 extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args,
                                             size_t nargsf, PyObject* kwnames) {
   JitState& st = StateOf(self);
-  if (!st.fun.is_valid()) {
-    PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
-    return nullptr;
-  }
+  if (Cleared(st)) return nullptr;
   if (t_disabled > 0) return PyObject_Vectorcall(st.fun.ptr(), args, nargsf, kwnames);
   try {
     return Call(st, args, nargsf, kwnames).release().ptr();
@@ -590,10 +609,7 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
 extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* args,
                                             Py_ssize_t nargs, PyObject* kwnames) {
   JitState& st = StateOf(self);
-  if (!st.fun.is_valid()) {
-    PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
-    return nullptr;
-  }
+  if (Cleared(st)) return nullptr;
   try {
     CallSignature sig;
     try {
@@ -603,18 +619,10 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
                                         "() for arguments that need the fallback path "
                                         "(e.g. tracers)");
     }
-    for (;;) {
-      FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);  // moves `sig` if inserted
-      if (found.inserted) {
-        Compile(st, found.entry, args, static_cast<size_t>(nargs), kwnames);
-        Py_RETURN_TRUE;
-      }
-      if (found.entry->latch.state() == CompileLatch::State::kReady ||
-          WaitForCompile(st, *found.entry)) {
-        Py_RETURN_FALSE;
-      }
-      // The compiling thread was interrupted: look up (and maybe compile) again.
-    }
+    Resolved r = Resolve(st, sig);
+    if (!r.inserted) Py_RETURN_FALSE;
+    Compile(st, r.entry, args, static_cast<size_t>(nargs), kwnames);
+    Py_RETURN_TRUE;
   } catch (nb::python_error& err) {
     err.restore();
     return nullptr;
@@ -627,10 +635,7 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
 extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* args,
                                               Py_ssize_t nargs, PyObject* kwnames) {
   JitState& st = StateOf(self);
-  if (!st.fun.is_valid()) {
-    PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
-    return nullptr;
-  }
+  if (Cleared(st)) return nullptr;
   try {
     CallSignature sig;
     try {

@@ -127,6 +127,18 @@ std::string Str(PyObject* o);
   throw nb::python_error();
 }
 
+// build() (a message part that may run repr()/str()) with the pending error
+// set aside, so that no Python code runs with an exception set; the error is
+// restored afterwards.
+template <class Build>
+std::string WithErrorAside(Build&& build) {
+  PyObject *type, *exc, *tb;
+  PyErr_Fetch(&type, &exc, &tb);
+  std::string out = build();
+  PyErr_Restore(type, exc, tb);
+  return out;
+}
+
 std::string Repr(PyObject* o) {
   PyObject* r = PyObject_Repr(o);
   if (!r) {
@@ -405,10 +417,7 @@ class Builder {
     nb::object keys = nb::steal(PyDict_Keys(obj));
     if (!keys.is_valid()) throw nb::python_error();
     if (PyList_Sort(keys.ptr()) < 0) {
-      PyObject *type, *exc, *tb;
-      PyErr_Fetch(&type, &exc, &tb);  // Where() runs repr() of keys: no error may be set
-      std::string where = Where();
-      PyErr_Restore(type, exc, tb);
+      std::string where = WithErrorAside([this] { return Where(); });  // repr() of keys
       ThrowWithCause(PyExc_TypeError,
                      "the keys of a dict argument " + where +
                          " cannot be sorted; dict keys of a jitted function's "
@@ -704,10 +713,7 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describ
   Py_hash_t h = PyObject_Hash(value);
   if (h == -1) {
     if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-      PyObject *type, *exc, *tb;
-      PyErr_Fetch(&type, &exc, &tb);  // describe() runs no code with an error set
-      std::string which = describe();
-      PyErr_Restore(type, exc, tb);
+      std::string which = WithErrorAside(describe);
       UnhashableStatic(spec, value, which);
     }
     throw nb::python_error();

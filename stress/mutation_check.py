@@ -36,10 +36,10 @@ MUTATIONS = (
     Mutation(
         "compile-once latch: a waiter compiles too",
         "cpp/jit_function.cc",
-        "    if (found.inserted) return CompileAndCall(st, found.entry, args, nargsf, kwnames);\n",
-        "    if (found.inserted || (e.latch.state() == CompileLatch::State::kCompiling &&\n"
-        "                           e.latch.owner() != std::this_thread::get_id()))\n"
-        "      return CompileAndCall(st, found.entry, args, nargsf, kwnames);\n",
+        "    if (found.inserted) return {std::move(found.entry), true, false};\n",
+        "    if (found.inserted || (found.entry->latch.state() == CompileLatch::State::kCompiling &&\n"
+        "                           found.entry->latch.owner() != std::this_thread::get_id()))\n"
+        "      return {std::move(found.entry), true, false};\n",
         "herd",
         "herd: signatures compiled more than once",
     ),
