@@ -181,19 +181,22 @@ class Describer:
         statics: list[tuple[str, str]] = []
         statics_key: list[tuple[str, type, int]] = []
         trees: list[tuple[str, str]] = []
+
+        def add_static(name: str, value: Any) -> None:
+            statics.append((name, _safe_repr(value)))
+            statics_key.append((name, type(value), hash(value)))
+
         n = len(args)
         for i, value in enumerate(args):
             if i in self.static_argnums or (i - n) in self.static_argnums:
-                statics.append((self._name(i), _safe_repr(value)))
-                statics_key.append((self._name(i), type(value), hash(value)))
+                add_static(self._name(i), value)
                 continue
             skeleton: list[str] = []
             self.flatten(value, self._name(i), leaves, skeleton)
             trees.append((self._name(i), " ".join(skeleton)))
         for key in sorted(kwargs):
             if key in self.static_argnames:
-                statics.append((f"'{key}'", _safe_repr(kwargs[key])))
-                statics_key.append((f"'{key}'", type(kwargs[key]), hash(kwargs[key])))
+                add_static(f"'{key}'", kwargs[key])
                 continue
             skeleton = []
             self.flatten(kwargs[key], f"'{key}'", leaves, skeleton)
