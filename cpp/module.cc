@@ -32,7 +32,7 @@ NB_MODULE(_core, m) {
       "_set_python_types",
       [](nb::object unhashable, nb::object unsupported, nb::object recursive,
          nb::object cycle, nb::object timeout, nb::object cache_info, nb::object rebuild, nb::object copy,
-         nb::object ndarray, nb::object generic) {
+         nb::object ndarray, nb::object generic, nb::object placement_label) {
         ftjit::PythonTypes& t = ftjit::Types();
         if (t.cache_info) throw std::runtime_error("_set_python_types may be called once");
         // Kept for the module's lifetime.
@@ -46,6 +46,7 @@ NB_MODULE(_core, m) {
         t.copy = copy.release().ptr();
         t.ndarray = ndarray.release().ptr();
         t.generic = generic.release().ptr();
+        t.placement_label = placement_label.release().ptr();
       },
       "Internal: hands the core the Python classes it raises and builds.");
 }

@@ -165,6 +165,25 @@ std::string Str(PyObject* o) {
   return out;
 }
 
+// How a committed leaf's placement prints: the Python placement_label hook
+// (e.g. "cpu:1" for a single-device sharding), else str(sharding).
+std::string PlacementLabel(PyObject* sharding) {
+  if (PyObject* fn = Types().placement_label) {
+    PyObject* r = PyObject_CallOneArg(fn, sharding);
+    if (r && PyUnicode_Check(r)) {
+      const char* s = PyUnicode_AsUTF8(r);
+      if (s) {
+        std::string out = s;
+        Py_DECREF(r);
+        return out;
+      }
+    }
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) ClearErrorKeepingInterrupt();
+  }
+  return Str(sharding);
+}
+
 // Where in the arguments the builder is, for error messages.
 struct PathElem {
   PyObject* key;  // borrowed, alive while building; null means `index`
@@ -1173,7 +1192,7 @@ class Printer {
     }
     out += "]";
     if (l.weak_type) out += "{weak}";
-    if (l.sharding.is_valid()) out += "@" + Str(l.sharding.ptr());
+    if (l.sharding.is_valid()) out += "@" + PlacementLabel(l.sharding.ptr());
     return out;
   }
 

@@ -286,6 +286,7 @@ struct PythonTypes {
   PyObject* copy = nullptr;                // copy.copy
   PyObject* ndarray = nullptr;             // numpy.ndarray
   PyObject* generic = nullptr;             // numpy.generic
+  PyObject* placement_label = nullptr;     // placement_label(sharding) -> str, for printing
 };
 PythonTypes& Types();
 

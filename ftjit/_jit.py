@@ -567,4 +567,5 @@ _core._set_python_types(
     copy.copy,
     np.ndarray,
     np.generic,
+    _observe.placement_label,
 )

@@ -77,16 +77,24 @@ def _safe_repr(x: Any) -> str:
         return f"<{type(x).__name__} object (repr failed)>"
 
 
+def placement_label(sharding: Any) -> str:
+    """How a committed array's placement prints in signatures and explanations:
+    the device ('cpu:1') of a single-device sharding, else the sharding's repr."""
+    devices = getattr(sharding, "_device_assignment", None)
+    if type(sharding).__name__ == "SingleDeviceSharding" and devices and len(devices) == 1:
+        try:
+            return str(devices[0])
+        except Exception:  # noqa: BLE001
+            return _safe_repr(devices[0])
+    return _safe_repr(sharding)
+
+
 def _placement(x: Any) -> str:
     """'@devices' for a committed jax Array (the core keys those on their
     sharding), '' otherwise."""
     if not getattr(x, "_committed", False):
         return ""
-    sharding = getattr(x, "_sharding", None)
-    devices = getattr(sharding, "_device_assignment", None)
-    if type(sharding).__name__ == "SingleDeviceSharding" and devices and len(devices) == 1:
-        return f"@{devices[0]}"
-    return f"@{_safe_repr(sharding)}"
+    return f"@{placement_label(getattr(x, '_sharding', None))}"
 
 
 def _leaf(x: Any) -> str:

@@ -262,8 +262,11 @@ def test_committed_single_device_array_hits_and_shows_its_placement():
         assert_same(jf(x), jj(x))
     info = jf.cache_info()
     assert (info.compiles, info.hits) == (2, 2)
-    assert "@SingleDeviceSharding" in jf._signature_of(committed)
-    assert "@" not in jf._signature_of(jnp.ones(3))
+    # Printed as explanations print it (the device, not the sharding's repr).
+    name = "counted.<locals>.fun"
+    assert jf._signature_of(committed) == f"{name}(float32[3]@cpu:0)"
+    assert jf._signature_of(jnp.ones(3)) == f"{name}(float32[3])"
+    assert sorted(s.signature for s in jf.signatures()) == [f"{name}(float32[3])", f"{name}(float32[3]@cpu:0)"]
 
 
 # -- 6. every fast path has a tested public fallback -----------------------
@@ -307,7 +310,7 @@ def test_public_fallbacks_match_jax_jit(monkeypatch, missing):
         assert_same(jf(*args), jj(*args))
     assert ff.tracer.count == fj.tracer.count
     assert jf.cache_info().compiles == len({jf._signature_of(*a) for a in calls}) == 5
-    assert "@SingleDeviceSharding" in jf._signature_of(*calls[3])  # committed placement
+    assert jf._signature_of(*calls[3]).endswith("(float32[3]@cpu:0, float)")  # committed placement
     # Tracing configs recompile (the context).
     with jax.enable_x64(True):
         assert_same(jf(1.0, 2.0), jj(1.0, 2.0))
@@ -691,12 +694,15 @@ MAX_SIGNATURES_PER_DEVICE = """
     except ftjit.RecompileLimitError as e:
         print(str(e).split("(differs from the closest cached one by: ")[1].split(")")[0])
     print(f.cache_info().compiles)
+    print(sorted(s.signature for s in f.signatures()))
 """
 
 
 @pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
 def test_max_signatures_counts_arrays_committed_to_different_devices():
     out = run_script(MAX_SIGNATURES_PER_DEVICE).splitlines()
-    assert len(out) == 2, out
-    assert re.fullmatch(r"argument 'x': float32\[2\]@\S+ -> float32\[2\]@\S+", out[0]), out
+    assert len(out) == 3, out
+    assert re.fullmatch(r"argument 'x': float32\[2\]@cpu:[01] -> float32\[2\]@cpu:2", out[0]), out
     assert out[1] == "2"
+    # signatures() prints placements as the explanation does.
+    assert out[2] == "['f(float32[2]@cpu:0)', 'f(float32[2]@cpu:1)']", out

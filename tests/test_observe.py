@@ -1232,3 +1232,37 @@ def test_explain_weak_type_flip_is_explained_against_the_same_dtype_and_shape():
         "argument 'x': int32[2] -> float32[2]",
         "argument 'x': float32[2] -> float32[2]{weak}",
     ]
+
+
+# --- placement labels (signatures() and explanations print them alike) -----------
+
+
+def test_placement_label_names_the_device_of_a_single_device_sharding_else_the_repr():
+    class SingleDeviceSharding:
+        def __init__(self, devices):
+            self._device_assignment = devices
+
+        def __repr__(self):
+            return f"SDS({len(self._device_assignment)})"
+
+    class Device:
+        def __str__(self):
+            return "gpu:3"
+
+    class BadDevice:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+        def __repr__(self):
+            return "BadDevice()"
+
+    class BadSharding:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    label = ftjit._observe.placement_label
+    assert label(SingleDeviceSharding((Device(),))) == "gpu:3"
+    assert label(SingleDeviceSharding((BadDevice(),))) == "BadDevice()"
+    assert label(SingleDeviceSharding((Device(), Device()))) == "SDS(2)"
+    assert label(SingleDeviceSharding(())) == "SDS(0)"
+    assert label(BadSharding()) == "<BadSharding object (repr failed)>"
