@@ -391,30 +391,16 @@ def test_jit_function_without_cycle_dies_immediately_after_del():
         return x
 
     jf = ftjit.jit(f, compiler=CountingCompiler(), cache=cache)
+    jf(1.0)  # a compiled entry too
     r = weakref.ref(jf)
     del jf
-    # Reference counting alone frees it (no collection needed on CPython);
-    # collect anyway in case something else triggered a cycle.
-    assert gc_collect_until(lambda: r() is None)
+    # Reference counting alone frees it: no collection, so a reference
+    # cycle through the JitFunction (its state, its __dict__) fails here.
+    assert r() is None
 
 
 # --------------------------------------------------------------------------
 # Errors
-
-
-def test_error_classes_hierarchy():
-    e = ftjit.errors
-    assert issubclass(e.UnhashableStaticArgumentError, TypeError)
-    assert issubclass(e.UnhashableStaticArgumentError, ValueError)
-    assert issubclass(e.UnsupportedArgumentError, TypeError)
-    assert issubclass(e.RecursiveCompileError, RecursionError)
-    assert issubclass(e.CompileCycleError, RecursionError)
-
-
-@pytest.mark.parametrize("name", ["UnhashableStaticArgumentError", "UnsupportedArgumentError",
-                                  "RecursiveCompileError", "CompileCycleError"])
-def test_errors_exported_from_package(name):
-    assert getattr(ftjit, name) is getattr(ftjit.errors, name)
 
 
 def test_unhashable_static_argument_error_is_caught_as_type_and_value_error():
@@ -423,16 +409,22 @@ def test_unhashable_static_argument_error_is_caught_as_type_and_value_error():
 
     jf = ftjit.jit(f, static_argnums=1, compiler=CountingCompiler(),
                    cache=ftjit.FunctionCache())
+    msg = (r"^static argument 1 \('n'\) of \S+<locals>\.f\(\) is not hashable \(type dict\)\. Non-hashable static "
+           r"arguments are not supported")
     for exc_type in (TypeError, ValueError, ftjit.UnhashableStaticArgumentError):
-        with pytest.raises(exc_type):
+        with pytest.raises(exc_type, match=msg) as info:
             jf(1.0, {"unhashable": 1})
+        assert type(info.value) is ftjit.UnhashableStaticArgumentError
 
 
 def test_unsupported_argument_error_is_type_error():
     jf = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^argument 'x' \(positional argument 0\) of \S+<locals>\.<lambda>\(\) is of "
+                       r"type str, which is not a valid argument type") as info:
         jf("a string")
-    with pytest.raises(ftjit.UnsupportedArgumentError):
+    assert type(info.value) is ftjit.UnsupportedArgumentError
+    with pytest.raises(ftjit.UnsupportedArgumentError, match=r"is of type object, which is not a valid .* "
+                       r"mark the argument static with static_argnums or static_argnames\.$"):
         jf(object())
 
 
@@ -443,9 +435,9 @@ def test_errors_do_not_compile():
         return x
 
     jf = ftjit.jit(f, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
-    with pytest.raises(ftjit.UnhashableStaticArgumentError):
+    with pytest.raises(ftjit.UnhashableStaticArgumentError, match=r"\(type list\)"):
         jf(1.0, [])
-    with pytest.raises(ftjit.UnsupportedArgumentError):
+    with pytest.raises(ftjit.UnsupportedArgumentError, match=r"^argument 'x' .* is of type str"):
         jf("x", 1)
     assert comp.calls == 0
     assert jf.cache_info().size == 0
@@ -459,8 +451,10 @@ def test_wrong_arity_call_raises_type_error_from_function():
         return x
 
     jf = ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^\S+<locals>\.f\(\) takes 1 positional argument but 2 were given$") as info:
         jf(1.0, 2.0)
+    assert type(info.value) is TypeError  # Python's own, not ftjit's UnsupportedArgumentError
+    assert comp.calls == 1
 
 
 def test_cache_info_snapshot_attributes():

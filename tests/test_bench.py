@@ -53,7 +53,6 @@ def _table_rows(stdout: str) -> dict[str, list[str]]:
 @pytest.mark.thread_unsafe(reason="runs the whole benchmark in a subprocess: 8 at once would overload 2 cores")
 @pytest.mark.timeout(120)
 def test_bench_smoke_run_prints_every_row_with_finite_ratios(tmp_path):
-    pytest.importorskip("jax")
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "bench", "--number", "300", "--repeat", "1", "--warmup-signatures", "2",
                "--warmup-workers", "2", "--png", "", "--json", str(out)]  # fmt: skip

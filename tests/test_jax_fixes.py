@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+import jax  # a hard dependency: its absence must fail, not skip
 import jax.numpy as jnp  # noqa: E402
 
 import ftjit  # noqa: E402

@@ -986,26 +986,38 @@ def test_warmup_rejects_bad_spec():
 
 
 def test_warmup_workers_run_in_parallel():
+    """workers=4 runs 4 compiles at once (they meet at a 4-party barrier, which
+    a serial warm-up could never pass); workers=1 runs them one at a time."""
     specs = [(z(i + 1),) for i in range(8)]
 
-    def timed(workers):
-        comp = CountingCompiler(delay=0.2)
-        jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
-        t0 = time.monotonic()
-        report = jf.warmup(specs, workers=workers)
-        wall = time.monotonic() - t0
-        assert report.ok and comp.calls == 8
-        assert report.workers == workers
-        return wall
+    def run(workers):
+        lock = threading.Lock()
+        state = {"now": 0, "peak": 0}
+        barrier = threading.Barrier(workers, timeout=30)
 
-    t1 = timed(1)
-    t4 = timed(4)
-    assert t1 >= 8 * 0.2
-    assert t4 < 0.6 * t1, (t1, t4)
+        def meet(fun, args, kwargs):
+            with lock:
+                state["now"] += 1
+                state["peak"] = max(state["peak"], state["now"])
+            try:
+                barrier.wait()  # BrokenBarrierError after 30 s if fewer run at once
+            finally:
+                with lock:
+                    state["now"] -= 1
+
+        comp = CountingCompiler(on_compile=meet)
+        jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+        report = jf.warmup(specs, workers=workers)
+        assert report.ok, report
+        assert comp.calls == 8 and report.workers == workers
+        return state["peak"]
+
+    assert run(1) == 1
+    assert run(4) == 4
 
 
 def test_warmup_jax_shape_dtype_structs():
-    jax = pytest.importorskip("jax")
+    import jax
     fun, name = fresh1("warm_jax", body=lambda x: x * 2 + 1)
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
     sizes = [4, 8, 16, 32]
@@ -1027,7 +1039,7 @@ def test_warmup_jax_shape_dtype_structs():
 def test_warmup_under_a_thread_local_jax_config_compiles_in_this_thread():
     # Worker threads do not inherit jax.enable_x64(); warming there would
     # compile float32 signatures for float64 traffic.
-    jax = pytest.importorskip("jax")
+    import jax
     fun, name = fresh1("warm_x64", body=lambda x: x * 2)
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
     specs = [(np.ones(n),) for n in (1, 2, 3)]
@@ -1049,7 +1061,7 @@ def test_warmup_under_a_thread_local_jax_config_compiles_in_this_thread():
 
 
 def test_warmup_with_the_default_config_uses_its_workers():
-    pytest.importorskip("jax")
+    import jax  # noqa: F401
     fun, name = fresh1("warm_plain")
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
     assert ftjit._warmup._same_context_in_a_new_thread(jf)
@@ -1190,7 +1202,7 @@ def test_explain_weak_type_changes_exactly():
     """JAX compiler: a Python float, a numpy float32 scalar, and weak vs
     strong float32[] jax arrays are four signatures; each miss names the
     closest one (a weak-type flip is explained against the same dtype/shape)."""
-    pytest.importorskip("jax")
+    import jax  # noqa: F401
     import jax.numpy as jnp
 
     fun, name = fresh1("explain_weak", body=lambda x: x * 2)
@@ -1216,7 +1228,7 @@ def test_explain_weak_type_flip_is_explained_against_the_same_dtype_and_shape():
     """Cached int32[2] first, then float32[2]: a weak float32[2] differs from
     each by one leaf, but from float32[2] only in its weak type, so that is the
     explanation (not the first-cached int32[2])."""
-    pytest.importorskip("jax")
+    import jax  # noqa: F401
     import jax.numpy as jnp
 
     fun, name = fresh1("explain_weak_flip", body=lambda x: x + 1)

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+import jax  # a hard dependency: its absence must fail, not skip
 import jax.numpy as jnp  # noqa: E402
 from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import SingleDeviceSharding  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("jax")
+import jax  # noqa: F401 - a hard dependency: its absence must fail, not skip
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # ``examples`` is a package at the repository root, not installed
