@@ -1,6 +1,8 @@
 // ftjit: FunctionCache, per-function entry maps and the shared LRU wiring.
 #include "function_cache.h"
 
+#include <limits>
+
 #include <nanobind/stl/string.h>
 
 #include <mutex>
@@ -295,7 +297,26 @@ void RegisterFunctionCache(nb::module_& m) {
       "A cache of compiled entries shared by jitted functions, bounded by one\n"
       "LRU capacity across all of them. Entries of a function leave the cache\n"
       "when the function is garbage collected. Thread-safe.")
-      .def(nb::init<long long>(), nb::arg("capacity") = 4096)
+      .def(
+          "__init__",
+          [](FunctionCache* self, nb::handle capacity) {
+            // An int (or numpy integer); not a bool, not a float.
+            if (PyBool_Check(capacity.ptr()) || !PyIndex_Check(capacity.ptr())) {
+              throw nb::type_error(("FunctionCache capacity must be an int, got " +
+                                    std::string(Py_TYPE(capacity.ptr())->tp_name))
+                                       .c_str());
+            }
+            nb::object index = nb::steal(PyNumber_Index(capacity.ptr()));
+            if (!index.is_valid()) throw nb::python_error();
+            int overflow = 0;
+            long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+            if (value == -1 && PyErr_Occurred()) throw nb::python_error();
+            if (overflow > 0) value = std::numeric_limits<long long>::max();
+            if (overflow < 0) value = std::numeric_limits<long long>::min();
+            new (self) FunctionCache(value);
+          },
+          nb::arg("capacity").none() = 4096,
+          nb::sig("def __init__(self, capacity: int = 4096) -> None"))
       .def("size", [](const FunctionCache& c) { return c.core->lru.size(); },
            "Number of cached entries (all functions). A snapshot: may be stale\n"
            "as soon as it returns when other threads compile or evict.")

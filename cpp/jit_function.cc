@@ -289,6 +289,15 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
     if (ok) {
       PyObject* call_args[] = {st.fun.ptr(), a.ptr(), kw.ptr()};
       exe = nb::steal(PyObject_Vectorcall(st.compiler.ptr(), call_args, 3, nullptr));
+      if (exe.is_valid() && !PyCallable_Check(exe.ptr())) {
+        // A failed compile (counted, not cached), rather than an entry that
+        // raises "'int' object is not callable" on every call.
+        PyErr_Format(PyExc_TypeError,
+                     "the compiler of %s() returned an object of type %s, which is not callable: "
+                     "compiler(fun, args, kwargs) must return the executable",
+                     st.spec.fun_name.c_str(), Py_TYPE(exe.ptr())->tp_name);
+        exe = nb::object();
+      }
     }
   }
   if (!exe.is_valid()) {
@@ -768,7 +777,9 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   if (!pytree_flatten.is_none()) st->spec.pytree_flatten = pytree_flatten;
   if (!context_fn.is_none()) st->spec.SetContextFn(context_fn);
   if (!fallback.is_none()) st->fallback = fallback;
-  st->compile_timeout = compile_timeout;
+  // Beyond ~30 years is "forever" (inf included): the deadline must stay
+  // representable in steady_clock's 64-bit nanoseconds.
+  st->compile_timeout = compile_timeout > 1e9 ? 0.0 : compile_timeout;
   if (!on_compile.is_none()) st->on_compile = on_compile;
   if (!on_wait.is_none()) st->on_wait = on_wait;
   if (!fallback_types.is_none()) st->spec.fallback_types = fallback_types;
@@ -807,7 +818,8 @@ void RegisterJitFunction(nb::module_& m) {
       name.c_str(),
       static_cast<int>(sizeof(JitFunctionObject)),
       0,
-      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+          Py_TPFLAGS_DISALLOW_INSTANTIATION,  // only ftjit.jit() makes them (a state-less one would crash)
       kSlots,
   };
   g_jit_type = PyType_FromSpec(&spec);

@@ -510,10 +510,12 @@ class JaxCompiler(_ThroughJaxJit):
         return (self.static_argnums, self.static_argnames, self.jit_options)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is JaxCompiler and other._key() == self._key()
+        # Same class only: a subclass may compile differently (and equality
+        # must be symmetric, or a subclass would share a plain one's entries).
+        return type(other) is type(self) and other._key() == self._key()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash((JaxCompiler, self._key()))
+        return hash((type(self), self._key()))
 
     def __repr__(self) -> str:
         return (

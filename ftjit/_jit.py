@@ -6,6 +6,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import operator
 import os
 import sys
 import threading
@@ -64,19 +65,110 @@ class _IdentityKey:
         return id(self.obj)
 
 
+def _as_int(value: Any) -> int | None:
+    """``operator.index(value)`` (so numpy integers count, as in jax.jit), or None; bools are not positions."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _as_tuple(value: Union[int, str, Sequence[Any], None], kind: type, what: str) -> tuple:
     if value is None:
         return ()
-    if isinstance(value, kind):
+    if kind is int and _as_int(value) is not None:
+        return (_as_int(value),)
+    if kind is str and isinstance(value, str):
         return (value,)
     try:
         items = tuple(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be {kind.__name__} or a sequence of {kind.__name__}, got {value!r}") from None
+    out = []
     for item in items:
-        if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
+        converted = _as_int(item) if kind is int else item if isinstance(item, str) else None
+        if converted is None:
             raise TypeError(f"{what} must contain only {kind.__name__} values, got {item!r}")
-    return items
+        out.append(converted)
+    return tuple(out)
+
+
+def _check_static(sig: inspect.Signature | None, name: str, argnums: tuple[int, ...], argnames: tuple[str, ...]) -> None:
+    """jax.jit's checks of the static options against the signature (for
+    custom compilers; on the JAX path jax.jit itself makes them)."""
+    if sig is None:
+        return
+    params = list(sig.parameters.values())
+    kinds = {p.kind for p in params}
+    if inspect.Parameter.VAR_POSITIONAL not in kinds:
+        n = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
+        bad = tuple(i for i in argnums if not -n <= i < n)
+        if bad:
+            raise ValueError(f"ftjit.jit: {name}() has static_argnums={bad}, but only accepts {n} positional arguments.")
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        named = {p.name for p in params if p.kind != inspect.Parameter.POSITIONAL_ONLY}
+        unknown = sorted(set(argnames) - named)
+        if unknown:
+            raise ValueError(f"ftjit.jit: {name}() has invalid argnames {unknown} in static_argnames: it does not "
+                             "take these arguments by keyword.")
+
+
+def _adopt_jax_compiler(
+    compiler: JaxCompiler,
+    static_argnums: Any,
+    static_argnames: Any,
+    donate_argnums: Any,
+    donate_argnames: Any,
+    jax_options: dict[str, Any],
+) -> tuple[JaxCompiler | None, Any, Any, dict[str, Any]]:
+    """An explicit ``compiler=JaxCompiler(...)``: its statics and jax.jit
+    options are the function's (the core strips exactly the statics that
+    its jax.jit treats as static, so the two can never differ).
+
+    A plain JaxCompiler becomes the default path with the options of both
+    (returned compiler None); a subclass (which may override ``__call__``)
+    is kept, and options given to ftjit.jit must then equal its own. Either
+    way, a value given to both that differs is a ValueError.
+    """
+
+    plain = type(compiler) is JaxCompiler
+
+    def merged(what: str, given: Any, own: tuple) -> Any:
+        if own == () and plain:
+            return given  # the plain compiler's default: not given (None lets jit infer it from the other)
+        if given is None:
+            return own  # as its jax.jit gets them (an explicit () infers nothing there either)
+        if _as_tuple(given, int if what == "static_argnums" else str, what) != own:
+            raise ValueError(
+                f"ftjit.jit: {what}={given!r} differs from the compiler's {what}={own!r}; "
+                f"give it to one of them (ftjit.jit(..., {what}=...) or JaxCompiler({what}=...))"
+            )
+        return given
+
+    static_argnums = merged("static_argnums", static_argnums, compiler.static_argnums)
+    static_argnames = merged("static_argnames", static_argnames, compiler.static_argnames)
+    own = dict(compiler.jit_options)
+    given = dict(jax_options)
+    if donate_argnums is not None:
+        given["donate_argnums"] = donate_argnums
+    if donate_argnames is not None:
+        given["donate_argnames"] = donate_argnames
+    for key, value in given.items():
+        if key in own and own[key] != value:
+            raise ValueError(
+                f"ftjit.jit: {key}={value!r} differs from the compiler's {key}={own[key]!r}; give it to one of them"
+            )
+    if plain:
+        return None, static_argnums, static_argnames, {**own, **given}
+    if any(key not in own for key in given):
+        extra = ", ".join(sorted(key for key in given if key not in own))
+        raise TypeError(
+            f"ftjit.jit: {extra} cannot be added to a {type(compiler).__name__} (a JaxCompiler subclass): "
+            "pass them to its JaxCompiler constructor (jit_options)"
+        )
+    return compiler, static_argnums, static_argnames, {}
 
 
 def _resolve_static(
@@ -247,18 +339,26 @@ def jit(
             **jax_options,
         )
     _check_callable(fun)
-    if compile_timeout is not None and (
-        isinstance(compile_timeout, bool) or not isinstance(compile_timeout, (int, float)) or compile_timeout <= 0
-    ):
-        raise ValueError(f"compile_timeout must be a positive number of seconds or None, got {compile_timeout!r}")
-    if max_signatures is not None and (
-        isinstance(max_signatures, bool) or not isinstance(max_signatures, int) or max_signatures < 1
-    ):
-        raise ValueError(f"max_signatures must be a positive int or None, got {max_signatures!r}")
+    if compile_timeout is not None:
+        if isinstance(compile_timeout, bool) or not isinstance(compile_timeout, (int, float)):
+            raise TypeError(f"compile_timeout must be a number of seconds or None, got {compile_timeout!r}")
+        if not compile_timeout > 0:  # NaN too
+            raise ValueError(f"compile_timeout must be a positive number of seconds or None, got {compile_timeout!r}")
+    if max_signatures is not None:
+        if isinstance(max_signatures, bool) or _as_int(max_signatures) is None:
+            raise TypeError(f"max_signatures must be an int or None, got {max_signatures!r}")
+        max_signatures = _as_int(max_signatures)
+        if max_signatures < 1:  # type: ignore[operator]
+            raise ValueError(f"max_signatures must be a positive int or None, got {max_signatures!r}")
     if on_excess not in ("warn", "raise"):
         raise ValueError(f'on_excess must be "warn" or "raise", got {on_excess!r}')
     if explain_misses is not None and not isinstance(explain_misses, bool):
         raise TypeError(f"explain_misses must be a bool or None, got {explain_misses!r}")
+    user_compiler = compiler
+    if isinstance(compiler, JaxCompiler):
+        compiler, static_argnums, static_argnames, jax_options = _adopt_jax_compiler(
+            compiler, static_argnums, static_argnames, donate_argnums, donate_argnames, jax_options)
+        donate_argnums = donate_argnames = None  # now in jax_options (or equal to the subclass's own)
     # As jax.jit: an explicit empty value counts as given (nothing is then
     # inferred from the other through the signature); only None is "not given".
     nums_given = static_argnums is not None
@@ -271,7 +371,6 @@ def jit(
         cache = _DEFAULT_CACHE
     elif not isinstance(cache, FunctionCache):
         raise TypeError(f"cache must be an ftjit.FunctionCache, got {type(cache).__name__}")
-    user_compiler = compiler
     jitted = None  # the JAX compiler's one jax.jit object for `fun`
     if compiler is None:
         options_for_jax = dict(jax_options)
@@ -292,6 +391,8 @@ def jit(
         extra += ["donate_argnames"] if donate_argnames is not None else []
         if extra:
             raise TypeError(f"ftjit.jit: {', '.join(extra)} only apply to the default (JAX) compiler")
+        if not isinstance(compiler, JaxCompiler):
+            _check_static(sig, _name_of(fun), argnums, argnames)
     arg_names: tuple[str, ...] = ()
     if sig is not None:
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

@@ -28,6 +28,8 @@ def set_explain_misses(enabled: bool) -> None:
     Thread-safe (a single flag, read at each miss).
     """
     global _explain_all
+    if not isinstance(enabled, (bool, int)):  # "no" would otherwise mean True
+        raise TypeError(f"set_explain_misses expects a bool, got {enabled!r}")
     _explain_all = bool(enabled)
 
 
@@ -77,16 +79,20 @@ def _safe_repr(x: Any) -> str:
         return f"<{type(x).__name__} object (repr failed)>"
 
 
+def _safe_str(x: Any) -> str:
+    try:
+        return str(x)
+    except Exception:  # noqa: BLE001
+        return _safe_repr(x)
+
+
 def placement_label(sharding: Any) -> str:
     """How a committed array's placement prints in signatures and explanations:
-    the device ('cpu:1') of a single-device sharding, else the sharding's repr."""
+    the device ('cpu:1') of a single-device sharding, else str(sharding)."""
     devices = getattr(sharding, "_device_assignment", None)
     if type(sharding).__name__ == "SingleDeviceSharding" and devices and len(devices) == 1:
-        try:
-            return str(devices[0])
-        except Exception:  # noqa: BLE001
-            return _safe_repr(devices[0])
-    return _safe_repr(sharding)
+        return _safe_str(devices[0])
+    return _safe_str(sharding)
 
 
 def _placement(x: Any) -> str:

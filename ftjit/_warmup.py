@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 logger = logging.getLogger("ftjit")
 
@@ -20,6 +20,15 @@ class Spec:
 
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.args, tuple):
+            raise TypeError(
+                f"ftjit.Spec: args must be a tuple of positional arguments, got {type(self.args).__name__} "
+                f"(one argument x is Spec((x,)))"
+            )
+        if not isinstance(self.kwargs, Mapping) or not all(isinstance(k, str) for k in self.kwargs):
+            raise TypeError(f"ftjit.Spec: kwargs must be a mapping of str to arguments, got {self.kwargs!r}")
 
     @staticmethod
     def of(spec: Any) -> "Spec":
@@ -144,7 +153,9 @@ def warmup(
     False never, or a text stream to draw on. Thread-safe, and compile-once
     holds against concurrent calls of ``fn``.
     """
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+    if not isinstance(workers, int) or isinstance(workers, bool):
+        raise TypeError(f"workers must be a positive int, got {workers!r}")
+    if workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     items: Sequence[Spec] = [Spec.of(s) for s in specs]
     bar = _Progress(len(items), f"warmup {getattr(fn, '__name__', 'fn')}", progress)

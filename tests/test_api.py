@@ -8,6 +8,7 @@ import pickle
 import threading
 import weakref
 
+import numpy as np
 import pytest
 
 import ftjit
@@ -540,3 +541,62 @@ def test_signature_hooks_extras_are_keyed_with_the_context():
     assert comp.calls == 2
     info = jf.cache_info()
     assert (info.hits, info.misses) == (2, 2)
+
+
+def test_jit_function_cannot_be_instantiated_directly():
+    # Only ftjit.jit() builds one; a state-less instance used to crash on repr().
+    with pytest.raises(TypeError, match=r"^cannot create 'ftjit\._core\.JitFunction' instances$"):
+        ftjit.JitFunction()
+    with pytest.raises(TypeError, match=r"is not safe, use ftjit\._core\.JitFunction\.__new__\(\)$"):
+        object.__new__(ftjit.JitFunction)
+
+
+# --------------------------------------------------------------------------
+# Static options are checked against the signature whatever the compiler
+
+
+def _two(x, y):
+    return x
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"static_argnums": 2}, r"^ftjit\.jit: _two\(\) has static_argnums=\(2,\), but only accepts 2 positional arguments\.$"),
+    ({"static_argnums": (0, -3)},
+     r"^ftjit\.jit: _two\(\) has static_argnums=\(-3,\), but only accepts 2 positional arguments\.$"),
+    ({"static_argnames": "q"}, r"^ftjit\.jit: _two\(\) has invalid argnames \['q'\] in static_argnames: it does not "
+                               r"take these arguments by keyword\.$"),
+])
+def test_custom_compiler_static_options_out_of_the_signature_are_value_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ftjit.jit(_two, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), **kwargs)
+
+
+def test_custom_compiler_static_options_in_range_and_varargs_are_accepted():
+    comp = CountingCompiler()
+    jf = ftjit.jit(_two, static_argnums=-1, compiler=comp, cache=ftjit.FunctionCache())
+    assert jf(1.0, "static") == 1.0 and comp.calls == 1
+
+    def var(*args, **kwargs):
+        return args[0]
+
+    jv = ftjit.jit(var, static_argnums=5, static_argnames="anything", compiler=comp, cache=ftjit.FunctionCache())
+    assert jv(2.0) == 2.0
+
+
+def test_numpy_integer_static_argnums_with_a_custom_compiler():
+    comp = CountingCompiler()
+    jf = ftjit.jit(_two, static_argnums=np.int64(1), compiler=comp, cache=ftjit.FunctionCache())
+    assert jf(1.0, "a") == 1.0 and jf(1.0, "b") == 1.0
+    assert comp.calls == 2
+    with pytest.raises(TypeError, match=r"^static_argnums must contain only int values, got True$"):
+        ftjit.jit(_two, static_argnums=[True], compiler=comp)
+
+
+def test_a_compiler_returning_a_non_callable_is_a_failed_compile():
+    jf = ftjit.jit(_two, compiler=lambda fun, args, kwargs: 42, cache=ftjit.FunctionCache())
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"^the compiler of _two\(\) returned an object of type int, which is not "
+                                            r"callable: compiler\(fun, args, kwargs\) must return the executable"):
+            jf(1.0, 2.0)
+    info = jf.cache_info()
+    assert (info.compiles, info.failures, info.size) == (0, 2, 0)

@@ -41,12 +41,24 @@ def test_capacity_argument(capacity):
     assert ftjit.FunctionCache(capacity=capacity).capacity() == capacity
 
 
-@pytest.mark.parametrize("capacity", [0, -1, -4096])
+@pytest.mark.parametrize("capacity", [0, -1, -4096, -(10**30)])
 def test_capacity_below_one_is_value_error(capacity):
-    with pytest.raises(ValueError):
+    message = f"^FunctionCache capacity must be at least 1, got {max(capacity, -(2**63))}$"
+    with pytest.raises(ValueError, match=message):
         ftjit.FunctionCache(capacity)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         ftjit.FunctionCache(capacity=capacity)
+
+
+@pytest.mark.parametrize("capacity, type_name", [(True, "bool"), (1.5, "float"), ("8", "str"), (None, "NoneType")])
+def test_capacity_of_another_type_is_type_error(capacity, type_name):
+    with pytest.raises(TypeError, match=f"^FunctionCache capacity must be an int, got {type_name}$"):
+        ftjit.FunctionCache(capacity)
+
+
+def test_capacity_accepts_numpy_integers_and_huge_ints():
+    assert ftjit.FunctionCache(np.int64(3)).capacity() == 3
+    assert ftjit.FunctionCache(10**30).capacity() == 2**63 - 1
 
 
 def test_size_counts_entries_of_all_functions():

@@ -706,3 +706,81 @@ def test_max_signatures_counts_arrays_committed_to_different_devices():
     assert out[1] == "2"
     # signatures() prints placements as the explanation does.
     assert out[2] == "['f(float32[2]@cpu:0)', 'f(float32[2]@cpu:1)']", out
+
+
+# -- an explicit compiler=JaxCompiler(...) keys and strips the statics its jax.jit uses --
+
+
+def _scale(a, n):
+    return a * n
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ftjit.jit(_scale, static_argnums=1, compiler=ftjit.JaxCompiler(), cache=ftjit.FunctionCache()),
+    lambda: ftjit.jit(_scale, compiler=ftjit.JaxCompiler((1,)), cache=ftjit.FunctionCache()),
+    lambda: ftjit.jit(_scale, compiler=ftjit.JaxCompiler((), ("n",)), cache=ftjit.FunctionCache()),
+    lambda: ftjit.jit(_scale, static_argnums=1, compiler=ftjit.JaxCompiler((1,)), cache=ftjit.FunctionCache()),
+], ids=["statics-on-jit", "argnums-on-compiler", "argnames-on-compiler", "both-equal"])
+def test_explicit_jax_compiler_with_statics_matches_jax_jit(make):
+    jf = make()
+    x = jnp.arange(3.0)
+    for n in (3, 3, 4):
+        assert_same(jf(x, n), jax.jit(_scale, static_argnums=1)(x, n))
+    info = jf.cache_info()
+    assert (info.compiles, info.hits) == (2, 1)
+    assert [s.signature for s in jf.signatures()].count("_scale(float32[3], 3)") == 1
+
+
+def test_explicit_jax_compiler_statics_that_differ_from_jits_are_a_value_error():
+    with pytest.raises(ValueError, match=r"^ftjit\.jit: static_argnums=0 differs from the compiler's "
+                                         r"static_argnums=\(1,\); give it to one of them"):
+        ftjit.jit(_scale, static_argnums=0, compiler=ftjit.JaxCompiler((1,)))
+    with pytest.raises(ValueError, match=r"^ftjit\.jit: keep_unused=False differs from the compiler's keep_unused=True"):
+        ftjit.jit(_scale, compiler=ftjit.JaxCompiler(jit_options=(("keep_unused", True),)), keep_unused=False)
+
+
+def test_explicit_jax_compiler_takes_donation_like_the_default():
+    jf = ftjit.jit(lambda a: a + 1, compiler=ftjit.JaxCompiler(), donate_argnums=0, cache=ftjit.FunctionCache())
+    y = jnp.arange(3.0)
+    assert_same(jf(y), jnp.arange(1.0, 4.0))
+    assert y.is_deleted()
+
+
+class _CountingJax(ftjit.JaxCompiler):
+    __slots__ = ("calls",)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls = 0
+
+    def __call__(self, fun, args, kwargs):
+        self.calls += 1
+        return super().__call__(fun, args, kwargs)
+
+
+def test_jax_compiler_subclass_keeps_its_own_call_and_statics():
+    comp = _CountingJax((1,))
+    jf = ftjit.jit(_scale, compiler=comp, cache=ftjit.FunctionCache())
+    x = jnp.arange(3.0)
+    assert_same(jf(x, 2), jax.jit(_scale, static_argnums=1)(x, 2))
+    assert_same(jf(x, 2), jax.jit(_scale, static_argnums=1)(x, 2))
+    assert comp.calls == 1 and jf.cache_info().compiles == 1
+    with pytest.raises(TypeError, match=r"^ftjit\.jit: donate_argnums cannot be added to a _CountingJax \(a JaxCompiler "
+                                        r"subclass\): pass them to its JaxCompiler constructor \(jit_options\)$"):
+        ftjit.jit(_scale, compiler=_CountingJax((1,)), donate_argnums=0)
+    with pytest.raises(ValueError, match=r"differs from the compiler's static_argnums=\(\)"):
+        ftjit.jit(_scale, static_argnums=1, compiler=_CountingJax())
+
+
+def test_jax_compiler_equality_is_per_class_and_symmetric():
+    plain, sub = ftjit.JaxCompiler((1,)), _CountingJax((1,))
+    assert plain == ftjit.JaxCompiler((1,)) and hash(plain) == hash(ftjit.JaxCompiler((1,)))
+    assert plain != sub and sub != plain
+
+
+def test_numpy_integers_as_static_argnums_like_jax_jit():
+    x = jnp.arange(3.0)
+    for argnums in (np.int64(1), np.array([1]), (np.int32(1),)):
+        jf = ftjit.jit(_scale, static_argnums=argnums, cache=ftjit.FunctionCache())
+        assert_same(jf(x, 5), jax.jit(_scale, static_argnums=argnums)(x, 5))
+        assert jf.signatures()[0].signature == "_scale(float32[3], 5)"

@@ -722,25 +722,46 @@ def test_max_signatures_warn_concurrent_exactly_one_warning():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs, error, message",
     [
-        {"max_signatures": 0},
-        {"max_signatures": -1},
-        {"max_signatures": 1.5},
-        {"max_signatures": True},
-        {"max_signatures": 2, "on_excess": "boom"},
-        {"on_excess": "boom"},
-        {"compile_timeout": 0},
-        {"compile_timeout": -1},
-        {"compile_timeout": -0.5},
-        {"compile_timeout": True},
-        {"compile_timeout": "1"},
+        ({"max_signatures": 0}, ValueError, "max_signatures must be a positive int or None, got 0"),
+        ({"max_signatures": -1}, ValueError, "max_signatures must be a positive int or None, got -1"),
+        ({"max_signatures": 1.5}, TypeError, "max_signatures must be an int or None, got 1.5"),
+        ({"max_signatures": 2.0}, TypeError, "max_signatures must be an int or None, got 2.0"),
+        ({"max_signatures": True}, TypeError, "max_signatures must be an int or None, got True"),
+        ({"max_signatures": 2, "on_excess": "boom"}, ValueError, "on_excess must be \"warn\" or \"raise\", got 'boom'"),
+        ({"on_excess": "boom"}, ValueError, "on_excess must be \"warn\" or \"raise\", got 'boom'"),
+        ({"compile_timeout": 0}, ValueError, "compile_timeout must be a positive number of seconds or None, got 0"),
+        ({"compile_timeout": -1}, ValueError, "compile_timeout must be a positive number of seconds or None, got -1"),
+        ({"compile_timeout": -0.5}, ValueError, "compile_timeout must be a positive number of seconds or None, got -0.5"),
+        ({"compile_timeout": float("nan")}, ValueError,
+         "compile_timeout must be a positive number of seconds or None, got nan"),
+        ({"compile_timeout": True}, TypeError, "compile_timeout must be a number of seconds or None, got True"),
+        ({"compile_timeout": "1"}, TypeError, "compile_timeout must be a number of seconds or None, got '1'"),
     ],
 )
-def test_invalid_guard_options(kwargs):
+def test_invalid_guard_options(kwargs, error, message):
     comp = CountingCompiler()
-    with pytest.raises(ValueError):
+    with pytest.raises(error) as info:
         ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), **kwargs)
+    assert type(info.value) is error and str(info.value) == message
+
+
+def test_numpy_int_max_signatures_and_infinite_compile_timeout_are_accepted():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=np.int64(1),
+                   on_excess="raise", compile_timeout=float("inf"))
+    assert jf(1.0) == 1.0
+    with pytest.raises(ftjit.RecompileLimitError, match=r"past max_signatures=1 "):
+        jf(z(2))
+    assert comp.calls == 1
+
+
+def test_set_explain_misses_rejects_a_non_bool():
+    before = ftjit._observe.explain_misses_enabled()
+    with pytest.raises(TypeError, match=r"^set_explain_misses expects a bool, got 'no'$"):
+        ftjit.set_explain_misses("no")
+    assert ftjit._observe.explain_misses_enabled() is before
 
 
 def test_invalid_explain_misses_option():
@@ -968,13 +989,28 @@ def test_warmup_strict_raises_first_error_in_spec_order_after_all_ran():
         jf.warmup(specs2, workers=1, strict=True)
 
 
-@pytest.mark.parametrize("workers", [0, -1, True, 1.0])
-def test_warmup_invalid_workers(workers):
+@pytest.mark.parametrize("workers, error", [(0, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError),
+                                             ("2", TypeError)])
+def test_warmup_invalid_workers(workers, error):
     comp = CountingCompiler()
     jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
-    with pytest.raises(ValueError):
+    with pytest.raises(error) as info:
         jf.warmup([(z(1),)], workers=workers)
+    assert type(info.value) is error and str(info.value) == f"workers must be a positive int, got {workers!r}"
     assert comp.calls == 0
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((np.ones(3),), {}, "ftjit.Spec: args must be a tuple of positional arguments, got ndarray (one argument x is "
+                        "Spec((x,)))"),
+    (([1],), {}, "ftjit.Spec: args must be a tuple of positional arguments, got list (one argument x is Spec((x,)))"),
+    (((1,), None), {}, "ftjit.Spec: kwargs must be a mapping of str to arguments, got None"),
+    (((1,), {1: 2}), {}, "ftjit.Spec: kwargs must be a mapping of str to arguments, got {1: 2}"),
+])
+def test_spec_validates_its_fields(args, kwargs, message):
+    with pytest.raises(TypeError) as info:
+        ftjit.Spec(*args, **kwargs)
+    assert str(info.value) == message
 
 
 def test_warmup_rejects_bad_spec():
@@ -1272,9 +1308,15 @@ def test_placement_label_names_the_device_of_a_single_device_sharding_else_the_r
         def __repr__(self):
             raise RuntimeError("no repr")
 
+    class StrSharding:
+        def __str__(self):
+            return "mesh(2)"
+
     label = ftjit._observe.placement_label
     assert label(SingleDeviceSharding((Device(),))) == "gpu:3"
     assert label(SingleDeviceSharding((BadDevice(),))) == "BadDevice()"
     assert label(SingleDeviceSharding((Device(), Device()))) == "SDS(2)"
     assert label(SingleDeviceSharding(())) == "SDS(0)"
     assert label(BadSharding()) == "<BadSharding object (repr failed)>"
+    assert label(StrSharding()) == "mesh(2)"
+    assert label("dev0") == "dev0"
