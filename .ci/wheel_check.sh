@@ -10,8 +10,10 @@ VPY=$(realpath -ms "${1:-.venv/bin/python}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# Build from a clean export of HEAD's tracked files (no build/ or .venv).
-git archive --format=tar HEAD | tar -x -C "$work" --one-top-level=src
+# Build from a clean copy of the tracked files as they are in the working
+# tree (what the rest of CI tested; no build/ or .venv).
+mkdir "$work/src"
+git ls-files -z | tar --null -T - -cf - | tar -x -C "$work/src"
 "$VPY" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 wheel=$(ls "$work"/dist/ftjit-*.whl)
 echo "[wheel] built $(basename "$wheel")"
