@@ -441,6 +441,17 @@ class _ThroughJaxJit:
         return self.jax_jit(fun)
 
 
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in equal for equal option values (containers by value, in order where they have one)."""
+    if isinstance(value, (list, tuple)):
+        return (type(value) is list, tuple(_freeze(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted(((_freeze(k), _freeze(v)) for k, v in value.items()), key=repr)))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(_freeze(v) for v in value))
+    return value
+
+
 class JaxCompiler(_ThroughJaxJit):
     """``compiler(fun, args, kwargs) -> executable`` backed by ``jax.jit``.
 
@@ -507,7 +518,10 @@ class JaxCompiler(_ThroughJaxJit):
 
     # -- identity ----------------------------------------------------------
     def _key(self) -> tuple:
-        return (self.static_argnums, self.static_argnames, self.jit_options)
+        # Lists, dicts and sets in the options (donate_argnums=[0],
+        # compiler_options={...}) compare by value, so that equal options
+        # hash equal and wrappers share entries.
+        return (self.static_argnums, self.static_argnames, _freeze(self.jit_options))
 
     def __eq__(self, other: object) -> bool:
         # Same class only: a subclass may compile differently (and equality

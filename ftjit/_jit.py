@@ -365,6 +365,10 @@ def jit(
     names_given = static_argnames is not None
     argnums = _as_tuple(static_argnums, int, "static_argnums")
     argnames = _as_tuple(static_argnames, str, "static_argnames")
+    # As given (None stays "not given"), but as plain tuples: an iterator or
+    # a numpy array would pickle differently from what it meant here.
+    given_argnums = argnums if nums_given else None
+    given_argnames = argnames if names_given else None
     sig = _signature_of(fun)
     argnums, argnames = _resolve_static(sig, argnums, argnames, nums_given, names_given)
     if cache is None:
@@ -410,8 +414,8 @@ def jit(
         on_excess if max_signatures is not None else None,
     )
     pickle_options = {
-        "static_argnums": static_argnums,
-        "static_argnames": static_argnames,
+        "static_argnums": given_argnums,
+        "static_argnames": given_argnames,
         "compiler": user_compiler,
         "donate_argnums": donate_argnums,
         "donate_argnames": donate_argnames,
@@ -575,6 +579,26 @@ class _JaxBoundaryMethod:
         return types.MethodType((self.boundary_impl or self.impl) if jax_compiled else self.impl, obj)
 
 
+for _name, _impl in (("lower", _lower), ("trace", _trace), ("eval_shape", _eval_shape), ("precompile", _precompile),
+                     ("clear_cache", _clear_cache), ("signatures", _signatures), ("warmup", _warmup)):
+    # Named as the user calls them (messages such as "warmup() got an
+    # unexpected keyword argument", help(), tracebacks).
+    _impl.__name__ = _name
+    _impl.__qualname__ = f"JitFunction.{_name}"
+    _impl.__code__ = _impl.__code__.replace(co_name=_name, co_qualname=f"JitFunction.{_name}") \
+        if sys.version_info >= (3, 11) else _impl.__code__.replace(co_name=_name)
+del _name, _impl
+
+
+def _copy(self: Any) -> Any:
+    """A jitted function is immutable: copies are itself, as for Python functions."""
+    return self
+
+
+def _deepcopy(self: Any, memo: dict) -> Any:
+    return self
+
+
 _BOUNDARY_METHODS = {
     "lower": _JaxBoundaryMethod(_lower),
     "trace": _JaxBoundaryMethod(_trace),
@@ -588,6 +612,8 @@ JitFunction.clear_cache = _clear_cache
 JitFunction._cache_size = _cache_size
 JitFunction.signatures = _signatures
 JitFunction.warmup = _warmup
+JitFunction.__copy__ = _copy
+JitFunction.__deepcopy__ = _deepcopy
 
 
 _jax_lock = threading.Lock()

@@ -600,3 +600,32 @@ def test_a_compiler_returning_a_non_callable_is_a_failed_compile():
             jf(1.0, 2.0)
     info = jf.cache_info()
     assert (info.compiles, info.failures, info.size) == (0, 2, 0)
+
+
+def test_copies_of_a_jitted_function_are_itself():
+    import copy
+
+    cache = ftjit.FunctionCache(7)
+    jf = ftjit.jit(_two, compiler=CountingCompiler(), cache=cache)
+    jf.note = "kept"
+    assert copy.copy(jf) is jf
+    assert copy.deepcopy(jf) is jf
+    assert copy.deepcopy({"f": [jf]})["f"][0] is jf
+
+
+def test_methods_are_named_as_called():
+    jf = ftjit.jit(_two, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    for name in ("lower", "trace", "eval_shape", "precompile", "clear_cache", "signatures", "warmup"):
+        method = getattr(jf, name)
+        assert (method.__name__, method.__qualname__) == (name, f"JitFunction.{name}")
+    with pytest.raises(TypeError, match=r"^JitFunction\.warmup\(\) got an unexpected keyword argument 'worker'$"):
+        jf.warmup([], worker=2)
+
+
+def test_pickle_keeps_the_statics_meant_when_given_as_an_iterator():
+    jf = ftjit.jit(_two, static_argnums=iter([1]))
+    assert jf._signature_of(1.0, "s") == "_two(float, 's')"
+    back = pickle.loads(pickle.dumps(jf))
+    assert back._signature_of(1.0, "s") == "_two(float, 's')"
+    with pytest.raises(ftjit.UnhashableStaticArgumentError, match=r"^static argument 1 \('y'\) of _two\(\) is not hashable"):
+        back(1.0, [3])

@@ -784,3 +784,28 @@ def test_numpy_integers_as_static_argnums_like_jax_jit():
         jf = ftjit.jit(_scale, static_argnums=argnums, cache=ftjit.FunctionCache())
         assert_same(jf(x, 5), jax.jit(_scale, static_argnums=argnums)(x, 5))
         assert jf.signatures()[0].signature == "_scale(float32[3], 5)"
+
+
+def test_equal_list_and_dict_options_share_entries():
+    cache = ftjit.FunctionCache()
+
+    def inc(a):
+        return a + 1
+
+    pairs = [
+        (dict(donate_argnums=[0]), dict(donate_argnums=[0])),
+        (dict(compiler_options={"xla_cpu_enable_fast_math": False}),
+         dict(compiler_options={"xla_cpu_enable_fast_math": False})),
+    ]
+    for first, second in pairs:
+        a = ftjit.jit(inc, cache=cache, **first)
+        b = ftjit.jit(inc, cache=cache, **second)
+        assert_same(a(jnp.arange(3.0)), jnp.arange(1.0, 4.0))
+        assert_same(b(jnp.arange(3.0)), jnp.arange(1.0, 4.0))
+        info = b.cache_info()
+        assert (info.compiles, info.hits) == (1, 1), (first, info)
+    # Different values (or a list vs a tuple) stay apart.
+    assert ftjit.JaxCompiler(jit_options=(("donate_argnums", [0]),)) != ftjit.JaxCompiler(
+        jit_options=(("donate_argnums", [1]),))
+    assert ftjit.JaxCompiler(jit_options=(("donate_argnums", [0]),)) != ftjit.JaxCompiler(
+        jit_options=(("donate_argnums", (0,)),))

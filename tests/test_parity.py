@@ -821,7 +821,7 @@ def test_ftjit_works_without_jaxs_private_hooks():
             "after clear_cache 0 3.0 2",
             "lower [3.0, 3.0]",
             "frames ['__call__', '__call__', 'bad']",  # GuardedCompiler, BoundJaxCompiler
-            "frames ['_lower', 'bad', 'meth']",
+            "frames ['lower', 'bad', 'meth']",
         ],
     ), proc.stderr[-3000:]
 
