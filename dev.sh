@@ -22,13 +22,13 @@ setup() {
     "$PY" -m venv "$VENV"
   fi
   # jax >= 0.10.2 as pyproject requires (the editable install uses --no-deps, so it is checked here).
-  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, numpy, jax
+  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, numpy, jax
 v = tuple(int(p) for p in jax.__version__.split('.')[:3])
 assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     log "installing build and test dependencies"
     "$VPY" -m pip install -q -U pip
     "$VPY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
-      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4"
+      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10"
   fi
 }
 

@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterator, NamedTuple, Sequence, TextIO, TypeVar, Union, overload
+from typing import Any, Callable, Iterator, NamedTuple, ParamSpec, Sequence, TextIO, TypeVar, Union, overload
 
 import numpy as np
 
@@ -22,10 +22,10 @@ from ._warmup import warmup as _warmup_impl
 
 __all__ = ["jit", "JitFunction", "FunctionCache", "CacheInfo", "clear_caches", "disable_jit"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
-JitFunction = _core.JitFunction
-FunctionCache = _core.FunctionCache
+from ._core import FunctionCache, JitFunction  # noqa: E402 - classes (types for checkers), not variables
 
 
 class CacheInfo(NamedTuple):
@@ -249,7 +249,7 @@ def _check_callable(fun: object) -> None:
 
 @overload
 def jit(
-    fun: F,
+    fun: Callable[P, R],
     /,
     *,
     static_argnums: int | Sequence[int] | None = ...,
@@ -263,7 +263,7 @@ def jit(
     on_excess: str = ...,
     explain_misses: bool | None = ...,
     **jax_options: Any,
-) -> F: ...
+) -> JitFunction[P, R]: ...
 @overload
 def jit(
     *,
@@ -278,7 +278,7 @@ def jit(
     on_excess: str = ...,
     explain_misses: bool | None = ...,
     **jax_options: Any,
-) -> Callable[[F], F]: ...
+) -> Callable[[Callable[P, R]], JitFunction[P, R]]: ...
 def jit(
     fun: Any = _NOT_GIVEN,
     /,
@@ -614,6 +614,8 @@ JitFunction.signatures = _signatures
 JitFunction.warmup = _warmup
 JitFunction.__copy__ = _copy
 JitFunction.__deepcopy__ = _deepcopy
+# Generic for type checkers (JitFunction[P, R], see _core.pyi); subscriptable at run time too.
+JitFunction.__class_getitem__ = classmethod(types.GenericAlias)
 
 
 _jax_lock = threading.Lock()
