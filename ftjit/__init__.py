@@ -4,8 +4,6 @@
 (other threads wait with the GIL released) and calls the executable.
 """
 
-from __future__ import annotations
-
 from . import errors
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit

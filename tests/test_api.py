@@ -629,3 +629,8 @@ def test_pickle_keeps_the_statics_meant_when_given_as_an_iterator():
     assert back._signature_of(1.0, "s") == "_two(float, 's')"
     with pytest.raises(ftjit.UnhashableStaticArgumentError, match=r"^static argument 1 \('y'\) of _two\(\) is not hashable"):
         back(1.0, [3])
+
+
+def test_the_package_exports_exactly_its_all():
+    public = sorted(n for n in vars(ftjit) if not n.startswith("_"))
+    assert public == sorted(ftjit.__all__)
