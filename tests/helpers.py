@@ -17,6 +17,7 @@ __all__ = [
     "CountingCompiler",
     "gc_collect_until",
     "run_threads",
+    "wait_for",
     "weak_executable",
 ]
 
@@ -156,6 +157,20 @@ def run_threads(n, target, timeout=30.0):
         if e is not None:
             raise e
     return results
+
+
+def wait_for(predicate, timeout):
+    """Poll ``predicate`` until true or ``timeout`` seconds passed; return it.
+
+    For ordering events across threads by a condition rather than a sleep.
+    Callers assert the result: a wait that gave up must fail the test.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return bool(predicate())
+        time.sleep(0.002)
+    return True
 
 
 def gc_collect_until(predicate, timeout=5.0):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ftjit
-from helpers import CountingCompiler, gc_collect_until, run_threads, weak_executable
+from helpers import CountingCompiler, gc_collect_until, run_threads, wait_for, weak_executable
 
 
 class ExeCompiler(CountingCompiler):
@@ -264,14 +264,23 @@ def test_eviction_releases_executable():
 
 
 def test_eviction_while_compiling_other_signature():
-    # Capacity 1 and two signatures compiling at once: both succeed and the
-    # bound is restored afterwards.
+    # Capacity 1 and two signatures compiling at once (each compile is held
+    # until the other caller of each signature waits on it, so both are in
+    # progress together, pinned over capacity): both succeed, nobody compiles
+    # twice, and the bound is restored afterwards by one eviction.
     cache = ftjit.FunctionCache(capacity=1)
-    comp = CountingCompiler(delay=0.05)
+
+    def hook(fun, args, kwargs):
+        if not wait_for(lambda: jf.cache_info().waits >= 2, 30):
+            raise AssertionError(f"only {jf.cache_info().waits} of 2 callers waited")
+
+    comp = CountingCompiler(on_compile=hook)
     jf = ftjit.jit(lambda x, k: x + k, static_argnums=1, compiler=comp, cache=cache)
     assert run_threads(4, lambda i: jf(1.0, i % 2)) == [1.0, 2.0, 1.0, 2.0]
-    assert comp.calls >= 2
-    assert cache.size() <= 1
+    assert comp.calls == 2
+    info = jf.cache_info()
+    assert cache.size() == info.size == 1
+    assert (info.misses, info.compiles, info.waits, info.hits, info.evictions) == (2, 2, 2, 0, 1)
 
 
 # --------------------------------------------------------------------------

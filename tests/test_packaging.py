@@ -13,8 +13,10 @@ def test_core_stub_is_installed_and_typed():
     text = stub.read_text()
     assert "class FunctionCache:" in text
     assert "def __init__(self, capacity: int = 4096) -> None" in text
-    assert "class JitFunction:" in text
-    assert "def precompile(self, *args: Any, **kwargs: Any) -> bool" in text
+    assert "class JitFunction(Generic[_P, _R]):" in text
+    assert "def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R" in text
+    assert "def precompile(self, *args: _P.args, **kwargs: _P.kwargs) -> bool" in text
+    assert "def cache_info(self) -> CacheInfo" in text
     assert "def clear_caches() -> None" in text
 
 

@@ -161,8 +161,14 @@ def test_static_argnames_also_makes_positional_form_static():
     assert jf(3.0, "abc") == 9.0
     assert jf(3.0, "ab") == 6.0
     assert comp.calls == 2
+    # The keyword form is static too, but f(x, n) and f(x, n=n) are different
+    # signatures (as in jax.jit): the first keyword call compiles, the next hits.
     assert jf(2.0, n="abc") == 6.0
+    assert comp.calls == 3
     assert jf(2.0, n="ab") == 4.0
+    assert comp.calls == 4
+    assert jf(5.0, n="ab") == 10.0
+    assert comp.calls == 4
 
 
 def test_static_keyword_only_argument():
@@ -727,15 +733,25 @@ def test_static_hash_collision_but_unequal():
 
 
 def test_deeply_nested_argument_is_not_a_crash():
-    # Either it works or it is a RecursionError; never a crash.
+    # A RecursionError before any compile, never a crash. 100_000 levels is
+    # past every CPython's limit: the recursion limit (3.11), the C recursion
+    # limit (3.12, 3.13) and, from 3.14 on, the C stack (8 MB by default;
+    # flattening 100_000 levels needs more than 16 MB, measured on 3.11).
     t = 1.0
     for _ in range(100_000):
         t = [t]
     jf, comp = make(lambda x: 0)
-    try:
-        assert jf(t) == 0
-    except RecursionError:
-        assert comp.calls == 0
+    with pytest.raises(RecursionError) as info:
+        jf(t)
+    assert type(info.value) is RecursionError
+    # "maximum recursion depth exceeded" before 3.14, "Stack overflow (used N kB)" from 3.14.
+    assert re.fullmatch(
+        r"(maximum recursion depth exceeded|Stack overflow \(used \d+ kB\))"
+        r" while flattening the arguments of a jitted function",
+        str(info.value),
+    ), str(info.value)
+    assert comp.calls == 0
+    assert jf.cache_info().misses == 0
 
 
 def test_equal_static_values_hit_through_both_lookup_paths():
