@@ -524,12 +524,18 @@ class JaxCompiler(_ThroughJaxJit):
         return (self.static_argnums, self.static_argnames, _freeze(self.jit_options))
 
     def __eq__(self, other: object) -> bool:
-        # Same class only: a subclass may compile differently (and equality
-        # must be symmetric, or a subclass would share a plain one's entries).
-        return type(other) is type(self) and other._key() == self._key()  # type: ignore[attr-defined]
+        # A subclass may compile differently and carry state (a counter):
+        # its instances are equal only to themselves (unless it says
+        # otherwise), never to a plain JaxCompiler, whose entries it must
+        # not share. Plain ones are equal by options.
+        if type(self) is not JaxCompiler:
+            return other is self
+        return type(other) is JaxCompiler and other._key() == self._key()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash((type(self), self._key()))
+        if type(self) is not JaxCompiler:
+            return object.__hash__(self)
+        return hash((JaxCompiler, self._key()))
 
     def __repr__(self) -> str:
         return (

@@ -772,10 +772,17 @@ def test_jax_compiler_subclass_keeps_its_own_call_and_statics():
         ftjit.jit(_scale, static_argnums=1, compiler=_CountingJax())
 
 
-def test_jax_compiler_equality_is_per_class_and_symmetric():
+def test_jax_compiler_equality_plain_by_options_subclasses_by_identity():
     plain, sub = ftjit.JaxCompiler((1,)), _CountingJax((1,))
     assert plain == ftjit.JaxCompiler((1,)) and hash(plain) == hash(ftjit.JaxCompiler((1,)))
-    assert plain != sub and sub != plain
+    assert plain != sub and sub != plain  # symmetric: a subclass never shares a plain one's entries
+    assert sub == sub and sub != _CountingJax((1,))  # each may count its own compiles
+    x = jnp.arange(3.0)
+    first, second = _CountingJax((1,)), _CountingJax((1,))
+    cache = ftjit.FunctionCache()
+    ftjit.jit(_scale, compiler=first, cache=cache)(x, 2)
+    ftjit.jit(_scale, compiler=second, cache=cache)(x, 2)
+    assert (first.calls, second.calls) == (1, 1)
 
 
 def test_numpy_integers_as_static_argnums_like_jax_jit():
