@@ -28,7 +28,8 @@ assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     log "installing build and test dependencies"
     "$VPY" -m pip install -q -U pip
     "$VPY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
-      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10"
+      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10" \
+      --only-binary=mypy,librt,ast-serialize  # newer mypy needs Rust-built deps with no cp313t wheels: take an older mypy there
   fi
 }
 

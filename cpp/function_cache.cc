@@ -312,7 +312,13 @@ void RegisterFunctionCache(nb::module_& m) {
             long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
             if (value == -1 && PyErr_Occurred()) throw nb::python_error();
             if (overflow > 0) value = std::numeric_limits<long long>::max();
-            if (overflow < 0) value = std::numeric_limits<long long>::min();
+            if (overflow < 0) {
+              nb::object text = nb::steal(PyObject_Str(index.ptr()));
+              if (!text.is_valid()) throw nb::python_error();
+              throw nb::value_error(("FunctionCache capacity must be at least 1, got " +
+                                     std::string(PyUnicode_AsUTF8(text.ptr())))
+                                        .c_str());
+            }
             new (self) FunctionCache(value);
           },
           nb::arg("capacity").none() = 4096,

@@ -6,6 +6,8 @@ import contextlib
 import copy
 import functools
 import inspect
+import math
+import numbers
 import operator
 import os
 import sys
@@ -95,6 +97,16 @@ def _as_tuple(value: Union[int, str, Sequence[Any], None], kind: type, what: str
     return tuple(out)
 
 
+def _seconds(timeout: Any) -> float:
+    """compile_timeout for the core: 0.0 for none; beyond a float (10**400) is forever too."""
+    if timeout is None:
+        return 0.0
+    try:
+        return float(timeout)
+    except OverflowError:
+        return math.inf
+
+
 def _check_static(sig: inspect.Signature | None, name: str, argnums: tuple[int, ...], argnames: tuple[str, ...]) -> None:
     """jax.jit's checks of the static options against the signature (for
     custom compilers; on the JAX path jax.jit itself makes them)."""
@@ -104,11 +116,18 @@ def _check_static(sig: inspect.Signature | None, name: str, argnums: tuple[int, 
     kinds = {p.kind for p in params}
     if inspect.Parameter.VAR_POSITIONAL not in kinds:
         n = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
-        bad = tuple(i for i in argnums if not -n <= i < n)
-        if bad:
-            raise ValueError(f"ftjit.jit: {name}() has static_argnums={bad}, but only accepts {n} positional arguments.")
+        if any(not -n <= i < n for i in argnums):
+            raise ValueError(f"ftjit.jit: {name}() has static_argnums={argnums}, but only accepts {n} positional "
+                             "arguments.")
+    # Names that cannot be passed by keyword: positional-only ones and *args.
+    positional = sorted(set(argnames) & {p.name for p in params if p.kind in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)})
+    if positional:
+        raise ValueError(f"ftjit.jit: {name}() has invalid argnames {positional} in static_argnames: these are "
+                         "positional-only.")
     if inspect.Parameter.VAR_KEYWORD not in kinds:
-        named = {p.name for p in params if p.kind != inspect.Parameter.POSITIONAL_ONLY}
+        named = {p.name for p in params if p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
         unknown = sorted(set(argnames) - named)
         if unknown:
             raise ValueError(f"ftjit.jit: {name}() has invalid argnames {unknown} in static_argnames: it does not "
@@ -323,6 +342,12 @@ def jit(
     if "fun" in jax_options:
         # `fun` is positional-only, as in jax.jit (whose message this is).
         raise TypeError("jit() got some positional-only arguments passed as keyword arguments: 'fun'")
+    # Plain tuples at once (None stays "not given"): an iterator must not be
+    # used up by a check, by a decorator factory's first use, or by pickling.
+    if static_argnums is not None:
+        static_argnums = _as_tuple(static_argnums, int, "static_argnums")
+    if static_argnames is not None:
+        static_argnames = _as_tuple(static_argnames, str, "static_argnames")
     if fun is _NOT_GIVEN:
         return functools.partial(
             jit,
@@ -340,7 +365,7 @@ def jit(
         )
     _check_callable(fun)
     if compile_timeout is not None:
-        if isinstance(compile_timeout, bool) or not isinstance(compile_timeout, (int, float)):
+        if isinstance(compile_timeout, (bool, np.bool_)) or not isinstance(compile_timeout, numbers.Real):
             raise TypeError(f"compile_timeout must be a number of seconds or None, got {compile_timeout!r}")
         if not compile_timeout > 0:  # NaN too
             raise ValueError(f"compile_timeout must be a positive number of seconds or None, got {compile_timeout!r}")
@@ -463,7 +488,7 @@ def jit(
         fallback_types=getattr(compiler, "fallback_types", None),
         plain_types=getattr(compiler, "plain_types", None),
         aval_types=getattr(compiler, "aval_types", None),
-        compile_timeout=float(compile_timeout or 0.0),
+        compile_timeout=_seconds(compile_timeout),
         on_compile=_observe.on_compile,
         on_wait=_observe.on_wait,
     )

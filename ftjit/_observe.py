@@ -28,7 +28,8 @@ def set_explain_misses(enabled: bool) -> None:
     Thread-safe (a single flag, read at each miss).
     """
     global _explain_all
-    if not isinstance(enabled, (bool, int)):  # "no" would otherwise mean True
+    numpy_bool = type(enabled).__module__ == "numpy" and type(enabled).__name__ in ("bool", "bool_")
+    if not (isinstance(enabled, (bool, int)) or numpy_bool):  # "no" would otherwise mean True
         raise TypeError(f"set_explain_misses expects a bool, got {enabled!r}")
     _explain_all = bool(enabled)
 

@@ -13,7 +13,7 @@ import pytest
 
 import ftjit
 import ftjit.errors
-from helpers import CountingCompiler, gc_collect_until
+from helpers import CountingCompiler, gc_collect_until, wait_for
 
 
 # --------------------------------------------------------------------------
@@ -562,7 +562,7 @@ def _two(x, y):
 @pytest.mark.parametrize("kwargs, message", [
     ({"static_argnums": 2}, r"^ftjit\.jit: _two\(\) has static_argnums=\(2,\), but only accepts 2 positional arguments\.$"),
     ({"static_argnums": (0, -3)},
-     r"^ftjit\.jit: _two\(\) has static_argnums=\(-3,\), but only accepts 2 positional arguments\.$"),
+     r"^ftjit\.jit: _two\(\) has static_argnums=\(0, -3\), but only accepts 2 positional arguments\.$"),
     ({"static_argnames": "q"}, r"^ftjit\.jit: _two\(\) has invalid argnames \['q'\] in static_argnames: it does not "
                                r"take these arguments by keyword\.$"),
 ])
@@ -634,3 +634,68 @@ def test_pickle_keeps_the_statics_meant_when_given_as_an_iterator():
 def test_the_package_exports_exactly_its_all():
     public = sorted(n for n in vars(ftjit) if not n.startswith("_"))
     assert public == sorted(ftjit.__all__)
+
+
+def _posonly(x, /, **kw):
+    return x
+
+
+def _varargs(x, *args):
+    return x
+
+
+@pytest.mark.parametrize("fun, name", [(_posonly, "x"), (_varargs, "args")])
+def test_custom_compiler_static_argnames_that_cannot_be_keywords_are_value_errors(fun, name):
+    # As jax.jit: positional-only parameters and *args cannot be static by name.
+    with pytest.raises(ValueError, match=rf"^ftjit\.jit: {fun.__name__}\(\) has invalid argnames \['{name}'\] in "
+                                         r"static_argnames: these are positional-only\.$"):
+        ftjit.jit(fun, static_argnames=name, compiler=CountingCompiler())
+
+
+def test_static_options_given_as_iterators_are_read_once():
+    comp = CountingCompiler()
+    dec = ftjit.jit(static_argnums=iter([1]), compiler=comp, cache=ftjit.FunctionCache())
+    first, second = dec(lambda x, n: x), dec(lambda x, n: x)
+    # The factory's second use sees the statics too (the iterator was not used up).
+    assert first._signature_of(1.0, 3).endswith("(float, 3)")
+    assert second._signature_of(1.0, 3).endswith("(float, 3)")
+    names = ftjit.jit(_two, static_argnames=(n for n in ["y"]), compiler=comp, cache=ftjit.FunctionCache())
+    assert names._signature_of(1.0, 3) == "_two(float, 3)"
+    assert pickle.loads(pickle.dumps(ftjit.jit(_two, static_argnames=(n for n in ["y"]))))._signature_of(1.0, 3) == \
+        "_two(float, 3)"
+
+
+def test_compile_timeout_takes_numpy_numbers_and_huge_values():
+    for timeout in (np.int64(3), np.float32(2.5), 10**400, float("inf")):
+        jf = ftjit.jit(_two, compile_timeout=timeout, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+        assert jf(1.0, 2.0) == 1.0, timeout
+    with pytest.raises(TypeError, match=r"^compile_timeout must be a number of seconds or None, got np\.True_$"):
+        ftjit.jit(_two, compile_timeout=np.True_, compiler=CountingCompiler())
+
+
+def test_an_infinite_compile_timeout_waits_for_the_compile():
+    """compile_timeout=inf (or beyond ~30 years) means wait forever: the
+    deadline must not overflow into 'already passed' for a waiting thread."""
+    release = threading.Event()
+
+    def hold(fun, args, kwargs):
+        assert release.wait(30)
+
+    for timeout in (float("inf"), 5e9, 10**400):
+        release.clear()
+        comp = CountingCompiler(on_compile=hold)
+        jf = ftjit.jit(_two, compile_timeout=timeout, compiler=comp, cache=ftjit.FunctionCache())
+        out = []
+        compiling = threading.Thread(target=lambda: out.append(jf(1.0, 2.0)))
+        waiting = threading.Thread(target=lambda: out.append(jf(1.0, 2.0)))
+        compiling.start()
+        assert wait_for(lambda: comp.calls >= 1, 10)
+        waiting.start()
+        assert wait_for(lambda: jf.cache_info().waits == 1, 10)
+        release.set()
+        for t in (compiling, waiting):
+            t.join(30)
+            assert not t.is_alive()
+        assert out == [1.0, 1.0], timeout
+        info = jf.cache_info()
+        assert (comp.calls, info.compiles, info.waits, info.failures) == (1, 1, 1, 0)

@@ -43,7 +43,7 @@ def test_capacity_argument(capacity):
 
 @pytest.mark.parametrize("capacity", [0, -1, -4096, -(10**30)])
 def test_capacity_below_one_is_value_error(capacity):
-    message = f"^FunctionCache capacity must be at least 1, got {max(capacity, -(2**63))}$"
+    message = f"^FunctionCache capacity must be at least 1, got {capacity}$"
     with pytest.raises(ValueError, match=message):
         ftjit.FunctionCache(capacity)
     with pytest.raises(ValueError, match=message):

@@ -732,7 +732,7 @@ def test_explicit_jax_compiler_with_statics_matches_jax_jit(make):
 
 
 def test_explicit_jax_compiler_statics_that_differ_from_jits_are_a_value_error():
-    with pytest.raises(ValueError, match=r"^ftjit\.jit: static_argnums=0 differs from the compiler's "
+    with pytest.raises(ValueError, match=r"^ftjit\.jit: static_argnums=\(0,\) differs from the compiler's "
                                          r"static_argnums=\(1,\); give it to one of them"):
         ftjit.jit(_scale, static_argnums=0, compiler=ftjit.JaxCompiler((1,)))
     with pytest.raises(ValueError, match=r"^ftjit\.jit: keep_unused=False differs from the compiler's keep_unused=True"):

@@ -462,7 +462,8 @@ def test_explain_off_by_default_and_explicit_false():
 def test_global_explain_switch():
     saved = ftjit._observe.explain_misses_enabled()
     try:
-        ftjit.set_explain_misses(True)
+        ftjit.set_explain_misses(np.True_)  # numpy bools are bools too
+        assert ftjit._observe.explain_misses_enabled() is True
         fun, name = fresh1("explain_global")
         jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())  # None: follows switch
         fun2, name2 = fresh1("explain_forced_off")
