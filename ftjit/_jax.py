@@ -158,7 +158,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     array_type = concrete_array_type() if "array_type" in fast else None
     found = _private_context() if "context" in fast else None
     context, names = found if found is not None else _public_context()
-    probe = (_private_trace_probe() if "probe" in fast else None) or _public_trace_probe()
+    probe: tuple[Any, Any, Any] = (_private_trace_probe() if "probe" in fast else None) or _public_trace_probe()
     if probe[0] is None:
         # No way to see an active trace: closed-over tracers could not be told
         # from a top-level call, so every call goes through jax.jit.
@@ -245,7 +245,7 @@ def _private_context() -> tuple[Callable[[], Any], tuple[str, ...]] | None:
             isinstance(value, tuple)
             and len(value) == len(names)
             and type(value[index]) is bool
-            and value[index] == bool(jax.config.jax_disable_jit)
+            and value[index] == bool(jax.config.jax_disable_jit)  # type: ignore[attr-defined]
         ):
             return None
         hash(value)
@@ -396,10 +396,10 @@ def _has_aval(array_type: type) -> bool:
             x = jax.numpy.zeros((2,), dtype=np.float32)
         aval = x.aval
         return (
-            type(x) is array_type
-            and aval.dtype == x.dtype
+            aval.dtype == x.dtype
             and tuple(aval.shape) == x.shape
             and bool(aval.weak_type) == bool(x.weak_type)
+            and type(x) is array_type  # last: a checker narrows x to `object` after it
         )
     except Exception:  # noqa: BLE001
         return False

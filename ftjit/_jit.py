@@ -461,7 +461,7 @@ def jit(
     # JAX compilers run under jax's traceback boundary (see _integrate_jax).
     guarded_type = _integrate_jax() if isinstance(compiler, JaxCompiler) else _observe.GuardedCompiler
     guarded = guarded_type(
-        compiler.bind(fun, jitted) if jitted is not None else compiler,
+        compiler.bind(fun, jitted) if jitted is not None and isinstance(compiler, JaxCompiler) else compiler,
         name,
         describer,
         max_signatures,
@@ -470,7 +470,7 @@ def jit(
     )
     # The optional compiler protocol (see JaxCompiler): hooks the core uses.
     fallback_maker = getattr(compiler, "fallback", None)
-    jf = _core._make_jit_function(
+    jf: JitFunction[Any, Any] = _core._make_jit_function(  # type: ignore[assignment]
         fun=fun,
         compiler=guarded,
         cache=cache,
@@ -593,7 +593,7 @@ class _JaxBoundaryMethod:
     """
 
     def __init__(self, impl: Callable[..., Any]):
-        functools.update_wrapper(self, impl)
+        functools.update_wrapper(self, impl)  # type: ignore[arg-type]  # a descriptor, not a function
         self.impl = impl
         self.boundary_impl: Callable[..., Any] | None = None  # set once by _integrate_jax
 
@@ -630,17 +630,19 @@ _BOUNDARY_METHODS = {
     "eval_shape": _JaxBoundaryMethod(_eval_shape),
     "precompile": _JaxBoundaryMethod(_precompile),
 }
-for _name, _method in _BOUNDARY_METHODS.items():
+_PLAIN_METHODS: dict[str, Any] = {
+    "clear_cache": _clear_cache,
+    "_cache_size": _cache_size,
+    "signatures": _signatures,
+    "warmup": _warmup,
+    "__copy__": _copy,
+    "__deepcopy__": _deepcopy,
+    # Generic for type checkers (JitFunction[P, R], see _core.pyi); subscriptable at run time too.
+    "__class_getitem__": classmethod(types.GenericAlias),
+}
+for _name, _method in {**_BOUNDARY_METHODS, **_PLAIN_METHODS}.items():
     setattr(JitFunction, _name, _method)
 del _name, _method
-JitFunction.clear_cache = _clear_cache
-JitFunction._cache_size = _cache_size
-JitFunction.signatures = _signatures
-JitFunction.warmup = _warmup
-JitFunction.__copy__ = _copy
-JitFunction.__deepcopy__ = _deepcopy
-# Generic for type checkers (JitFunction[P, R], see _core.pyi); subscriptable at run time too.
-JitFunction.__class_getitem__ = classmethod(types.GenericAlias)
 
 
 _jax_lock = threading.Lock()
