@@ -281,9 +281,12 @@ def _public_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...]:
         import jax
 
         get_mesh = jax.sharding.get_mesh
-        get_mesh()
     except Exception:  # noqa: BLE001
         return ()
+    if not callable(get_mesh):
+        return ()
+    # Not called here: inside a trace it raises, and the hooks are built once
+    # per process, possibly by a jit() created inside a trace.
 
     def concrete_mesh(_: Any) -> Any:
         try:

@@ -358,22 +358,30 @@ class GuardedCompiler:
             room = len(self._seen) < max(self.max_remembered, self.max_signatures or 0)
             if room and (not excess or self.on_excess == "warn"):
                 self._seen.setdefault(key, desc)
-        why = explain(cached, desc) if cached and not known else None
-        if explaining and why is not None:
-            logger.info("cache miss of %s: %s", self.name, why)
-        if excess:
-            raising = self.on_excess == "raise"
-            message = (
-                f"{self.name}() {'would compile' if raising else 'is compiling'} a signature past "
-                f"max_signatures={self.max_signatures}"
-                + (f" (differs from the closest cached one by: {why})" if why else "")
-                + "; raise the limit or make the varying argument static/bucketed"
-            )
-            if raising:
-                raise RecompileLimitError(message)
-            if warn_now:
-                warnings.warn(message, RuntimeWarning, stacklevel=self.warn_stacklevel)
+        # From here on, anything raised (the limit, a warning turned into an
+        # error, a Ctrl-C, the compile) un-remembers this signature: it was
+        # not compiled, so it must not count.
         try:
+            why = explain(cached, desc) if cached and not known else None
+            if explaining and why is not None:
+                logger.info("cache miss of %s: %s", self.name, why)
+            if excess:
+                raising = self.on_excess == "raise"
+                message = (
+                    f"{self.name}() {'would compile' if raising else 'is compiling'} a signature past "
+                    f"max_signatures={self.max_signatures}"
+                    + (f" (differs from the closest cached one by: {why})" if why else "")
+                    + "; raise the limit or make the varying argument static/bucketed"
+                )
+                if raising:
+                    raise RecompileLimitError(message)
+                if warn_now:
+                    try:
+                        warnings.warn(message, RuntimeWarning, stacklevel=self.warn_stacklevel)
+                    except BaseException:
+                        with self._lock:
+                            self._warned = False  # raised, not shown: the next excess warns again
+                        raise
             return self.inner(fun, args, kwargs)
         except BaseException:
             with self._lock:

@@ -816,3 +816,19 @@ def test_equal_list_and_dict_options_share_entries():
         jit_options=(("donate_argnums", [1]),))
     assert ftjit.JaxCompiler(jit_options=(("donate_argnums", [0]),)) != ftjit.JaxCompiler(
         jit_options=(("donate_argnums", (0,)),))
+
+
+def test_public_fallback_hooks_built_inside_a_trace_still_key_the_mesh():
+    # The hooks are built once per process, possibly by a jit() created inside
+    # a trace (where get_mesh() raises): the mesh getter must still be there.
+    outside = ftjit._jax.build_hooks(frozenset())["signature_hooks"].extras
+    seen = []
+
+    def body(x):
+        seen.append(ftjit._jax.build_hooks(frozenset())["signature_hooks"].extras)
+        return x
+
+    jax.make_jaxpr(body)(1.0)
+    assert len(outside) == 1 and len(seen) == 1 and len(seen[0]) == 1
+    getter, arg = seen[0][0]
+    assert getter(arg) == outside[0][0](outside[0][1])

@@ -1359,3 +1359,25 @@ def test_placement_label_names_the_device_of_a_single_device_sharding_else_the_r
     assert label(BadSharding()) == "<BadSharding object (repr failed)>"
     assert label(StrSharding()) == "mesh(2)"
     assert label("dev0") == "dev0"
+
+
+def test_max_signatures_warning_turned_into_an_error_leaves_nothing_counted():
+    """With warnings as errors, the excess call raises the RuntimeWarning and
+    compiles nothing; it must not count as a signature, and the next excess
+    call raises it again (it was never shown as a warning)."""
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="warn")
+    jf(z(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            with pytest.raises(RuntimeWarning, match=r"is compiling a signature past max_signatures=1"):
+                jf(z(2))
+    assert comp.calls == 1 and jf.cache_info().size == 1
+    assert len(jf._compiler._seen) == 1
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        jf(z(2))  # now shown as a warning, and compiled
+    assert [str(x.message).split(" (")[0] for x in w if issubclass(x.category, RuntimeWarning)] == [
+        f"{jf.__qualname__}() is compiling a signature past max_signatures=1"]
+    assert comp.calls == 2 and len(jf._compiler._seen) == 2
