@@ -328,6 +328,12 @@ class GuardedCompiler:
         self.explain_misses = explain_misses
         self._lock = threading.Lock()
         self._seen: dict[tuple, CallDescription] = {}  # guarded by _lock
+        # Per remembered key: compiles of it now running, and whether one ever
+        # succeeded. A failed compile forgets the key only as the last one
+        # running with none succeeded (a clear can start a second compile of
+        # a signature while the first still runs). Both guarded by _lock.
+        self._running: dict[tuple, int] = {}
+        self._compiled: set[tuple] = set()
         self._warned = False  # guarded by _lock
 
     def _explaining(self) -> bool:
@@ -358,6 +364,9 @@ class GuardedCompiler:
             room = len(self._seen) < max(self.max_remembered, self.max_signatures or 0)
             if room and (not excess or self.on_excess == "warn"):
                 self._seen.setdefault(key, desc)
+            tracked = key in self._seen
+            if tracked:
+                self._running[key] = self._running.get(key, 0) + 1
         # From here on, anything raised (the limit, a warning turned into an
         # error, a Ctrl-C, the compile) un-remembers this signature: it was
         # not compiled, so it must not count.
@@ -382,12 +391,27 @@ class GuardedCompiler:
                         with self._lock:
                             self._warned = False  # raised, not shown: the next excess warns again
                         raise
-            return self.inner(fun, args, kwargs)
+            executable = self.inner(fun, args, kwargs)
         except BaseException:
             with self._lock:
-                if not known and self._seen.get(key) is desc:
-                    del self._seen[key]
+                if tracked and self._done(key) and key not in self._compiled:
+                    self._seen.pop(key, None)
             raise
+        if tracked:
+            with self._lock:
+                self._done(key)
+                if key in self._seen:
+                    self._compiled.add(key)
+        return executable
+
+    def _done(self, key: tuple) -> bool:
+        """One compile of `key` ended (call with _lock held); True if it was the last one running."""
+        left = self._running[key] - 1
+        if left:
+            self._running[key] = left
+        else:
+            del self._running[key]
+        return not left
 
 
 # --- process-wide stats --------------------------------------------------------

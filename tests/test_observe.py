@@ -1381,3 +1381,49 @@ def test_max_signatures_warning_turned_into_an_error_leaves_nothing_counted():
     assert [str(x.message).split(" (")[0] for x in w if issubclass(x.category, RuntimeWarning)] == [
         f"{jf.__qualname__}() is compiling a signature past max_signatures=1"]
     assert comp.calls == 2 and len(jf._compiler._seen) == 2
+
+
+def test_max_signatures_counts_a_signature_recompiled_after_a_clear_while_its_first_compile_failed():
+    """A compiles K (held); clear_cache() drops A's entry, so C compiles K
+    again; A's compile then fails and C's succeeds: K is cached, so it counts,
+    and max_signatures=1 refuses a second signature."""
+    started, release = threading.Event(), threading.Event()
+    calls = []
+    lock = threading.Lock()
+
+    def compiler(fun, args, kwargs):
+        with lock:
+            n = len(calls)
+            calls.append(args)
+        if n == 0:
+            started.set()
+            assert release.wait(30)
+            raise ValueError("A fails")
+        return fun
+
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="raise")
+    outcomes = {}
+
+    def call(name, x):
+        try:
+            outcomes[name] = jf(x)
+        except Exception as e:  # noqa: BLE001 - examined below
+            outcomes[name] = e
+
+    a = threading.Thread(target=call, args=("A", 1.0))
+    a.start()
+    assert started.wait(30)
+    jf.clear_cache()  # A's entry goes; its compile carries on
+    c = threading.Thread(target=call, args=("C", 2.0))  # same signature (float)
+    c.start()
+    assert wait_for(lambda: len(calls) == 2, 30)  # C is compiling too
+    release.set()
+    for t in (a, c):
+        t.join(30)
+        assert not t.is_alive()
+    assert type(outcomes["A"]) is ValueError and str(outcomes["A"]) == "A fails"
+    assert outcomes["C"] == 2.0
+    assert [s.signature for s in jf.signatures()] == [f"{jf.__qualname__}(float)"]
+    with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=1"):
+        jf(3)
+    assert len(calls) == 2
