@@ -174,6 +174,15 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
 
   void set_weakref(nb::object w) { weakref_ = std::move(w); }
 
+  // One Python object shared by every wrapper of this (function, options)
+  // (the max_signatures guard's state, so that the limit counts what the
+  // shared entries hold): while the object offered first is alive (its
+  // wrappers hold it), every later caller gets it; then the next offer wins.
+  // Held weakly here: the cache outlives wrappers, and the state may refer
+  // (through remembered static types) to a class that holds the wrapper.
+  // Throws nb::python_error if `offered` cannot be weakly referenced.
+  nb::object SharedState(nb::handle offered);
+
  private:
   const std::shared_ptr<CacheCore> core_;
   const std::string name_;
@@ -181,6 +190,8 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
   ReentrantMap<SigPtr, EntryPtr, nb::ft_mutex> map_;
   nb::object weakref_;  // weakref(fun, callback); set once before sharing
   Counters counters_;
+  nb::ft_mutex shared_mu_;  // leaf lock for shared_state_
+  nb::object shared_state_;  // a weakref, or invalid
 };
 
 // Drops the evicted entries' map slots (outside the LRU lock).

@@ -590,6 +590,15 @@ extern "C" PyObject* JitFunction_cache_info(PyObject* self, PyObject*) {
   }
 }
 
+extern "C" PyObject* JitFunction_shared_state(PyObject* self, PyObject* offered) {
+  try {
+    return StateOf(self).entries->SharedState(offered).release().ptr();
+  } catch (nb::python_error& err) {
+    err.restore();
+    return nullptr;
+  }
+}
+
 extern "C" PyObject* JitFunction_clear_cache(PyObject* self, PyObject*) {
   StateOf(self).entries->Clear();
   Py_RETURN_NONE;
@@ -700,6 +709,9 @@ PyMethodDef kMethods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "_precompile(*args, **kwargs) -> bool\n\nCompiles the signature of these arguments if it is not\n"
      "cached (True if this call compiled it). Executes nothing."},
+    {"_shared_state", JitFunction_shared_state, METH_O,
+     "_shared_state(offered) -> object: the object shared by every wrapper of this\n"
+     "function and options (the first offered is kept)."},
     {"__reduce__", JitFunction_reduce, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -492,6 +492,9 @@ def jit(
         on_compile=_observe.on_compile,
         on_wait=_observe.on_wait,
     )
+    # Wrappers of one function with equal options share its entries, so the
+    # guard counts for all of them (the first wrapper's state while it lives).
+    guarded.share_state(jf._shared_state(guarded.state))
     functools.update_wrapper(jf, fun)
     if sig is not None:
         # As on a jax.jit function: the attribute itself, not only what

@@ -298,6 +298,29 @@ def explain(cached: Iterable[CallDescription], new: CallDescription) -> str | No
 _MAX_REMEMBERED = 4096
 
 
+class GuardState:
+    """What the max_signatures guard and the miss explanations remember of one
+    function's compiled signatures; shared by its wrappers with equal options
+    (they share the cache's entries, so the limit counts those).
+
+    Holds descriptions only (strings, and the types and hashes of static
+    arguments), never the function or a wrapper.
+    """
+
+    __slots__ = ("lock", "seen", "running", "compiled", "warned", "__weakref__")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: dict[tuple, CallDescription] = {}  # guarded by lock
+        # Per remembered key: compiles of it now running, and whether one ever
+        # succeeded. A failed compile forgets the key only as the last one
+        # running with none succeeded (a clear can start a second compile of
+        # a signature while the first still runs). Both guarded by lock.
+        self.running: dict[tuple, int] = {}
+        self.compiled: set[tuple] = set()
+        self.warned = False  # guarded by lock
+
+
 class GuardedCompiler:
     """Wraps a compiler with miss explanations and the ``max_signatures`` guard.
 
@@ -326,15 +349,38 @@ class GuardedCompiler:
         self.max_signatures = max_signatures
         self.on_excess = on_excess
         self.explain_misses = explain_misses
-        self._lock = threading.Lock()
-        self._seen: dict[tuple, CallDescription] = {}  # guarded by _lock
-        # Per remembered key: compiles of it now running, and whether one ever
-        # succeeded. A failed compile forgets the key only as the last one
-        # running with none succeeded (a clear can start a second compile of
-        # a signature while the first still runs). Both guarded by _lock.
-        self._running: dict[tuple, int] = {}
-        self._compiled: set[tuple] = set()
-        self._warned = False  # guarded by _lock
+        self.state = GuardState()
+
+    def share_state(self, state: GuardState) -> None:
+        """Use `state` (the one every wrapper of this function and options
+        shares, see JitFunction._shared_state) instead of this wrapper's own.
+        Called by jit() before the function is handed out."""
+        self.state = state
+
+    # The state's fields, as this compiler's (one lock guards them all).
+    @property
+    def _lock(self) -> threading.Lock:
+        return self.state.lock
+
+    @property
+    def _seen(self) -> dict[tuple, CallDescription]:
+        return self.state.seen
+
+    @property
+    def _running(self) -> dict[tuple, int]:
+        return self.state.running
+
+    @property
+    def _compiled(self) -> set[tuple]:
+        return self.state.compiled
+
+    @property
+    def _warned(self) -> bool:
+        return self.state.warned
+
+    @_warned.setter
+    def _warned(self, value: bool) -> None:
+        self.state.warned = value
 
     def _explaining(self) -> bool:
         return _explain_all if self.explain_misses is None else self.explain_misses

@@ -14,6 +14,7 @@ import re
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -1427,3 +1428,46 @@ def test_max_signatures_counts_a_signature_recompiled_after_a_clear_while_its_fi
     with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=1"):
         jf(3)
     assert len(calls) == 2
+
+
+def test_max_signatures_counts_for_every_wrapper_sharing_the_entries():
+    """Two ftjit.jit wrappers of one function with equal options share its
+    cache entries, so they share the limit: what one compiled counts for the other."""
+    comp = CountingCompiler()
+    cache = ftjit.FunctionCache()
+
+    def f(x):
+        return x
+
+    w1 = ftjit.jit(f, compiler=comp, cache=cache, max_signatures=1, on_excess="raise")
+    w2 = ftjit.jit(f, compiler=comp, cache=cache, max_signatures=1, on_excess="raise")
+    assert w1(1.0) == 1.0
+    assert w2(2.0) == 2.0  # the same signature: a hit, whichever wrapper
+    with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=1"):
+        w2(3)
+    with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=1"):
+        w1(3)
+    assert comp.calls == 1
+    # A wrapper with other options has entries (and a limit) of its own.
+    w3 = ftjit.jit(f, compiler=comp, cache=cache, max_signatures=2, on_excess="raise")
+    assert w3(3) == 3 and comp.calls == 2
+
+
+def test_shared_guard_state_does_not_keep_a_static_arguments_class_alive():
+    """The shared state is held weakly by the function's entries (C++, not
+    seen by the GC): a class used as a static argument's type (remembered by
+    the guard), which itself holds the jitted function, is collected once
+    nothing else refers to it. (The compiled entry holds the static value
+    itself, as jax.jit's cache does; it is cleared first.)"""
+    cache = ftjit.FunctionCache()
+
+    class Key:
+        pass
+
+    Key.jf = ftjit.jit(lambda x, k: x, static_argnums=1, compiler=CountingCompiler(), cache=cache, max_signatures=4)
+    assert Key.jf(1.0, Key()) == 1.0
+    Key.jf.clear_cache()
+    assert len(Key.jf._compiler._seen) == 1  # the guard still remembers (Key's type among it)
+    r = weakref.ref(Key)
+    del Key
+    assert gc_collect_until(lambda: r() is None), "the static argument's class was kept alive"
