@@ -1,6 +1,5 @@
 // ftjit: FunctionCache, per-function entry maps and the shared LRU wiring.
 #include "function_cache.h"
-#include "py_compat.h"
 
 #include <limits>
 
@@ -133,24 +132,9 @@ FunctionEntries::~FunctionEntries() {
 }
 
 nb::object FunctionEntries::SharedState(nb::handle offered) {
-  // Made before locking: creating a weakref runs no Python code, but
-  // dropping an unused one (or a dead one) is done after the unlock.
-  nb::object ref = nb::steal(PyWeakref_NewRef(offered.ptr(), nullptr));
-  if (!ref.is_valid()) throw nb::python_error();
-  nb::object live;
-  {
-    std::lock_guard<nb::ft_mutex> lock(shared_mu_);
-    if (shared_state_.is_valid()) {
-      PyObject* obj = nullptr;
-      if (WeakrefGetRef(shared_state_.ptr(), &obj) < 0) throw nb::python_error();
-      live = nb::steal(obj);
-    }
-    if (!live.is_valid()) {
-      std::swap(shared_state_, ref);  // the old (dead) weakref leaves in `ref`
-      live = nb::borrow(offered);
-    }
-  }
-  return live;
+  std::lock_guard<nb::ft_mutex> lock(shared_mu_);
+  if (!shared_state_.is_valid()) shared_state_ = nb::borrow(offered);
+  return shared_state_;  // a new reference, taken under the lock
 }
 
 PyObject* FunctionEntries::FindReady(const CallSignature& sig) {

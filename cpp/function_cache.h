@@ -174,13 +174,13 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
 
   void set_weakref(nb::object w) { weakref_ = std::move(w); }
 
-  // One Python object shared by every wrapper of this (function, options)
-  // (the max_signatures guard's state, so that the limit counts what the
-  // shared entries hold): while the object offered first is alive (its
-  // wrappers hold it), every later caller gets it; then the next offer wins.
-  // Held weakly here: the cache outlives wrappers, and the state may refer
-  // (through remembered static types) to a class that holds the wrapper.
-  // Throws nb::python_error if `offered` cannot be weakly referenced.
+  // One Python object shared by every wrapper of this (function, options),
+  // for as long as these entries live (the max_signatures guard's state, so
+  // that the limit counts what the shared entries hold, whatever wrappers
+  // come and go): the first one offered is kept and returned to every later
+  // caller. Held here, outside the GC's view, so it must never refer (even
+  // indirectly) to the function, a wrapper or user objects; GuardState holds
+  // strings and weak references only.
   nb::object SharedState(nb::handle offered);
 
  private:
@@ -191,7 +191,7 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
   nb::object weakref_;  // weakref(fun, callback); set once before sharing
   Counters counters_;
   nb::ft_mutex shared_mu_;  // leaf lock for shared_state_
-  nb::object shared_state_;  // a weakref, or invalid
+  nb::object shared_state_;  // set once, by the first SharedState() call
 };
 
 // Drops the evicted entries' map slots (outside the LRU lock).

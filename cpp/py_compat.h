@@ -45,24 +45,4 @@ inline int GetOptionalAttr(PyObject* obj, PyObject* name, PyObject** out) {
 #endif
 }
 
-// 1 and a new reference in *out if the weakref's referent is alive, 0 if it
-// died, -1 with an error set.
-inline int WeakrefGetRef(PyObject* ref, PyObject** out) {
-#if PY_VERSION_HEX >= 0x030D0000
-  return PyWeakref_GetRef(ref, out);
-#else
-  PyObject* obj = PyWeakref_GetObject(ref);  // borrowed; the GIL keeps it
-  if (!obj) {
-    *out = nullptr;
-    return -1;
-  }
-  if (obj == Py_None) {
-    *out = nullptr;
-    return 0;
-  }
-  *out = Py_NewRef(obj);
-  return 1;
-#endif
-}
-
 }  // namespace ftjit

@@ -291,7 +291,7 @@ def _public_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...]:
     def concrete_mesh(_: Any) -> Any:
         try:
             return get_mesh()
-        except ValueError:  # inside a trace: the call defers anyway
+        except Exception:  # noqa: BLE001 - ValueError inside a trace (the call defers anyway); a JAX whose get_mesh fails otherwise: no mesh key, as before
             return None
 
     return ((concrete_mesh, None),)

@@ -11,6 +11,7 @@ import os
 import re
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from . import _core
@@ -153,6 +154,17 @@ def _flatten_jax(x: Any, path: str, out: list[tuple[str, str]], shape: list[str]
         out.append((path + tree_util.keystr(key_path), _leaf(leaf)))
 
 
+def _type_key(t: type) -> Any:
+    """A static argument's type as the guard remembers it: a weak reference
+    (equal while the type lives), so that the remembered signatures, kept by
+    the cache's entries for as long as the function lives, never keep a class
+    alive (a class may hold its own jitted function)."""
+    try:
+        return weakref.ref(t)
+    except TypeError:
+        return t
+
+
 @dataclasses.dataclass(frozen=True)
 class CallDescription:
     """A call's signature as comparable parts: leaves by path, statics by name, tree skeletons."""
@@ -194,12 +206,12 @@ class Describer:
     def __call__(self, args: tuple, kwargs: dict) -> CallDescription:
         leaves: list[tuple[str, str]] = []
         statics: list[tuple[str, str]] = []
-        statics_key: list[tuple[str, type, int]] = []
+        statics_key: list[tuple[str, Any, int]] = []
         trees: list[tuple[str, str]] = []
 
         def add_static(name: str, value: Any) -> None:
             statics.append((name, _safe_repr(value)))
-            statics_key.append((name, type(value), hash(value)))
+            statics_key.append((name, _type_key(type(value)), hash(value)))
 
         n = len(args)
         for i, value in enumerate(args):
@@ -303,11 +315,14 @@ class GuardState:
     function's compiled signatures; shared by its wrappers with equal options
     (they share the cache's entries, so the limit counts those).
 
-    Holds descriptions only (strings, and the types and hashes of static
-    arguments), never the function or a wrapper.
+    Kept by the function's entries in the cache (C++, outside the GC's view)
+    for as long as the function lives, whatever wrappers come and go; so it
+    holds descriptions only (strings, the compiler's context values, weak
+    references to static arguments' types and their hashes), never the
+    function, a wrapper or a static value.
     """
 
-    __slots__ = ("lock", "seen", "running", "compiled", "warned", "__weakref__")
+    __slots__ = ("lock", "seen", "running", "compiled", "warned")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -319,6 +334,15 @@ class GuardState:
         self.running: dict[tuple, int] = {}
         self.compiled: set[tuple] = set()
         self.warned = False  # guarded by lock
+
+    def done(self, key: tuple) -> bool:
+        """One compile of `key` ended (call with lock held); True if it was the last one running."""
+        left = self.running[key] - 1
+        if left:
+            self.running[key] = left
+        else:
+            del self.running[key]
+        return not left
 
 
 class GuardedCompiler:
@@ -400,23 +424,26 @@ class GuardedCompiler:
         except Exception:  # noqa: BLE001 - describing must never fail the compile
             logger.debug("%s: could not describe a call's signature; compiling unguarded", self.name, exc_info=True)
             return self.inner(fun, args, kwargs)
-        with self._lock:
-            known = key in self._seen
-            cached = list(self._seen.values())
-            excess = guarded and not known and len(self._seen) >= self.max_signatures  # type: ignore[operator]
-            warn_now = excess and self.on_excess == "warn" and not self._warned
-            if warn_now:
-                self._warned = True
-            room = len(self._seen) < max(self.max_remembered, self.max_signatures or 0)
-            if room and (not excess or self.on_excess == "warn"):
-                self._seen.setdefault(key, desc)
-            tracked = key in self._seen
-            if tracked:
-                self._running[key] = self._running.get(key, 0) + 1
-        # From here on, anything raised (the limit, a warning turned into an
-        # error, a Ctrl-C, the compile) un-remembers this signature: it was
-        # not compiled, so it must not count.
+        state = self.state  # read once: one lock guards what this call reads and writes
+        tracked = False  # this call counted itself as a running compile of `key`
+        # Everything from taking the lock on is inside the try: whatever is
+        # raised (the limit, a warning turned into an error, a Ctrl-C at any
+        # point, the compile) undoes what this call did, so a signature that
+        # was not compiled does not stay counted.
         try:
+            with state.lock:
+                known = key in state.seen
+                cached = list(state.seen.values())
+                excess = guarded and not known and len(state.seen) >= self.max_signatures  # type: ignore[operator]
+                warn_now = excess and self.on_excess == "warn" and not state.warned
+                if warn_now:
+                    state.warned = True
+                room = len(state.seen) < max(self.max_remembered, self.max_signatures or 0)
+                if room and (not excess or self.on_excess == "warn"):
+                    state.seen.setdefault(key, desc)
+                if key in state.seen:
+                    state.running[key] = state.running.get(key, 0) + 1
+                    tracked = True
             why = explain(cached, desc) if cached and not known else None
             if explaining and why is not None:
                 logger.info("cache miss of %s: %s", self.name, why)
@@ -434,30 +461,22 @@ class GuardedCompiler:
                     try:
                         warnings.warn(message, RuntimeWarning, stacklevel=self.warn_stacklevel)
                     except BaseException:
-                        with self._lock:
-                            self._warned = False  # raised, not shown: the next excess warns again
+                        with state.lock:
+                            state.warned = False  # raised, not shown: the next excess warns again
                         raise
             executable = self.inner(fun, args, kwargs)
         except BaseException:
-            with self._lock:
-                if tracked and self._done(key) and key not in self._compiled:
-                    self._seen.pop(key, None)
+            if tracked:
+                with state.lock:
+                    if state.done(key) and key not in state.compiled:
+                        state.seen.pop(key, None)
             raise
         if tracked:
-            with self._lock:
-                self._done(key)
-                if key in self._seen:
-                    self._compiled.add(key)
+            with state.lock:
+                state.done(key)
+                if key in state.seen:
+                    state.compiled.add(key)
         return executable
-
-    def _done(self, key: tuple) -> bool:
-        """One compile of `key` ended (call with _lock held); True if it was the last one running."""
-        left = self._running[key] - 1
-        if left:
-            self._running[key] = left
-        else:
-            del self._running[key]
-        return not left
 
 
 # --- process-wide stats --------------------------------------------------------

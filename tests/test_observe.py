@@ -8,6 +8,7 @@ other's records. Thread tests start on a Barrier (helpers.run_threads), join
 with a timeout and re-raise worker exceptions.
 """
 
+import gc
 import json
 import logging
 import re
@@ -1454,11 +1455,11 @@ def test_max_signatures_counts_for_every_wrapper_sharing_the_entries():
 
 
 def test_shared_guard_state_does_not_keep_a_static_arguments_class_alive():
-    """The shared state is held weakly by the function's entries (C++, not
-    seen by the GC): a class used as a static argument's type (remembered by
-    the guard), which itself holds the jitted function, is collected once
-    nothing else refers to it. (The compiled entry holds the static value
-    itself, as jax.jit's cache does; it is cleared first.)"""
+    """The guard's state is kept by the function's entries (C++, not seen by
+    the GC) and remembers static arguments' types only weakly: a class used
+    as a static argument's type, which itself holds the jitted function, is
+    collected once nothing else refers to it. (The compiled entry holds the
+    static value itself, as jax.jit's cache does; it is cleared first.)"""
     cache = ftjit.FunctionCache()
 
     class Key:
@@ -1471,3 +1472,24 @@ def test_shared_guard_state_does_not_keep_a_static_arguments_class_alive():
     r = weakref.ref(Key)
     del Key
     assert gc_collect_until(lambda: r() is None), "the static argument's class was kept alive"
+
+
+def test_max_signatures_count_outlives_the_wrappers():
+    """The count belongs to the function's cached entries: a wrapper made per
+    request (then dropped) cannot reset it while the signatures stay cached."""
+    comp = CountingCompiler()
+    cache = ftjit.FunctionCache()
+
+    def f(x):
+        return x
+
+    for i, arg in enumerate([1.0, 2, 3.0, 4]):
+        w = ftjit.jit(f, compiler=comp, cache=cache, max_signatures=1, on_excess="raise")
+        if i == 0 or isinstance(arg, float):
+            assert w(arg) == arg  # the first signature (float), then hits
+        else:
+            with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=1"):
+                w(arg)
+        del w
+        gc.collect()
+    assert comp.calls == 1 and cache.size() == 1
