@@ -179,8 +179,9 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
   // that the limit counts what the shared entries hold, whatever wrappers
   // come and go): the first one offered is kept and returned to every later
   // caller. Held here, outside the GC's view, so it must never refer (even
-  // indirectly) to the function, a wrapper or user objects; GuardState holds
-  // strings and weak references only.
+  // indirectly) to the function, a wrapper or user objects: GuardState keys
+  // static arguments and non-plain context values by (weak reference to
+  // their type, hash) and pytrees by their printed form and hash.
   nb::object SharedState(nb::handle offered);
 
  private:

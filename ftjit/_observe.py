@@ -149,9 +149,40 @@ def _flatten_jax(x: Any, path: str, out: list[tuple[str, str]], shape: list[str]
         leaves, treedef = tree_util.tree_flatten_with_path(x)
     except Exception:
         return _flatten_builtin(x, path, out, shape)
-    shape.append(str(treedef))
+    # Shown as JAX prints it; keyed (see _tree_key) with the printed form's
+    # addresses dropped and the treedef's hash instead, since the core
+    # compares aux data by equality, not by how it prints.
+    shape.append(_TreeText(str(treedef), hash(treedef)))
     for key_path, leaf in leaves:
         out.append((path + tree_util.keystr(key_path), _leaf(leaf)))
+
+
+class _TreeText(str):
+    """A pytree skeleton as printed, carrying the treedef's hash for the key."""
+
+    tree_hash: int
+
+    def __new__(cls, text: str, tree_hash: int) -> "_TreeText":
+        obj = super().__new__(cls, text)
+        obj.tree_hash = tree_hash
+        return obj
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _context_key(value: Any) -> Any:
+    """The compiler's context as the guard keys it: plain values as they are,
+    other objects by (weak reference to their type, hash), as static
+    arguments, so that the guard's state (kept for as long as the function
+    lives, outside the GC's view) holds no user object."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return value
+    if type(value) is tuple:
+        return tuple(_context_key(v) for v in value)
+    if type(value) is frozenset:
+        return frozenset(_context_key(v) for v in value)
+    return ("object", _type_key(type(value)), hash(value))
 
 
 def _type_key(t: type) -> Any:
@@ -179,9 +210,12 @@ class CallDescription:
     #: statics as the core keys them, by (name, type, hash): equal statics
     #: whose reprs differ (e.g. the default repr, with an address) are one
     statics_key: tuple = ()
+    #: hashes of the JAX pytree definitions, in order (aux data by value)
+    tree_hashes: tuple = ()
 
     def key(self) -> tuple:
-        return (self.leaves, self.statics_key, self.trees, self.layout, self.context)
+        trees = tuple((name, _ADDRESS.sub(" at 0x", text)) for name, text in self.trees)
+        return (self.leaves, self.statics_key, trees, self.tree_hashes, self.layout, self.context)
 
 
 class Describer:
@@ -208,6 +242,11 @@ class Describer:
         statics: list[tuple[str, str]] = []
         statics_key: list[tuple[str, Any, int]] = []
         trees: list[tuple[str, str]] = []
+        tree_hashes: list[int] = []
+
+        def add_tree(name: str, skeleton: list[str]) -> None:
+            trees.append((name, " ".join(skeleton)))
+            tree_hashes.extend(t.tree_hash for t in skeleton if isinstance(t, _TreeText))
 
         def add_static(name: str, value: Any) -> None:
             statics.append((name, _safe_repr(value)))
@@ -220,18 +259,18 @@ class Describer:
                 continue
             skeleton: list[str] = []
             self.flatten(value, self._name(i), leaves, skeleton)
-            trees.append((self._name(i), " ".join(skeleton)))
+            add_tree(self._name(i), skeleton)
         for key in sorted(kwargs):
             if key in self.static_argnames:
                 add_static(f"'{key}'", kwargs[key])
                 continue
             skeleton = []
             self.flatten(kwargs[key], f"'{key}'", leaves, skeleton)
-            trees.append((f"'{key}'", " ".join(skeleton)))
+            add_tree(f"'{key}'", skeleton)
         layout = ", ".join([self._name(i).strip("'") for i in range(n)] + [f"{key}=" for key in sorted(kwargs)])
-        context = self.context() if self.context is not None else None
+        context = _context_key(self.context()) if self.context is not None else None
         return CallDescription(
-            tuple(leaves), tuple(statics), tuple(trees), f"({layout})", context, tuple(statics_key)
+            tuple(leaves), tuple(statics), tuple(trees), f"({layout})", context, tuple(statics_key), tuple(tree_hashes)
         )
 
 
@@ -317,9 +356,10 @@ class GuardState:
 
     Kept by the function's entries in the cache (C++, outside the GC's view)
     for as long as the function lives, whatever wrappers come and go; so it
-    holds descriptions only (strings, the compiler's context values, weak
-    references to static arguments' types and their hashes), never the
-    function, a wrapper or a static value.
+    holds descriptions only (strings; static arguments and non-plain context
+    values as weak references to their types and their hashes; pytree
+    definitions as text and hashes), never the function, a wrapper or a
+    user object.
     """
 
     __slots__ = ("lock", "seen", "running", "compiled", "warned")
@@ -426,6 +466,7 @@ class GuardedCompiler:
             return self.inner(fun, args, kwargs)
         state = self.state  # read once: one lock guards what this call reads and writes
         tracked = False  # this call counted itself as a running compile of `key`
+        warn_now = shown = False  # this call owns the once-only warning / has shown it
         # Everything from taking the lock on is inside the try: whatever is
         # raised (the limit, a warning turned into an error, a Ctrl-C at any
         # point, the compile) undoes what this call did, so a signature that
@@ -458,18 +499,15 @@ class GuardedCompiler:
                 if raising:
                     raise RecompileLimitError(message)
                 if warn_now:
-                    try:
-                        warnings.warn(message, RuntimeWarning, stacklevel=self.warn_stacklevel)
-                    except BaseException:
-                        with state.lock:
-                            state.warned = False  # raised, not shown: the next excess warns again
-                        raise
+                    warnings.warn(message, RuntimeWarning, stacklevel=self.warn_stacklevel)
+                    shown = True
             executable = self.inner(fun, args, kwargs)
         except BaseException:
-            if tracked:
-                with state.lock:
-                    if state.done(key) and key not in state.compiled:
-                        state.seen.pop(key, None)
+            with state.lock:
+                if tracked and state.done(key) and key not in state.compiled:
+                    state.seen.pop(key, None)
+                if warn_now and not shown:
+                    state.warned = False  # not shown (raised, or interrupted first): the next excess warns
             raise
         if tracked:
             with state.lock:

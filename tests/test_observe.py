@@ -1493,3 +1493,73 @@ def test_max_signatures_count_outlives_the_wrappers():
         del w
         gc.collect()
     assert comp.calls == 1 and cache.size() == 1
+
+
+class _ContextCompiler:
+    """A custom compiler whose tracing context is whatever `cur` holds."""
+
+    def __init__(self):
+        self.cur = None
+
+    def context(self):
+        return self.cur
+
+    def __call__(self, fun, args, kwargs):
+        return fun
+
+
+def test_guard_state_holds_no_context_value():
+    """The guard keys the compiler's context like static arguments (by type
+    and hash): a context value that refers to the jitted function (here, an
+    instance of a class holding it) is collected once its entries are cleared."""
+    comp = _ContextCompiler()
+    filler = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=False)
+    for i in range(300):  # past the core's process-wide table of remembered contexts (256)
+        comp.cur = ("fill", i)
+        filler(1.0)
+
+    class Model:
+        pass
+
+    Model.f = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=4)
+    comp.cur = Model()
+    assert Model.f(1.0) == 1.0
+    comp.cur = ("other",)
+    filler(1.0)  # this thread's memo of the last context moves on
+    Model.f.clear_cache()
+    assert len(Model.f._compiler._seen) == 1
+    r = weakref.ref(Model)
+    del Model
+    assert gc_collect_until(lambda: r() is None), "the guard kept a context value (and its class) alive"
+
+
+def test_pytree_aux_data_counts_by_equality_not_by_its_printed_address():
+    """Equal aux data whose repr shows an address is one signature for the
+    guard, as for the core: after a clear, the same call recompiles within
+    max_signatures=1 instead of raising."""
+    import jax
+
+    class Meta:
+        def __eq__(self, other):
+            return isinstance(other, Meta)
+
+        def __hash__(self):
+            return 7
+
+    @jax.tree_util.register_pytree_node_class
+    class Box:
+        def __init__(self, x, meta):
+            self.x, self.meta = x, meta
+
+        def tree_flatten(self):
+            return (self.x,), self.meta
+
+        @classmethod
+        def tree_unflatten(cls, meta, children):
+            return cls(children[0], meta)
+
+    jf = ftjit.jit(lambda b: b.x + 1, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="raise")
+    assert float(jf(Box(np.float32(1), Meta()))) == 2.0
+    jf.clear_cache()
+    assert float(jf(Box(np.float32(2), Meta()))) == 3.0  # a new Meta object: equal, another address
+    assert jf.cache_info().compiles == 2
