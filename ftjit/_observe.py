@@ -149,26 +149,42 @@ def _flatten_jax(x: Any, path: str, out: list[tuple[str, str]], shape: list[str]
         leaves, treedef = tree_util.tree_flatten_with_path(x)
     except Exception:
         return _flatten_builtin(x, path, out, shape)
-    # Shown as JAX prints it; keyed (see _tree_key) with the printed form's
-    # addresses dropped and the treedef's hash instead, since the core
-    # compares aux data by equality, not by how it prints.
-    shape.append(_TreeText(str(treedef), hash(treedef)))
+    # Shown as JAX prints it; keyed by its structure (_tree_key), since the
+    # core compares aux data by equality, not by how it prints.
+    shape.append(_TreeText(str(treedef), _tree_key(treedef)))
     for key_path, leaf in leaves:
         out.append((path + tree_util.keystr(key_path), _leaf(leaf)))
 
 
 class _TreeText(str):
-    """A pytree skeleton as printed, carrying the treedef's hash for the key."""
+    """A pytree skeleton as printed, carrying its key (see _tree_key)."""
 
-    tree_hash: int
+    tree_key: Any
 
-    def __new__(cls, text: str, tree_hash: int) -> "_TreeText":
+    def __new__(cls, text: str, tree_key: Any) -> "_TreeText":
         obj = super().__new__(cls, text)
-        obj.tree_hash = tree_hash
+        obj.tree_key = tree_key
         return obj
 
 
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+def _tree_key(treedef: Any) -> Any:
+    """A JAX pytree definition as the guard keys it, node by node: (weak
+    reference to the node type, aux data by hash, children). Equal aux data
+    (2.0 and np.float64(2.0), equal objects whose repr shows an address) is
+    one key and an aux object compared by identity (a new one per call) a
+    new one, as in the core; unhashable aux data (which JAX accepts) is keyed
+    by its repr. Holds no user object."""
+    data = treedef.node_data()
+    if data is None:
+        return "*"
+    node_type, aux = data
+    if type(aux) is list:  # dict keys
+        aux = tuple(aux)
+    try:
+        aux_key: Any = ("hash", hash(aux))
+    except TypeError:
+        aux_key = ("repr", _safe_repr(aux))
+    return (_type_key(node_type), aux_key, tuple(_tree_key(child) for child in treedef.children()))
 
 
 def _context_key(value: Any) -> Any:
@@ -176,7 +192,7 @@ def _context_key(value: Any) -> Any:
     other objects by (weak reference to their type, hash), as static
     arguments, so that the guard's state (kept for as long as the function
     lives, outside the GC's view) holds no user object."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    if value is None or type(value) in (bool, int, float, complex, str, bytes):  # exact: not an IntEnum member
         return value
     if type(value) is tuple:
         return tuple(_context_key(v) for v in value)
@@ -210,12 +226,12 @@ class CallDescription:
     #: statics as the core keys them, by (name, type, hash): equal statics
     #: whose reprs differ (e.g. the default repr, with an address) are one
     statics_key: tuple = ()
-    #: hashes of the JAX pytree definitions, in order (aux data by value)
-    tree_hashes: tuple = ()
+    #: trees as the core keys them: the builtin skeletons' text and, for
+    #: JAX pytree definitions, their structure with aux data by hash
+    trees_key: tuple = ()
 
     def key(self) -> tuple:
-        trees = tuple((name, _ADDRESS.sub(" at 0x", text)) for name, text in self.trees)
-        return (self.leaves, self.statics_key, trees, self.tree_hashes, self.layout, self.context)
+        return (self.leaves, self.statics_key, self.trees_key, self.layout, self.context)
 
 
 class Describer:
@@ -242,11 +258,11 @@ class Describer:
         statics: list[tuple[str, str]] = []
         statics_key: list[tuple[str, Any, int]] = []
         trees: list[tuple[str, str]] = []
-        tree_hashes: list[int] = []
+        trees_key: list[tuple[str, tuple]] = []
 
         def add_tree(name: str, skeleton: list[str]) -> None:
             trees.append((name, " ".join(skeleton)))
-            tree_hashes.extend(t.tree_hash for t in skeleton if isinstance(t, _TreeText))
+            trees_key.append((name, tuple(t.tree_key if isinstance(t, _TreeText) else t for t in skeleton)))
 
         def add_static(name: str, value: Any) -> None:
             statics.append((name, _safe_repr(value)))
@@ -270,7 +286,7 @@ class Describer:
         layout = ", ".join([self._name(i).strip("'") for i in range(n)] + [f"{key}=" for key in sorted(kwargs)])
         context = _context_key(self.context()) if self.context is not None else None
         return CallDescription(
-            tuple(leaves), tuple(statics), tuple(trees), f"({layout})", context, tuple(statics_key), tuple(tree_hashes)
+            tuple(leaves), tuple(statics), tuple(trees), f"({layout})", context, tuple(statics_key), tuple(trees_key)
         )
 
 

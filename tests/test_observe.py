@@ -17,6 +17,8 @@ import time
 import warnings
 import weakref
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -1563,3 +1565,66 @@ def test_pytree_aux_data_counts_by_equality_not_by_its_printed_address():
     jf.clear_cache()
     assert float(jf(Box(np.float32(2), Meta()))) == 3.0  # a new Meta object: equal, another address
     assert jf.cache_info().compiles == 2
+
+
+def _meta_dataclass():
+    import dataclasses as dc
+
+    import jax
+
+    @dc.dataclass
+    class Layer:
+        w: Any
+        act: Any = dc.field(metadata=dict(static=True))
+
+    return jax.tree_util.register_dataclass(Layer)
+
+
+def test_pytree_aux_compared_by_identity_is_a_new_signature_each_time():
+    """A new aux object per call (default __eq__: the core compiles each call)
+    is a new signature for the guard too, so max_signatures stops the storm."""
+
+    class Act:  # default __eq__/__hash__/__repr__ (the repr shows an address)
+        pass
+
+    Layer = _meta_dataclass()
+    jf = ftjit.jit(lambda l: l.w * 2, cache=ftjit.FunctionCache(), max_signatures=3, on_excess="raise")
+    for i in range(3):
+        assert float(jf(Layer(np.float32(i), Act()))) == 2.0 * i
+    with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=3"):
+        jf(Layer(np.float32(5), Act()))
+    assert jf.cache_info().compiles == 3
+
+
+def test_pytree_aux_equal_but_printed_differently_is_one_signature():
+    """2.0 and np.float64(2.0) as aux data are equal (a hit for the core):
+    after a clear, the second form recompiles within max_signatures=1."""
+    Layer = _meta_dataclass()
+    jf = ftjit.jit(lambda l: l.w + l.act, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="raise")
+    assert float(jf(Layer(np.float32(1), 2.0))) == 3.0
+    jf.clear_cache()
+    assert float(jf(Layer(np.float32(1), np.float64(2.0)))) == 3.0
+    assert jf.cache_info().compiles == 2
+
+
+def test_guard_holds_no_int_or_str_subclass_context_value():
+    import enum
+
+    comp = _ContextCompiler()
+    filler = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=False)
+    for i in range(300):  # past the core's process-wide table of remembered contexts (256)
+        comp.cur = ("fill", i)
+        filler(1.0)
+
+    class Phase(enum.IntEnum):
+        TRAIN = 1
+
+    Phase.f = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=4)
+    comp.cur = (Phase.TRAIN,)
+    assert Phase.f(1.0) == 1.0
+    comp.cur = ("other",)
+    filler(1.0)
+    Phase.f.clear_cache()
+    r = weakref.ref(Phase)
+    del Phase
+    assert gc_collect_until(lambda: r() is None), "the guard kept an IntEnum context value (and its class) alive"
