@@ -191,7 +191,10 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
   ReentrantMap<SigPtr, EntryPtr, nb::ft_mutex> map_;
   nb::object weakref_;  // weakref(fun, callback); set once before sharing
   Counters counters_;
-  nb::ft_mutex shared_mu_;  // leaf lock for shared_state_
+  // Guards shared_state_. A leaf lock, taken with the thread attached (the
+  // GIL held on GIL builds, where it is a no-op); no Python code runs under
+  // it (only a reference count is taken).
+  nb::ft_mutex shared_mu_;
   nb::object shared_state_;  // set once, by the first SharedState() call
 };
 

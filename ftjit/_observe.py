@@ -381,6 +381,10 @@ class GuardState:
     __slots__ = ("lock", "seen", "running", "compiled", "warned")
 
     def __init__(self) -> None:
+        # Taken with the thread attached (the GIL held on GIL builds); only
+        # dict/set operations on the keys (strings, hashes, weak references)
+        # run under it, never the compile, logging or a warning, and no
+        # other lock is taken while it is held.
         self.lock = threading.Lock()
         self.seen: dict[tuple, CallDescription] = {}  # guarded by lock
         # Per remembered key: compiles of it now running, and whether one ever
@@ -437,22 +441,10 @@ class GuardedCompiler:
         Called by jit() before the function is handed out."""
         self.state = state
 
-    # The state's fields, as this compiler's (one lock guards them all).
-    @property
-    def _lock(self) -> threading.Lock:
-        return self.state.lock
-
+    # For tests and debugging: the remembered signatures and the warned flag.
     @property
     def _seen(self) -> dict[tuple, CallDescription]:
         return self.state.seen
-
-    @property
-    def _running(self) -> dict[tuple, int]:
-        return self.state.running
-
-    @property
-    def _compiled(self) -> set[tuple]:
-        return self.state.compiled
 
     @property
     def _warned(self) -> bool:
