@@ -159,7 +159,7 @@ def _adopt_jax_compiler(
             return given  # the plain compiler's default: not given (None lets jit infer it from the other)
         if given is None:
             return own  # as its jax.jit gets them (an explicit () infers nothing there either)
-        if _as_tuple(given, int if what == "static_argnums" else str, what) != own:
+        if given != own:  # both tuples: jit() normalised `given` on entry
             raise ValueError(
                 f"ftjit.jit: {what}={given!r} differs from the compiler's {what}={own!r}; "
                 f"give it to one of them (ftjit.jit(..., {what}=...) or JaxCompiler({what}=...))"
