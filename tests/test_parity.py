@@ -387,8 +387,21 @@ DECORATION_CASES = [
 ]
 
 
+# Cases that cannot run 8-way parallel, and why.
+_DECORATION_THREAD_UNSAFE = {
+    # inspect.signature(len) parses the text signature with ast; CPython 3.11's
+    # AST recursion counter is shared by threads ("SystemError: AST constructor
+    # recursion depth mismatch", raised on jax.jit's side in one CI run).
+    "builtin_function": "inspect.signature of a builtin uses ast, whose recursion counter races on CPython 3.11",
+}
+
+
 @IGNORE_DEVICE_WARNING
-@pytest.mark.parametrize("scenario, error, messages", [c[1:] for c in DECORATION_CASES], ids=[c[0] for c in DECORATION_CASES])
+@pytest.mark.parametrize("scenario, error, messages", [
+    pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thread_unsafe(reason=_DECORATION_THREAD_UNSAFE[c[0]])]
+                 if c[0] in _DECORATION_THREAD_UNSAFE else [])
+    for c in DECORATION_CASES
+])
 def test_decoration_time_validation_as_jax_jit(scenario, error, messages):
     want, got = both(scenario, messages=messages)
     if error is None:
