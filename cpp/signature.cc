@@ -835,7 +835,14 @@ Py_hash_t ContextHash(PinnedRef& ctx, PyObject* const* extras, size_t num_extras
     }
   }
   Py_hash_t h = PyObject_Hash(key.ptr());
-  if (h == -1) throw nb::python_error();
+  if (h == -1) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      ThrowWithCause(PyExc_TypeError,
+                     "the compiler's context() returned an unhashable value; it is part of every "
+                     "call's signature, so it must be hashable (e.g. a tuple instead of a list)");
+    }
+    throw nb::python_error();
+  }
   bool interned = false;
   nb::object canonical = CanonicalContext(key, h, &interned);
   PyObject* old = last;

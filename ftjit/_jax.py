@@ -179,6 +179,8 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
 
     return {
         "context": full_context if extras else context,
+        # Shaped as "context" is, for miss explanations (Describer.context_names).
+        "context_names": (names, *(_extra_name(arg) for _, arg in extras)) if extras else names,
         "signature_hooks": SignatureHooks(
             context,
             *probe,
@@ -193,6 +195,12 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
         "plain_types": (array_type, np.ndarray) if array_type is not None else (np.ndarray,),
         "aval_types": (array_type,) if aval else (),
     }
+
+
+def _extra_name(config: Any) -> str:
+    """How an explanation names an extra context item (see JIT_KEY_EXTRA_CONFIGS)."""
+    name = getattr(config, "name", None)
+    return name if isinstance(name, str) else "jax.sharding.get_mesh()"
 
 
 def _eval_trace() -> Any:
@@ -497,6 +505,11 @@ class JaxCompiler(_ThroughJaxJit):
     @property
     def context(self) -> Callable[[], Any]:
         return _jax_hooks()["context"]
+
+    @property
+    def context_names(self) -> Any:
+        """The names of context()'s items, for miss explanations."""
+        return _jax_hooks()["context_names"]
 
     @property
     def signature_hooks(self) -> SignatureHooks:

@@ -454,6 +454,7 @@ def jit(
     describer = _observe.Describer(argnums, argnames, arg_names, use_jax=isinstance(compiler, JaxCompiler))
     context_fn = getattr(compiler, "context", None)
     describer.context = context_fn if callable(context_fn) else None
+    describer.context_names = getattr(compiler, "context_names", None) if describer.context is not None else None
     # The JAX compiler's context hook also probes for an active trace and
     # jax_disable_jit (those calls go to jax.jit), and keys committed arrays
     # on their placement (see cpp/signature.h).

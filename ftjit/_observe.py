@@ -198,7 +198,37 @@ def _context_key(value: Any) -> Any:
         return tuple(_context_key(v) for v in value)
     if type(value) is frozenset:
         return frozenset(_context_key(v) for v in value)
-    return ("object", _type_key(type(value)), hash(value))
+    return _ObjectKey(_type_key(type(value)), hash(value), _cut(_safe_repr(value)))
+
+
+class _ObjectKey:
+    """A context value that is not a plain value, as the guard keys it: by
+    (weak reference to its type, hash), never the value itself; its repr is
+    kept (cut to _MAX_CONTEXT_TEXT characters) for explanations only."""
+
+    __slots__ = ("type_key", "hash", "text")
+
+    def __init__(self, type_key: Any, hash_: int, text: str):
+        self.type_key, self.hash, self.text = type_key, hash_, text
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _ObjectKey):
+            return NotImplemented
+        return self.type_key == other.type_key and self.hash == other.hash
+
+    def __hash__(self) -> int:
+        return hash((self.type_key, self.hash))
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+#: A context value in an explanation is cut to this many characters.
+_MAX_CONTEXT_TEXT = 80
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _MAX_CONTEXT_TEXT else text[: _MAX_CONTEXT_TEXT - 3] + "..."
 
 
 def _type_key(t: type) -> Any:
@@ -249,6 +279,10 @@ class Describer:
         self.arg_names = tuple(arg_names)
         self.flatten = _flatten_jax if use_jax else _flatten_builtin
         self.context: Callable[[], Any] | None = None  # set by jit() from the compiler's hook
+        #: names of the context's items, shaped as context() is (a str names a
+        #: whole item, a tuple names a tuple item by item); None: by position.
+        #: Set by jit() from the compiler's optional ``context_names``.
+        self.context_names: Any = None
 
     def _name(self, i: int) -> str:
         return f"'{self.arg_names[i]}'" if i < len(self.arg_names) else f"args[{i}]"
@@ -290,7 +324,38 @@ class Describer:
         )
 
 
-def _differences(old: CallDescription, new: CallDescription) -> list[str]:
+def _context_text(key: Any) -> str:
+    """A context value (as _context_key keys it) as explanations print it."""
+    if isinstance(key, _ObjectKey):
+        return key.text
+    if type(key) is tuple:
+        return _cut("(" + ", ".join(_context_text(v) for v in key) + ("," if len(key) == 1 else "") + ")")
+    if type(key) is frozenset:
+        return _cut("frozenset({" + ", ".join(sorted(_context_text(v) for v in key)) + "})")
+    return _cut(_safe_repr(key))
+
+
+def _context_differences(old: Any, new: Any, names: Any, label: str, out: list[str]) -> None:
+    """Appends 'tracing context NAME: OLD -> NEW' for each item that differs,
+    going into tuples of equal length, named by `names` (see
+    Describer.context_names) or by position."""
+    if old == new:
+        return
+    if type(old) is tuple and type(new) is tuple and len(old) == len(new):
+        named = type(names) is tuple and len(names) == len(old)
+        if named or names is None:
+            for i, (a, b) in enumerate(zip(old, new)):
+                if named and isinstance(names[i], str):
+                    item_label, item_names = f"tracing context {names[i]}", None
+                else:
+                    item_label, item_names = f"{label}[{i}]", names[i] if named else None
+                _context_differences(a, b, item_names, item_label, out)
+            return
+    before, after = _context_text(old), _context_text(new)
+    out.append(f"{label}: {before} -> {after}" + (" (unequal values that print the same)" if before == after else ""))
+
+
+def _differences(old: CallDescription, new: CallDescription, context_names: Any = None) -> list[str]:
     out: list[str] = []
     if old.layout != new.layout:
         out.append(f"arguments passed as {old.layout} -> {new.layout}")
@@ -301,6 +366,11 @@ def _differences(old: CallDescription, new: CallDescription) -> list[str]:
                 out.append(f"argument {name}: {'added' if name not in old_trees else 'missing'}")
             else:
                 out.append(f"argument {name}: tree structure {old_trees[name]} -> {new_trees[name]}")
+    old_tree_keys, new_tree_keys = dict(old.trees_key), dict(new.trees_key)
+    for name in sorted(set(old_trees) & set(new_trees)):
+        if old_trees[name] == new_trees[name] and old_tree_keys.get(name) != new_tree_keys.get(name):
+            out.append(f"argument {name}: tree structure {old_trees[name]} -> {new_trees[name]} "
+                       "(unequal node data that prints the same)")
     old_leaves, new_leaves = dict(old.leaves), dict(new.leaves)
     for path in [p for p, _ in new.leaves]:
         if path in old_leaves and old_leaves[path] != new_leaves[path]:
@@ -314,6 +384,7 @@ def _differences(old: CallDescription, new: CallDescription) -> list[str]:
             out.append(f"static {name}: {before} -> {after}")
         elif old_keys.get(name) != new_keys.get(name):
             out.append(f"static {name}: {before} -> {after} (unequal values with the same repr)")
+    _context_differences(old.context, new.context, context_names, "tracing context", out)
     return out
 
 
@@ -333,7 +404,7 @@ def _distance(old: CallDescription, new: CallDescription) -> int:
     return sum(_leaf_distance(old_leaves[path], leaf) for path, leaf in new.leaves if path in old_leaves)
 
 
-def explain(cached: Iterable[CallDescription], new: CallDescription) -> str | None:
+def explain(cached: Iterable[CallDescription], new: CallDescription, context_names: Any = None) -> str | None:
     """How `new` differs from the closest of `cached`, or None if none cached.
 
     Closest means fewest tree-structure differences first (a different tree is
@@ -345,7 +416,7 @@ def explain(cached: Iterable[CallDescription], new: CallDescription) -> str | No
     best: list[str] | None = None
     best_rank: tuple[int, int, int] | None = None
     for old in cached:
-        diffs = _differences(old, new)
+        diffs = _differences(old, new, context_names)
         structural = (": tree structure ", "arguments passed as ")
         rank = (
             sum(any(t in d for t in structural) or d.endswith((": added", ": missing")) for d in diffs),
@@ -358,7 +429,7 @@ def explain(cached: Iterable[CallDescription], new: CallDescription) -> str | No
         return None
     if best:
         return "; ".join(best)
-    return "no visible difference in the arguments (the tracing context, e.g. a jax config option, changed)"
+    return "no difference ftjit can show in the arguments or the tracing context"
 
 
 #: Descriptions remembered per unguarded function, for miss explanations.
@@ -493,7 +564,7 @@ class GuardedCompiler:
                 if key in state.seen:
                     state.running[key] = state.running.get(key, 0) + 1
                     tracked = True
-            why = explain(cached, desc) if cached and not known else None
+            why = explain(cached, desc, self.describe.context_names) if cached and not known else None
             if explaining and why is not None:
                 logger.info("cache miss of %s: %s", self.name, why)
             if excess:

@@ -1628,3 +1628,117 @@ def test_guard_holds_no_int_or_str_subclass_context_value():
     r = weakref.ref(Phase)
     del Phase
     assert gc_collect_until(lambda: r() is None), "the guard kept an IntEnum context value (and its class) alive"
+
+
+# --- explanations name what changed in the tracing context -----------------------
+
+
+def test_explain_names_the_jax_config_that_changed():
+    """A miss caused by a JAX config names the config item and both values,
+    against the closest cached signature (fewest items differing)."""
+    import jax
+
+    fun, name = fresh1("explain_config", body=lambda x: x * 2)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(np.float32(1.0))
+        with jax.enable_x64(True):  # thread-local: other tests' threads keep x64 off
+            jf(np.float32(1.0))
+        with jax.numpy_rank_promotion("raise"):
+            jf(np.float32(1.0))
+    assert _explanations(cap, name) == [
+        "tracing context jax_enable_x64: False -> True",
+        "tracing context jax_numpy_rank_promotion: 'allow' -> 'raise'",
+    ]
+    assert jf.cache_info().compiles == 3
+
+
+def test_explain_names_the_context_item_of_the_public_fallback(monkeypatch):
+    """With jax's public API only (no private trace_context), the items are
+    the public configs, named alike."""
+    import jax
+
+    monkeypatch.setattr(ftjit._jax, "_hooks", ftjit._jax.build_hooks(frozenset()))
+    fun, name = fresh1("explain_public", body=lambda x: x * 2)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(np.float32(1.0))
+        with jax.enable_x64(True):
+            jf(np.float32(1.0))
+    assert _explanations(cap, name) == ["tracing context jax_enable_x64: False -> True"]
+
+
+class _NamedContextCompiler(_ContextCompiler):
+    context_names = ("mode", ("a", "b"), "level")
+
+
+class _SameRepr:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, _SameRepr) and other.v == self.v
+
+    def __hash__(self):
+        return hash(self.v)
+
+    def __repr__(self):
+        return "SameRepr"
+
+
+@pytest.mark.parametrize("named_items", [False, True], ids=["by_position", "by_name"])
+def test_explain_names_custom_compiler_context_items(named_items):
+    """A custom compiler's context: items are named by its ``context_names``
+    (nested like the context) or else by position; a value that is not a plain
+    value prints by its repr, and unequal values that print alike say so."""
+    comp = _NamedContextCompiler() if named_items else _ContextCompiler()
+    fun, name = fresh1("explain_custom_context")
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        comp.cur = ("train", (1, 2), _SameRepr(1))
+        jf(1.0)
+        comp.cur = ("eval", (1, 3), _SameRepr(1))
+        jf(1.0)
+        comp.cur = ("train", (1, 2), _SameRepr(2))
+        jf(1.0)
+        comp.cur = "not a tuple"
+        jf(1.0)
+    if named_items:
+        first = ["tracing context mode: 'train' -> 'eval'", "tracing context b: 2 -> 3"]
+        second = ["tracing context level: SameRepr -> SameRepr (unequal values that print the same)"]
+    else:
+        first = ["tracing context[0]: 'train' -> 'eval'", "tracing context[1][1]: 2 -> 3"]
+        second = ["tracing context[2]: SameRepr -> SameRepr (unequal values that print the same)"]
+    assert _explanations(cap, name) == [
+        "; ".join(first),
+        "; ".join(second),
+        "tracing context: ('train', (1, 2), SameRepr) -> 'not a tuple'",
+    ]
+    assert jf.cache_info().compiles == 4
+
+
+def test_explain_cuts_long_context_values():
+    comp = _ContextCompiler()
+    fun, name = fresh1("explain_long_context")
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        comp.cur = "a" * 200
+        jf(1.0)
+        comp.cur = "b" * 200
+        jf(1.0)
+    assert _explanations(cap, name) == [f"tracing context: '{'a' * 76}... -> '{'b' * 76}..."]
+
+
+def test_explain_unequal_pytree_node_data_that_prints_the_same():
+    """Aux data that differs but prints alike is named as a tree difference,
+    not blamed on the tracing context."""
+    Layer = _meta_dataclass()
+    fun, name = fresh1("explain_aux", body=lambda l: l.w * 2)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(Layer(np.float32(1), _SameRepr(1)))
+        jf(Layer(np.float32(1), _SameRepr(2)))
+    [why] = _explanations(cap, name)
+    assert re.fullmatch(r"argument 'x': tree structure (PyTreeDef\(CustomNode\(Layer\[\(SameRepr,\)\], \[\*\]\)\)) -> \1 "
+                        r"\(unequal node data that prints the same\)", why), why
+    assert jf.cache_info().compiles == 2

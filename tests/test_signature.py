@@ -946,3 +946,27 @@ def test_more_contexts_than_the_intern_table_holds():
     assert comp.calls == 300
     info = jf.cache_info()
     assert (info.hits, info.misses) == (300, 300)
+
+
+@pytest.mark.parametrize("hook", ["context", "signature_hooks"])
+def test_unhashable_context_is_a_typeerror_naming_the_context(hook):
+    """A compiler's context is part of every signature: an unhashable one is a
+    TypeError that says so (the hash's own error as its cause), not cached."""
+
+    class ListContext(CountingCompiler):
+        pass
+
+    if hook == "context":
+        ListContext.context = lambda self: ["mode", 1]
+    else:
+        ListContext.signature_hooks = (lambda: ["mode", 1], None, None, None, None, None, None, None)
+    comp = ListContext()
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"^the compiler's context\(\) returned an unhashable value; it is part "
+                                            r"of every call's signature, so it must be hashable \(e\.g\. a tuple "
+                                            r"instead of a list\)$") as info:
+            jf(1.0)
+        assert isinstance(info.value.__cause__, TypeError)
+        assert "unhashable type: 'list'" in str(info.value.__cause__)
+    assert comp.calls == 0 and jf.cache_info().misses == 0
