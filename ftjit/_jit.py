@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import types
+import weakref
 from typing import Any, Callable, Iterator, NamedTuple, ParamSpec, Sequence, TextIO, TypeVar, Union, overload
 
 import numpy as np
@@ -53,18 +54,62 @@ def default_cache() -> FunctionCache:
 
 
 class _IdentityKey:
-    """Compares by identity: lets an unhashable compiler be part of a cache key."""
+    """A compiler in the options key, by identity and without keeping it alive.
 
-    __slots__ = ("obj",)
+    The key lives in the cache for as long as the function does (C++, out of
+    the GC's sight), so a compiler held there that refers back to the
+    function (a bound method of the object that owns the jitted function, a
+    compiler given a reference to its wrapper) would keep both alive for
+    good. Identity is all such a compiler is compared by, and an object that
+    died can never be identical to a new one, so nothing is lost by holding
+    it weakly: while a wrapper holds the compiler, equal keys find each other.
+    Objects that cannot be weakly referenced are held.
+    """
 
-    def __init__(self, obj: object):
-        self.obj = obj
+    __slots__ = ("_refs", "_hash")
+
+    def __init__(self, *objs: object):
+        self._refs = tuple(_weak_or_strong(o) for o in objs)
+        self._hash = hash(tuple(id(o) for o in objs))
+
+    def _targets(self) -> tuple | None:
+        out = tuple(ref() for ref in self._refs)
+        return None if any(o is None for o in out) else out
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is _IdentityKey and other.obj is self.obj
+        if other is self:
+            return True
+        if type(other) is not _IdentityKey:
+            return False
+        mine, theirs = self._targets(), other._targets()
+        return (mine is not None and theirs is not None and len(mine) == len(theirs)
+                and all(a is b for a, b in zip(mine, theirs)))
 
     def __hash__(self) -> int:
-        return id(self.obj)
+        return self._hash
+
+
+def _weak_or_strong(obj: object) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+def _compiler_key(compiler: Any) -> object:
+    """The compiler as the options key holds it: by value when it compares
+    by value (a plain JaxCompiler: its options), else by identity, weakly
+    (see _IdentityKey); a bound method is its (object, function) pair, the
+    two things bound methods are compared by."""
+    if isinstance(compiler, types.MethodType):
+        return _IdentityKey(compiler.__self__, compiler.__func__)
+    try:
+        hash(compiler)
+    except TypeError:
+        return _IdentityKey(compiler)
+    if type(compiler).__eq__ is object.__eq__ or (isinstance(compiler, JaxCompiler) and type(compiler) is not JaxCompiler):
+        return _IdentityKey(compiler)
+    return compiler
 
 
 def _as_int(value: Any) -> int | None:
@@ -426,11 +471,7 @@ def jit(
     if sig is not None:
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         arg_names = tuple(p.name for p in sig.parameters.values() if p.kind in kinds)
-    try:
-        hash(compiler)
-        compiler_key: object = compiler
-    except TypeError:
-        compiler_key = _IdentityKey(compiler)
+    compiler_key = _compiler_key(compiler)
     options = (
         tuple(sorted(set(argnums))),
         tuple(sorted(set(argnames))),

@@ -817,3 +817,151 @@ def test_clear_between_insert_and_lru_link_leaves_no_orphan(callable_kind, clear
     assert jf(1.0, Key(2, clear_on_del=False)) == 3.0
     assert comp.calls == 3
     assert jf.cache_info().size == cache.size() == 1
+
+
+# --------------------------------------------------------------------------
+# The compiler in the cache's key: held by value only when it compares by value
+
+
+class _OwnsItsJit:
+    """Jits its own method with its own bound-method compiler: the natural
+    way to give a model its compile step."""
+
+    def __init__(self, cache):
+        self.compiles = 0
+        self.fn = ftjit.jit(self.impl, compiler=self.compile, cache=cache)
+
+    def impl(self, x):
+        return x + 1
+
+    def compile(self, fun, args, kwargs):
+        self.compiles += 1
+        return lambda x: x + 1  # an executable that does not hold the function (as JAX's do not)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["default_cache", "private_cache"])
+def test_bound_method_compiler_of_the_owner_does_not_keep_it_alive(shared):
+    cache = ftjit.default_cache() if shared else ftjit.FunctionCache()
+    m = _OwnsItsJit(cache)
+    assert m.fn(1.0) == 2.0 and m.fn(2.0) == 3.0 and m.compiles == 1
+    r = weakref.ref(m)
+    del m
+    assert gc_collect_until(lambda: r() is None), "the cache kept the compiler (and its object) alive"
+
+
+def test_compiler_referring_to_its_wrapper_does_not_keep_the_function_alive():
+    def make():
+        def f(x):
+            return x * 2
+
+        def comp(fun, args, kwargs):
+            return lambda x: x * 2  # does not hold the function
+
+        jf = ftjit.jit(f, compiler=comp, cache=ftjit.default_cache())
+        comp.owner = jf  # compiler -> wrapper -> function
+        assert jf(2.0) == 4.0
+        return weakref.ref(f)
+
+    r = make()
+    assert gc_collect_until(lambda: r() is None), "the cache kept the compiler (and its function) alive"
+
+
+def test_unhashable_compiler_referring_to_its_wrapper_is_freed():
+    class Unhashable:
+        __hash__ = None
+
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, fun, args, kwargs):
+            self.calls += 1
+            return lambda x: x  # does not hold the function
+
+    def make():
+        def f(x):
+            return x
+
+        comp = Unhashable()
+        jf = ftjit.jit(f, compiler=comp)
+        comp.owner = jf
+        assert jf(1.0) == 1.0 and comp.calls == 1
+        return weakref.ref(f)
+
+    r = make()
+    assert gc_collect_until(lambda: r() is None)
+
+
+def test_bound_method_compilers_share_entries_while_their_object_lives():
+    """Bound methods are equal when their object and function are: wrappers
+    made one after another (the previous one gone) still share compiles."""
+    cache = ftjit.FunctionCache()
+
+    class Model:
+        def __init__(self):
+            self.compiles = 0
+
+        def compile(self, fun, args, kwargs):
+            self.compiles += 1
+            return fun
+
+    def f(x):
+        return x + 1
+
+    m, other = Model(), Model()
+    for _ in range(3):
+        jf = ftjit.jit(f, compiler=m.compile, cache=cache)  # a new bound method each time
+        assert jf(1.0) == 2.0
+        del jf
+        gc.collect()
+    assert m.compiles == 1
+    assert ftjit.jit(f, compiler=other.compile, cache=cache)(1.0) == 2.0  # another object: not equal
+    assert (m.compiles, other.compiles) == (1, 1)
+
+
+def test_identity_compared_compiler_shares_entries_only_while_alive():
+    """A compiler compared by identity (a plain function or instance) is
+    shared by wrappers that hold it; a new one is a new key."""
+    cache = ftjit.FunctionCache()
+
+    def f(x):
+        return x + 1
+
+    comp = CountingCompiler()
+    a = ftjit.jit(f, compiler=comp, cache=cache)
+    del a
+    gc.collect()
+    b = ftjit.jit(f, compiler=comp, cache=cache)  # the same, still alive: shares
+    assert b(1.0) == 2.0
+    c = ftjit.jit(f, compiler=comp, cache=cache)
+    assert c(1.0) == 2.0 and comp.calls == 1
+    other = CountingCompiler()
+    assert ftjit.jit(f, compiler=other, cache=cache)(1.0) == 2.0 and other.calls == 1
+
+
+def test_value_compared_compiler_is_kept_and_shared_across_wrapper_lifetimes():
+    """A compiler with value equality may be a new equal object per wrapper:
+    the key holds it, so a wrapper made per request still hits."""
+    cache = ftjit.FunctionCache()
+    calls = []
+
+    class ByValue:
+        def __init__(self, level):
+            self.level = level
+
+        def __eq__(self, other):
+            return isinstance(other, ByValue) and other.level == self.level
+
+        def __hash__(self):
+            return hash(self.level)
+
+        def __call__(self, fun, args, kwargs):
+            calls.append(self.level)
+            return fun
+
+    def f(x):
+        return x + 1
+
+    for _ in range(3):
+        assert ftjit.jit(f, compiler=ByValue(2), cache=cache)(1.0) == 2.0
+        gc.collect()
+    assert calls == [2]
