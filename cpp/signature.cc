@@ -32,6 +32,7 @@ PyObject* Interned(const char* s) {
 
 struct Names {
   PyObject* dtype = Interned("dtype");
+  PyObject* sharding = Interned("sharding");
   PyObject* shape = Interned("shape");
   PyObject* weak_type = Interned("weak_type");
   PyObject* fields = Interned("_fields");
@@ -203,12 +204,13 @@ ContextHook ContextHook::Unpack(const nb::object& hook_obj) {
   auto bad = [] {
     PyErr_SetString(PyExc_TypeError,
                     "ftjit: a tuple context hook must be (context, probe, probe_arg, probe_ok, "
-                    "requires, committed_types, committed_attr, sharding_attr[, extras]), extras "
-                    "a tuple of at most 8 (getter, arg) pairs");
+                    "requires, committed_types, committed_attr, sharding_attr[, extras[, "
+                    "spec_types]]), extras a tuple of at most 8 (getter, arg) pairs, spec_types "
+                    "a tuple of types");
     throw nb::python_error();
   };
   Py_ssize_t size = PyTuple_GET_SIZE(hook);
-  if (size != 8 && size != 9) bad();
+  if (size < 8 || size > 10) bad();
   auto item = [&](Py_ssize_t i) -> PyObject* {
     PyObject* o = PyTuple_GET_ITEM(hook, i);
     return o == Py_None ? nullptr : o;
@@ -221,7 +223,16 @@ ContextHook ContextHook::Unpack(const nb::object& hook_obj) {
   h.committed_types = item(5);
   h.committed_attr = item(6);
   h.sharding_attr = item(7);
-  if (PyObject* extras = size == 9 ? item(8) : nullptr) {
+  if (size == 10) {
+    h.spec_types = item(9);
+    if (h.spec_types) {
+      if (!PyTuple_Check(h.spec_types)) bad();
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(h.spec_types); ++i) {
+        if (!PyType_Check(PyTuple_GET_ITEM(h.spec_types, i))) bad();
+      }
+    }
+  }
+  if (PyObject* extras = size >= 9 ? item(8) : nullptr) {
     if (!PyTuple_Check(extras) || static_cast<size_t>(PyTuple_GET_SIZE(extras)) > kMaxExtras) bad();
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extras); ++i) {
       PyObject* pair = PyTuple_GET_ITEM(extras, i);
@@ -281,6 +292,14 @@ bool ContextHook::IsCommittedType(PyTypeObject* type) const {
   for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
     PyObject* t = PyTuple_GET_ITEM(committed_types, i);
     if (PyType_Check(t) && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t))) return true;
+  }
+  return false;
+}
+
+bool ContextHook::IsSpecType(PyTypeObject* type) const {
+  if (!spec_types) return false;
+  for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(spec_types); i < n; ++i) {
+    if (PyTuple_GET_ITEM(spec_types, i) == reinterpret_cast<PyObject*>(type)) return true;
   }
   return false;
 }
@@ -633,6 +652,14 @@ class Builder {
       if (truth == 1) {
         sharding = nb::steal(PyObject_GetAttr(obj, hook_.sharding_attr));
         if (!sharding.is_valid()) throw nb::python_error();
+        h = Mix(h, static_cast<size_t>(MemoHash<ShardingTag>(sharding.ptr())));
+      }
+    } else if (!via_aval && hook_.IsSpecType(Py_TYPE(obj))) {
+      // A spec with a sharding stands for arrays committed to it.
+      nb::object placed = nb::steal(PyObject_GetAttr(obj, N().sharding));
+      if (!placed.is_valid()) throw nb::python_error();
+      if (!placed.is_none()) {
+        sharding = std::move(placed);
         h = Mix(h, static_cast<size_t>(MemoHash<ShardingTag>(sharding.ptr())));
       }
     }

@@ -140,8 +140,12 @@ struct ContextHook {
   PyObject* extra_getters[kMaxExtras] = {};
   PyObject* extra_args[kMaxExtras] = {};
   size_t num_extras = 0;
+  // Types of argument specs (jax.ShapeDtypeStruct) whose `sharding`, when not
+  // None, is their placement, keyed as a committed array's is. Borrowed from
+  // the hook tuple's 10th item; null if none.
+  PyObject* spec_types = nullptr;
 
-  // Validates and unpacks a context_fn (callable, 8- or 9-tuple, or null);
+  // Validates and unpacks a context_fn (callable, 8-, 9- or 10-tuple, or null);
   // throws TypeError for a malformed tuple.
   static ContextHook Unpack(const nb::object& hook_obj);
   // Throws NeedsFallback when the call must not be cached: the probe says so
@@ -153,6 +157,8 @@ struct ContextHook {
   // `type` is one of committed_types or a subclass (the MRO walk starts with
   // `type` itself: an exact match is the first probe).
   bool IsCommittedType(PyTypeObject* type) const;
+  // `type` is exactly one of spec_types.
+  bool IsSpecType(PyTypeObject* type) const;
 };
 
 // A property of an array type read by calling its getter directly,
@@ -237,10 +243,10 @@ struct SignatureSpec {
 //       returns a tuple whose items are the very objects of this thread's
 //       previous context, the previous hash is reused (no re-hashing).
 //       It is called before the arguments are flattened.
-//     context_fn may instead be a tuple of 8 or 9 items (the JAX compiler's
+//     context_fn may instead be a tuple of 8 to 10 items (the JAX compiler's
 //       SignatureHooks), unpacked once (ContextHook), used on every call:
 //       (context, probe, probe_arg, probe_ok, requires,
-//        committed_types, committed_attr, sharding_attr[, extras])
+//        committed_types, committed_attr, sharding_attr[, extras[, spec_types]])
 //       context: the callable above, or None.
 //       probe: None, or a callable; when probe(probe_arg) is not probe_ok
 //         (identity), the call throws NeedsFallback before anything else is
@@ -258,6 +264,11 @@ struct SignatureSpec {
 //         keyed with it: the context part of the signature is then one tuple
 //         of context()'s items (or context() itself) followed by the extras
 //         (e.g. JAX configs of jax.jit's key that trace_context() leaves out).
+//       spec_types: None, or a tuple of exact types of argument specs
+//         (jax.ShapeDtypeStruct): a leaf of one whose `sharding` is not None
+//         has that placement in its signature, as a committed array of
+//         that sharding has, so that precompile() of a sharded spec makes
+//         the entry that calls with such arrays hit.
 //   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
 //       tracer inside an outer transformation) makes BuildSignature throw
 //       NeedsFallback: such calls must not be cached. Leaves whose exact type

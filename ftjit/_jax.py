@@ -113,6 +113,9 @@ class SignatureHooks(NamedTuple):
     #: ((getter, arg), ...): getter(arg) is keyed with context() (configs of
     #: jax.jit's key that trace_context() leaves out, see JIT_KEY_EXTRA_CONFIGS)
     extras: tuple[tuple[Callable[[Any], Any], Any], ...] = ()
+    #: exact types of argument specs (jax.ShapeDtypeStruct) whose ``sharding``,
+    #: when not None, is keyed as a committed array's placement (precompile)
+    spec_types: tuple[type, ...] = ()
 
 
 _hooks_lock = threading.Lock()
@@ -189,6 +192,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
             (array_type,) if array_type is not None else (jax.Array,) if isinstance(jax.Array, type) else (),
             *placement,
             extras,
+            (jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
         ),
         "pytree_flatten": pytree_flatten,
         "fallback_types": (jax.core.Tracer,),

@@ -832,3 +832,61 @@ def test_public_fallback_hooks_built_inside_a_trace_still_key_the_mesh():
     assert len(outside) == 1 and len(seen) == 1 and len(seen[0]) == 1
     getter, arg = seen[0][0]
     assert getter(arg) == outside[0][0](outside[0][1])
+
+
+# -- precompile/warmup of a ShapeDtypeStruct with a sharding -------------------
+
+
+def test_precompiled_sharded_spec_is_keyed_as_a_committed_array():
+    """A ShapeDtypeStruct with a sharding stands for arrays committed to it:
+    its entry serves such calls, and an uncommitted call compiles its own,
+    with jax.jit's uncommitted output (not one committed where the spec was)."""
+    from jax.sharding import SingleDeviceSharding
+
+    (dev,) = jax.devices()[:1]
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(dev))
+    jf = ftjit.jit(lambda x: x * 2, cache=ftjit.FunctionCache())
+    assert jf.precompile(spec) is True
+    [info] = jf.signatures()
+    assert info.signature.endswith("<lambda>(float32[4]@cpu:0)"), info.signature
+    assert jf.precompile(spec) is False
+    committed = jf(jax.device_put(jnp.ones(4, jnp.float32), dev))  # the warmed entry
+    assert (jf.cache_info().compiles, jf.cache_info().hits) == (1, 1)
+    assert committed.committed and committed.tolist() == [2.0] * 4
+    plain = jf(np.ones(4, np.float32))  # uncommitted: another signature, as in jax.jit
+    want = jax.jit(lambda x: x * 2)(np.ones(4, np.float32))
+    assert jf.cache_info().compiles == 2
+    assert plain.committed is want.committed is False
+    unplaced = jax.ShapeDtypeStruct((4,), jnp.float32)  # no sharding: the uncommitted entry
+    assert jf.precompile(unplaced) is False
+    report = jf.warmup([(jax.ShapeDtypeStruct((8,), jnp.float32, sharding=SingleDeviceSharding(dev)),)])
+    assert report.ok and [r.compiled for r in report.results] == [True]
+    jf(jax.device_put(jnp.ones(8, jnp.float32), dev))
+    assert (jf.cache_info().compiles, jf.cache_info().hits) == (3, 2)
+
+
+SHARDED_SPEC = """
+import jax, jax.numpy as jnp, numpy as np, ftjit
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+d0, d1 = jax.devices()
+f = lambda x: x * 2
+jf = ftjit.jit(f, cache=ftjit.FunctionCache())
+jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(d1)))
+r = jf(np.ones(4, np.float32))                      # not placed: compiles for the default device
+j = jax.jit(f)(np.ones(4, np.float32))
+out = [sorted(d.id for d in r.devices()), r.committed, sorted(d.id for d in j.devices()), j.committed]
+jax.jit(jnp.add)(r, jax.device_put(jnp.ones(4), d0))  # usable with device-0 arrays, as jax.jit's
+r1 = jf(jax.device_put(jnp.ones(4), d1))            # the precompiled entry
+out += [sorted(d.id for d in r1.devices()), jf.cache_info().compiles, jf.cache_info().hits]
+ns = NamedSharding(jax.make_mesh((2,), ("x",)), P("x"))
+jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=ns))
+y = jf(jax.device_put(np.ones(4, np.float32), ns))
+out += [y.sharding == ns, jf.cache_info().compiles, jf.cache_info().hits]
+print(*out)
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
+def test_precompiled_sharded_spec_on_two_devices():
+    out = run_script(SHARDED_SPEC, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert out == "[0] False [0] False [1] 2 1 True 3 2"
