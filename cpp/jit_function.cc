@@ -516,6 +516,7 @@ extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) 
     Py_VISIT(st->pickle_options.ptr());
     Py_VISIT(st->spec.arg_names.ptr());
     Py_VISIT(st->spec.pytree_flatten.ptr());
+    Py_VISIT(st->spec.custom_namedtuple.ptr());
     Py_VISIT(st->spec.context_fn.ptr());
     Py_VISIT(st->spec.fallback_types.ptr());
     Py_VISIT(st->fallback.ptr());
@@ -539,7 +540,8 @@ extern "C" int JitFunction_clear(PyObject* self) {
     nb::object fun = std::move(st->fun), compiler = std::move(st->compiler),
                cache = std::move(st->cache), options = std::move(st->options),
                pickle = std::move(st->pickle_options), names = std::move(st->spec.arg_names),
-               flatten = std::move(st->spec.pytree_flatten), ctx = std::move(st->spec.context_fn),
+               flatten = std::move(st->spec.pytree_flatten),
+               custom_nt = std::move(st->spec.custom_namedtuple), ctx = std::move(st->spec.context_fn),
                fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback),
                on_compile = std::move(st->on_compile), on_wait = std::move(st->on_wait),
                plain = std::move(st->spec.plain_types_owner),
@@ -765,7 +767,8 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
                            nb::object fallback,
                            nb::object fallback_types, nb::object plain_types,
                            nb::object aval_types, double compile_timeout,
-                           nb::object on_compile, nb::object on_wait) {
+                           nb::object on_compile, nb::object on_wait,
+                           nb::object custom_namedtuple) {
   if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
   if (!PyCallable_Check(compiler.ptr())) throw nb::type_error("compiler must be callable");
   if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
@@ -787,6 +790,13 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   st->spec.arg_names = arg_names;
   st->spec.fun_name = name;
   if (!pytree_flatten.is_none()) st->spec.pytree_flatten = pytree_flatten;
+  if (!custom_namedtuple.is_none()) {
+    if (!PyCallable_Check(custom_namedtuple.ptr())) {
+      throw nb::type_error("custom_namedtuple must be callable");
+    }
+    if (pytree_flatten.is_none()) throw nb::type_error("custom_namedtuple needs pytree_flatten");
+    st->spec.custom_namedtuple = custom_namedtuple;
+  }
   if (!context_fn.is_none()) st->spec.SetContextFn(context_fn);
   if (!fallback.is_none()) st->fallback = fallback;
   // Beyond ~30 years is "forever" (inf included): the deadline must stay
@@ -846,7 +856,8 @@ void RegisterJitFunction(nb::module_& m) {
         nb::arg("fallback").none() = nb::none(),
         nb::arg("fallback_types").none() = nb::none(), nb::arg("plain_types").none() = nb::none(),
         nb::arg("aval_types").none() = nb::none(), nb::arg("compile_timeout") = 0.0,
-        nb::arg("on_compile").none() = nb::none(), nb::arg("on_wait").none() = nb::none());
+        nb::arg("on_compile").none() = nb::none(), nb::arg("on_wait").none() = nb::none(),
+        nb::arg("custom_namedtuple").none() = nb::none());
   m.def("_disable_jit_enter", []() { ++t_disabled; });
   m.def("_disable_jit_exit", []() {
     if (t_disabled > 0) --t_disabled;

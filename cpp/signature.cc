@@ -385,7 +385,7 @@ class Builder {
       int has = GetOptionalAttr(reinterpret_cast<PyObject*>(type), N().fields, &fields);
       if (has < 0) throw nb::python_error();
       Py_XDECREF(fields);
-      if (has) {
+      if (has && !IsCustomNamedTuple(type)) {
         out_.aux.push_back(nb::borrow(reinterpret_cast<PyObject*>(type)));
         h_ = Mix(h_, std::hash<const void*>()(type));
         return Sequence(obj, NodeKind::kNamedTuple);
@@ -669,6 +669,37 @@ class Builder {
                                         std::move(s.dtype), std::move(sharding)});
     h_ = Mix(h_, h);
     return true;
+  }
+
+  // Whether namedtuple `type` is a custom node of the registry (see
+  // SignatureSpec::custom_namedtuple), memoised per thread: the last few
+  // types asked, held (like MemoHash's objects) for the thread's lifetime.
+  bool IsCustomNamedTuple(PyTypeObject* type) {
+    if (!spec_.custom_namedtuple.is_valid()) return false;
+    constexpr int kSlots = 8;
+    thread_local PyObject* hook[kSlots] = {};
+    thread_local PyTypeObject* types[kSlots] = {};
+    thread_local bool answers[kSlots] = {};
+    thread_local int next = 0;
+    PyObject* h = spec_.custom_namedtuple.ptr();
+    for (int i = 0; i < kSlots; ++i) {
+      if (types[i] == type && hook[i] == h) return answers[i];
+    }
+    nb::object r = nb::steal(PyObject_CallOneArg(h, reinterpret_cast<PyObject*>(type)));
+    if (!r.is_valid()) throw nb::python_error();
+    int truth = PyObject_IsTrue(r.ptr());
+    if (truth < 0) throw nb::python_error();
+    int slot = next;
+    next = (next + 1) % kSlots;
+    PyObject* old_type = reinterpret_cast<PyObject*>(types[slot]);
+    PyObject* old_hook = hook[slot];
+    types[slot] = reinterpret_cast<PyTypeObject*>(Py_NewRef(reinterpret_cast<PyObject*>(type)));
+    hook[slot] = Py_NewRef(h);
+    answers[slot] = truth == 1;
+    // The slot is consistent before any finaliser can run.
+    Py_XDECREF(old_type);
+    Py_XDECREF(old_hook);
+    return truth == 1;
   }
 
   bool TryCustom(PyObject* obj) {

@@ -196,6 +196,7 @@ struct SignatureSpec {
   nb::object arg_names;                      // tuple of str (may be empty)
   std::string fun_name;                      // qualname, for messages
   nb::object pytree_flatten;                 // optional hook, see below
+  nb::object custom_namedtuple;              // optional hook, see below
   nb::object context_fn;                     // optional hook, see below; set by SetContextFn
   ContextHook hook;                          // context_fn unpacked (borrows from it)
   nb::object fallback_types;                 // optional tuple of types, see below
@@ -269,6 +270,13 @@ struct SignatureSpec {
 //         has that placement in its signature, as a committed array of
 //         that sharding has, so that precompile() of a sharded spec makes
 //         the entry that calls with such arrays hit.
+//   custom_namedtuple(type) -> bool: whether a namedtuple type is registered
+//       as a custom node of pytree_flatten's registry (JAX honours such a
+//       registration over its namedtuple handling), so that its instances
+//       are flattened by pytree_flatten; otherwise (or without the hook)
+//       namedtuples are flattened as tuples keyed by their type. Asked once
+//       per type and thread (a registration made after a thread has seen
+//       the type is not seen by that thread).
 //   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
 //       tracer inside an outer transformation) makes BuildSignature throw
 //       NeedsFallback: such calls must not be cached. Leaves whose exact type

@@ -135,8 +135,9 @@ def _jax_hooks() -> dict[str, Any]:
 #: "array_type" (the concrete jax Array class, for exact-type fast paths) and
 #: four private APIs of jax: "context" (jaxlib's trace_context), "probe"
 #: (jax._src.core.trace_state), "placement" (Array._committed/_sharding),
-#: "aval" (dtype/shape/weak_type read from Array.aval).
-FAST_PATHS = frozenset({"array_type", "context", "probe", "placement", "aval"})
+#: "aval" (dtype/shape/weak_type read from Array.aval), "registry" (which
+#: namedtuple types are registered as custom pytree nodes).
+FAST_PATHS = frozenset({"array_type", "context", "probe", "placement", "aval", "registry"})
 
 
 def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
@@ -195,6 +196,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
             (jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
         ),
         "pytree_flatten": pytree_flatten,
+        "custom_namedtuple": (_private_custom_namedtuple() if "registry" in fast else None) or _every_namedtuple,
         "fallback_types": (jax.core.Tracer,),
         "plain_types": (array_type, np.ndarray) if array_type is not None else (np.ndarray,),
         "aval_types": (array_type,) if aval else (),
@@ -205,6 +207,31 @@ def _extra_name(config: Any) -> str:
     """How an explanation names an extra context item (see JIT_KEY_EXTRA_CONFIGS)."""
     name = getattr(config, "name", None)
     return name if isinstance(name, str) else "jax.sharding.get_mesh()"
+
+
+def _every_namedtuple(_: type) -> bool:
+    """Public fallback of _private_custom_namedtuple: every namedtuple goes
+    through JAX's registry (pytree_flatten), which knows its registrations."""
+    return True
+
+
+def _private_custom_namedtuple() -> Callable[[type], bool] | None:
+    """Feature check: ``jax._src.tree_util._registry`` (the pytree node types
+    registered through jax.tree_util, builtins included): its C
+    ``__contains__`` tells the core which namedtuple types JAX flattens
+    with their registration instead of as namedtuples."""
+    try:
+        from collections import namedtuple
+
+        from jax._src import tree_util as jax_tree_util
+
+        registry = jax_tree_util._registry
+        probe = namedtuple("probe", "a")
+        if not (type(registry) is dict and tuple in registry and list in registry and probe not in registry):
+            return None
+        return registry.__contains__
+    except Exception:  # noqa: BLE001 - a JAX without it: the public fallback
+        return None
 
 
 def _eval_trace() -> Any:
@@ -523,6 +550,10 @@ class JaxCompiler(_ThroughJaxJit):
     @property
     def pytree_flatten(self) -> Callable[[Any], Any]:
         return _jax_hooks()["pytree_flatten"]
+
+    @property
+    def custom_namedtuple(self) -> Callable[[type], bool]:
+        return _jax_hooks()["custom_namedtuple"]
 
     @property
     def fallback_types(self) -> tuple[type, ...]:

@@ -284,6 +284,8 @@ def _fallback_in_use(hooks, missing):
         and sig.extras != fast["signature_hooks"].extras,
         "placement": (sig.committed_attr, sig.sharding_attr) == ("committed", "sharding"),
         "probe": sig.probe is not fast["signature_hooks"].probe and sig.probe_ok is True,
+        "registry": hooks["custom_namedtuple"] is ftjit._jax._every_namedtuple
+        and fast["custom_namedtuple"] is not ftjit._jax._every_namedtuple,
     }[missing]
 
 
@@ -890,3 +892,48 @@ print(*out)
 def test_precompiled_sharded_spec_on_two_devices():
     out = run_script(SHARDED_SPEC, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     assert out == "[0] False [0] False [1] 2 1 True 3 2"
+
+
+# -- namedtuples registered as custom pytree nodes ------------------------------
+
+from typing import NamedTuple  # noqa: E402
+
+
+class _Scaled(NamedTuple):
+    """A namedtuple registered with its own flatten: `n` is aux data (static)."""
+
+    x: object
+    n: object
+
+
+jax.tree_util.register_pytree_node(_Scaled, lambda p: ((p.x,), p.n), lambda n, ch: _Scaled(ch[0], n))
+
+
+class _Plain(NamedTuple):
+    x: object
+    n: object
+
+
+@pytest.mark.parametrize("fast", ["fast", "public"])
+def test_namedtuple_registered_as_a_custom_node_is_flattened_by_its_registration(fast, monkeypatch):
+    """JAX honours a namedtuple's registration over its namedtuple handling
+    (the aux field is static: a new value retraces); so does ftjit, with the
+    private registry check and with the public fallback."""
+    if fast == "public":
+        monkeypatch.setattr(ftjit._jax, "_hooks", ftjit._jax.build_hooks(frozenset()))
+    body = lambda p: p.x * (p.n if isinstance(p.n, int) else 1)  # noqa: E731
+    fj, ff = counted(body), counted(body)
+    jj, jf = jax.jit(fj), ftjit.jit(ff, cache=ftjit.FunctionCache())
+    calls = [_Scaled(jnp.ones(2), 2), _Scaled(jnp.ones(2), 3), _Scaled(jnp.ones(2), "a"), _Scaled(jnp.ones(2), 3)]
+    for a in calls:
+        assert_same(jf(a), jj(a))
+    assert ff.tracer.count == fj.tracer.count == 3
+    assert (jf.cache_info().compiles, jf.cache_info().hits) == (3, 1)
+    assert sorted(s.signature.split("(", 1)[1] for s in jf.signatures()) == [
+        f"PyTreeDef(CustomNode(_Scaled[{n}], [*]))(float32[2]))" for n in (2, 3, "a")
+    ]
+    # A plain namedtuple is still all leaves, keyed by its type.
+    plain = ftjit.jit(lambda p: p.x + p.n, cache=ftjit.FunctionCache())
+    assert_same(plain(_Plain(jnp.ones(2), 2.0)), jax.jit(lambda p: p.x + p.n)(_Plain(jnp.ones(2), 2.0)))
+    assert_same(plain(_Plain(jnp.ones(2), 5.0)), jax.jit(lambda p: p.x + p.n)(_Plain(jnp.ones(2), 5.0)))
+    assert plain.cache_info().compiles == 1
