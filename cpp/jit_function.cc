@@ -51,6 +51,10 @@ struct JitState {
   std::shared_ptr<FunctionEntries> entries;
   bool strip_static = false;  // call executables with dynamic arguments only
   nb::object fallback;        // called instead when NeedsFallback (may be null)
+  // Exception types (a tuple) after which a failed executable call is made
+  // again through `fallback`, which reports it its own way (JAX: a NaN found
+  // under jax_debug_nans, re-run de-optimised to name the op). May be null.
+  nb::object redo_types;
   double compile_timeout = 0;  // seconds a waiter waits at most; <= 0: forever
   nb::object on_compile;      // hook(name, signature, seconds, error or None)
   nb::object on_wait;         // hook(name, signature, seconds)
@@ -205,8 +209,24 @@ uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
           .count());
 }
 
+nb::object CallExecutableOnce(JitState& st, PyObject* exe, PyObject* const* args, size_t nargsf,
+                              PyObject* kwnames);
+
+// Calls the executable; when it fails with one of st.redo_types, the call is
+// made again through the fallback (see JitState::redo_types).
 nb::object CallExecutable(JitState& st, PyObject* exe, PyObject* const* args, size_t nargsf,
                           PyObject* kwnames) {
+  nb::object out = CallExecutableOnce(st, exe, args, nargsf, kwnames);
+  if (!out.is_valid() && st.redo_types.is_valid() && st.fallback.is_valid() &&
+      PyErr_ExceptionMatches(st.redo_types.ptr())) {
+    PyErr_Clear();
+    return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
+  }
+  return out;
+}
+
+nb::object CallExecutableOnce(JitState& st, PyObject* exe, PyObject* const* args, size_t nargsf,
+                              PyObject* kwnames) {
   if (!st.strip_static) {
     return nb::steal(PyObject_Vectorcall(exe, args, nargsf, kwnames));
   }
@@ -520,6 +540,7 @@ extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) 
     Py_VISIT(st->spec.context_fn.ptr());
     Py_VISIT(st->spec.fallback_types.ptr());
     Py_VISIT(st->fallback.ptr());
+    Py_VISIT(st->redo_types.ptr());
     Py_VISIT(st->on_compile.ptr());
     Py_VISIT(st->on_wait.ptr());
     Py_VISIT(st->spec.plain_types_owner.ptr());
@@ -543,6 +564,7 @@ extern "C" int JitFunction_clear(PyObject* self) {
                flatten = std::move(st->spec.pytree_flatten),
                custom_nt = std::move(st->spec.custom_namedtuple), ctx = std::move(st->spec.context_fn),
                fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback),
+               redo = std::move(st->redo_types),
                on_compile = std::move(st->on_compile), on_wait = std::move(st->on_wait),
                plain = std::move(st->spec.plain_types_owner),
                aval = std::move(st->spec.aval_types_owner);
@@ -768,7 +790,7 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
                            nb::object fallback_types, nb::object plain_types,
                            nb::object aval_types, double compile_timeout,
                            nb::object on_compile, nb::object on_wait,
-                           nb::object custom_namedtuple) {
+                           nb::object custom_namedtuple, nb::object redo_types) {
   if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
   if (!PyCallable_Check(compiler.ptr())) throw nb::type_error("compiler must be callable");
   if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
@@ -799,6 +821,13 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   }
   if (!context_fn.is_none()) st->spec.SetContextFn(context_fn);
   if (!fallback.is_none()) st->fallback = fallback;
+  if (!redo_types.is_none()) {
+    if (!PyTuple_Check(redo_types.ptr())) throw nb::type_error("redo_types must be a tuple of exception types");
+    for (nb::handle t : redo_types) {
+      if (!PyExceptionClass_Check(t.ptr())) throw nb::type_error("redo_types must be a tuple of exception types");
+    }
+    if (PyTuple_GET_SIZE(redo_types.ptr()) > 0) st->redo_types = redo_types;
+  }
   // Beyond ~30 years is "forever" (inf included): the deadline must stay
   // representable in steady_clock's 64-bit nanoseconds.
   st->compile_timeout = compile_timeout > 1e9 ? 0.0 : compile_timeout;
@@ -857,7 +886,7 @@ void RegisterJitFunction(nb::module_& m) {
         nb::arg("fallback_types").none() = nb::none(), nb::arg("plain_types").none() = nb::none(),
         nb::arg("aval_types").none() = nb::none(), nb::arg("compile_timeout") = 0.0,
         nb::arg("on_compile").none() = nb::none(), nb::arg("on_wait").none() = nb::none(),
-        nb::arg("custom_namedtuple").none() = nb::none());
+        nb::arg("custom_namedtuple").none() = nb::none(), nb::arg("redo_types").none() = nb::none());
   m.def("_disable_jit_enter", []() { ++t_disabled; });
   m.def("_disable_jit_exit", []() {
     if (t_disabled > 0) --t_disabled;

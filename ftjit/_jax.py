@@ -196,6 +196,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
             (jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
         ),
         "pytree_flatten": pytree_flatten,
+        "redo_types": _debug_nans_error(),
         "custom_namedtuple": (_private_custom_namedtuple() if "registry" in fast else None) or _every_namedtuple,
         "fallback_types": (jax.core.Tracer,),
         "plain_types": (array_type, np.ndarray) if array_type is not None else (np.ndarray,),
@@ -207,6 +208,23 @@ def _extra_name(config: Any) -> str:
     """How an explanation names an extra context item (see JIT_KEY_EXTRA_CONFIGS)."""
     name = getattr(config, "name", None)
     return name if isinstance(name, str) else "jax.sharding.get_mesh()"
+
+
+def _debug_nans_error() -> tuple[type[BaseException], ...]:
+    """Feature check: the exception a compiled program raises when
+    ``jax_debug_nans``/``jax_debug_infs`` finds an invalid value in its
+    output (``jax._src.api_util.InternalFloatingPointError``, which jax.jit
+    turns into a FloatingPointError naming the op). Without it, none: the
+    executable's own error propagates."""
+    try:
+        from jax._src import api_util
+
+        error = api_util.InternalFloatingPointError
+        if isinstance(error, type) and issubclass(error, Exception) and not issubclass(error, FloatingPointError):
+            return (error,)
+    except Exception:  # noqa: BLE001
+        pass
+    return ()
 
 
 def _every_namedtuple(_: type) -> bool:
@@ -550,6 +568,14 @@ class JaxCompiler(_ThroughJaxJit):
     @property
     def pytree_flatten(self) -> Callable[[Any], Any]:
         return _jax_hooks()["pytree_flatten"]
+
+    @property
+    def redo_types(self) -> tuple[type[BaseException], ...]:
+        """Exceptions of the executable after which the call is made again
+        through jax.jit: a NaN or inf found under ``jax_debug_nans`` /
+        ``jax_debug_infs``, which jax.jit reports by re-running the function
+        de-optimised (a ``FloatingPointError`` naming the op)."""
+        return _jax_hooks()["redo_types"]
 
     @property
     def custom_namedtuple(self) -> Callable[[type], bool]:

@@ -524,6 +524,7 @@ def jit(
         pickle_options=pickle_options,
         pytree_flatten=getattr(compiler, "pytree_flatten", None),
         custom_namedtuple=getattr(compiler, "custom_namedtuple", None),
+        redo_types=getattr(compiler, "redo_types", None),
         context_fn=core_context,
         strip_static=bool(getattr(compiler, "strip_static", False)),
         jax_style_errors=bool(getattr(compiler, "jax_style_errors", False)),

@@ -937,3 +937,34 @@ def test_namedtuple_registered_as_a_custom_node_is_flattened_by_its_registration
     assert_same(plain(_Plain(jnp.ones(2), 2.0)), jax.jit(lambda p: p.x + p.n)(_Plain(jnp.ones(2), 2.0)))
     assert_same(plain(_Plain(jnp.ones(2), 5.0)), jax.jit(lambda p: p.x + p.n)(_Plain(jnp.ones(2), 5.0)))
     assert plain.cache_info().compiles == 1
+
+
+# -- jax_debug_nans / jax_debug_infs report as jax.jit does ---------------------
+
+
+@pytest.mark.parametrize("first", ["nan_first", "cached_first"])
+def test_debug_nans_raises_floating_point_error_naming_the_op(first):
+    """A NaN in the output under jax_debug_nans is a FloatingPointError naming
+    the op (jax.jit re-runs de-optimised), on the compiling call and on hits,
+    not JAX's internal exception; the entry stays cached."""
+    f = counted(lambda x: jnp.log(x))
+    jf = ftjit.jit(f, cache=ftjit.FunctionCache())
+    with jax.debug_nans(True):
+        if first == "cached_first":
+            assert float(jf(2.0)) == pytest.approx(0.6931472)
+        for _ in range(2):
+            with pytest.raises(FloatingPointError, match=r"^invalid value \(nan\) encountered in log($|\n)"):
+                jf(-1.0)
+        assert float(jf(1.0)) == 0.0
+    info = jf.cache_info()
+    assert (info.compiles, info.failures, info.size) == (1, 0, 1)
+
+
+def test_debug_infs_raises_like_jax_jit():
+    jj, jf = jax.jit(lambda x: 1 / x), ftjit.jit(lambda x: 1 / x, cache=ftjit.FunctionCache())
+    with jax.debug_infs(True):
+        with pytest.raises(ZeroDivisionError) as want:
+            jj(0.0)
+        with pytest.raises(ZeroDivisionError) as got:
+            jf(0.0)
+    assert str(got.value) == str(want.value)
