@@ -513,6 +513,14 @@ extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* arg
   JitState& st = StateOf(self);
   if (Cleared(st)) return nullptr;
   if (t_disabled > 0) return PyObject_Vectorcall(st.fun.ptr(), args, nargsf, kwnames);
+  // A jitted function calling itself (or another) recurses through this C
+  // frame, which takes far more C stack than a Python-to-Python call: count
+  // it, so that deep recursion is a RecursionError, not a stack overflow
+  // (CPython's own C calls of Python code do the same).
+  if (Py_EnterRecursiveCall(" while calling a jitted function")) return nullptr;
+  struct Leave {
+    ~Leave() { Py_LeaveRecursiveCall(); }
+  } leave;
   try {
     return Call(st, args, nargsf, kwnames).release().ptr();
   } catch (nb::python_error& err) {
@@ -645,6 +653,15 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
   }
 }
 
+extern "C" PyObject* JitFunction_ready_count(PyObject* self, PyObject*) {
+  JitState& st = StateOf(self);
+  Py_ssize_t n = 0;
+  for (const EntryPtr& e : st.entries->Entries()) {
+    if (e->latch.state() == CompileLatch::State::kReady) ++n;
+  }
+  return PyLong_FromSsize_t(n);
+}
+
 // _precompile(*args, **kwargs) -> bool: makes sure the signature of these
 // arguments is compiled (compiling it in this thread if nobody has), without
 // executing anything. True if this call compiled it.
@@ -658,8 +675,9 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
       BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig);
     } catch (const NeedsFallback&) {
       RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
-                                        "() for arguments that need the fallback path "
-                                        "(e.g. tracers)");
+                                        "() here: the call would take the compiler's fallback "
+                                        "path, which is not cached (e.g. tracers among the "
+                                        "arguments, a JAX trace active, or jax.disable_jit() on)");
     }
     Resolved r = Resolve(st, sig);
     if (!r.inserted) Py_RETURN_FALSE;
@@ -726,6 +744,9 @@ PyMethodDef kMethods[] = {
      "finish and serve their waiters, but are not kept. Thread-safe."},
     {"_cached_signatures", JitFunction_signatures, METH_NOARGS,
      "A snapshot list of (readable signature, hits, compile seconds) of ready entries."},
+    {"_ready_count", JitFunction_ready_count, METH_NOARGS,
+     "The number of compiled signatures now cached (shared by every wrapper of the same\n"
+     "function and options in the same cache)."},
     {"_signature_of", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(JitFunction_signature_of)),
      METH_FASTCALL | METH_KEYWORDS,
      "_signature_of(*args, **kwargs) -> str: the readable signature these arguments have."},

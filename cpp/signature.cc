@@ -37,6 +37,7 @@ struct Names {
   PyObject* weak_type = Interned("weak_type");
   PyObject* fields = Interned("_fields");
   PyObject* aval = Interned("aval");
+  PyObject* jax_array = Interned("__jax_array__");
 };
 const Names& N() {
   static const Names* names = new Names();  // thread-safe static init
@@ -456,7 +457,9 @@ class Builder {
     if (!keys.is_valid()) throw nb::python_error();
     if (PyList_Sort(keys.ptr()) < 0) {
       std::string where = WithErrorAside([this] { return Where(); });  // repr() of keys
-      ThrowWithCause(PyExc_TypeError,
+      // jax.jit says ValueError ("Comparator raised exception while sorting
+      // pytree dictionary keys."); other compilers get a TypeError.
+      ThrowWithCause(spec_.jax_style_errors ? PyExc_ValueError : PyExc_TypeError,
                      "the keys of a dict argument " + where +
                          " cannot be sorted; dict keys of a jitted function's "
                          "arguments must be mutually comparable (e.g. all str)");
@@ -744,6 +747,22 @@ class Builder {
   }
 
   [[noreturn]] void Unsupported(PyObject* obj) {
+    if (spec_.jax_style_errors) {
+      // jax.jit no longer converts objects through __jax_array__ and says so
+      // with a ValueError; so does ftjit, naming the argument.
+      PyObject* convert = nullptr;
+      int has = GetOptionalAttr(reinterpret_cast<PyObject*>(Py_TYPE(obj)), N().jax_array, &convert);
+      Py_XDECREF(convert);
+      if (has < 0) throw nb::python_error();
+      if (has) {
+        std::string msg = "argument " + Where() + " of " + spec_.fun_name + "() is of type " +
+                          Py_TYPE(obj)->tp_name + ", which defines __jax_array__: JAX no longer "
+                          "converts such objects implicitly. Convert it with "
+                          "jax.numpy.asarray() before the call, or register its type as a pytree.";
+        PyErr_SetString(PyExc_ValueError, msg.c_str());
+        throw nb::python_error();
+      }
+    }
     std::string msg = "argument " + Where() + " of " + spec_.fun_name + "() is of type " +
                       Py_TYPE(obj)->tp_name + ", which is not a valid argument type for a "
                       "jitted function: dynamic arguments must be arrays (objects with "

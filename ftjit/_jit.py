@@ -96,6 +96,18 @@ def _weak_or_strong(obj: object) -> Callable[[], Any]:
         return lambda: obj
 
 
+def _ready_counter(jf: Any) -> Callable[[], int]:
+    """jf._ready_count through a weak reference (the compiler it is given to
+    is held by jf: a strong one would be a cycle through every wrapper)."""
+    ref = weakref.ref(jf)
+
+    def ready_count() -> int:
+        alive = ref()
+        return alive._ready_count() if alive is not None else 0
+
+    return ready_count
+
+
 def _compiler_key(compiler: Any) -> object:
     """The compiler as the options key holds it: by value when it compares
     by value (a plain JaxCompiler: its options), else by identity, weakly
@@ -539,6 +551,8 @@ def jit(
     # Wrappers of one function with equal options share its entries, so the
     # guard counts for all of them (the first wrapper's state while it lives).
     guarded.share_state(jf._shared_state(guarded.state))
+    if max_signatures is not None:
+        guarded.ready_count = _ready_counter(jf)
     functools.update_wrapper(jf, fun)
     if sig is not None:
         # As on a jax.jit function: the attribute itself, not only what

@@ -505,6 +505,9 @@ class GuardedCompiler:
         self.on_excess = on_excess
         self.explain_misses = explain_misses
         self.state = GuardState()
+        #: () -> the number of compiled signatures the cache holds now for
+        #: these entries (set by jit(); None: unknown)
+        self.ready_count: Callable[[], int] | None = None
 
     def share_state(self, state: GuardState) -> None:
         """Use `state` (the one every wrapper of this function and options
@@ -544,6 +547,10 @@ class GuardedCompiler:
             logger.debug("%s: could not describe a call's signature; compiling unguarded", self.name, exc_info=True)
             return self.inner(fun, args, kwargs)
         state = self.state  # read once: one lock guards what this call reads and writes
+        # The cache's own count, exact (it compares by __eq__): the remembered
+        # keys compare statics and aux data by hash, so unequal values with
+        # equal hashes (-1 and -2) would otherwise count once.
+        ready = self.ready_count() if guarded and self.ready_count is not None else 0
         tracked = False  # this call counted itself as a running compile of `key`
         warn_now = shown = False  # this call owns the once-only warning / has shown it
         # Everything from taking the lock on is inside the try: whatever is
@@ -554,7 +561,10 @@ class GuardedCompiler:
             with state.lock:
                 known = key in state.seen
                 cached = list(state.seen.values())
-                excess = guarded and not known and len(state.seen) >= self.max_signatures  # type: ignore[operator]
+                excess = guarded and (
+                    (not known and len(state.seen) >= self.max_signatures)  # type: ignore[operator]
+                    or ready >= self.max_signatures  # type: ignore[operator]
+                )
                 warn_now = excess and self.on_excess == "warn" and not state.warned
                 if warn_now:
                     state.warned = True

@@ -968,3 +968,51 @@ def test_debug_infs_raises_like_jax_jit():
         with pytest.raises(ZeroDivisionError) as got:
             jf(0.0)
     assert str(got.value) == str(want.value)
+
+
+# -- invalid arguments: jax.jit's exception types, ftjit's messages -------------
+
+
+def test_unsortable_dict_keys_are_a_value_error_as_in_jax_jit():
+    arg = {1: 1.0, "a": 2.0}
+    with pytest.raises(ValueError):
+        jax.jit(lambda d: d)(arg)
+    with pytest.raises(ValueError) as info:
+        ftjit.jit(lambda d: d, cache=ftjit.FunctionCache())(arg)
+    assert str(info.value) == (
+        "the keys of a dict argument 'd' (positional argument 0) cannot be sorted; dict keys of a "
+        "jitted function's arguments must be mutually comparable (e.g. all str)"
+    )
+    assert type(info.value.__cause__) is TypeError
+
+
+def test_object_with_jax_array_is_a_value_error_as_in_jax_jit():
+    class Convertible:
+        def __jax_array__(self):
+            return jnp.ones(2)
+
+    with pytest.raises(ValueError, match="__jax_array__"):
+        jax.jit(lambda x: x)(Convertible())
+    jf = ftjit.jit(lambda x: x, cache=ftjit.FunctionCache())
+    with pytest.raises(ValueError) as info:
+        jf(Convertible())
+    assert str(info.value) == (
+        "argument 'x' (positional argument 0) of test_object_with_jax_array_is_a_value_error_as_in_jax_jit."
+        "<locals>.<lambda>() is of type Convertible, which defines __jax_array__: JAX no longer converts "
+        "such objects implicitly. Convert it with jax.numpy.asarray() before the call, or register its "
+        "type as a pytree."
+    )
+    assert jf.cache_info().misses == 0
+
+
+def test_precompile_inside_disable_jit_says_why():
+    jf = ftjit.jit(lambda x: x, cache=ftjit.FunctionCache())
+    with jax.disable_jit():
+        with pytest.raises(TypeError) as info:
+            jf.precompile(jnp.ones(2))
+    assert str(info.value) == (
+        "cannot precompile test_precompile_inside_disable_jit_says_why.<locals>.<lambda>() here: the call "
+        "would take the compiler's fallback path, which is not cached (e.g. tracers among the arguments, "
+        "a JAX trace active, or jax.disable_jit() on)"
+    )
+    assert jf.precompile(jnp.ones(2)) is True

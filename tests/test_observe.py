@@ -1742,3 +1742,52 @@ def test_explain_unequal_pytree_node_data_that_prints_the_same():
     assert re.fullmatch(r"argument 'x': tree structure (PyTreeDef\(CustomNode\(Layer\[\(SameRepr,\)\], \[\*\]\)\)) -> \1 "
                         r"\(unequal node data that prints the same\)", why), why
     assert jf.cache_info().compiles == 2
+
+
+# --- max_signatures counts what the cache holds exactly --------------------------
+
+
+class _CoarseHash:
+    """Equal by value, one hash for all: distinct cache entries, one guard key."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __hash__(self):
+        return 0
+
+    def __eq__(self, other):
+        return isinstance(other, _CoarseHash) and other.v == self.v
+
+    def __repr__(self):
+        return f"_CoarseHash({self.v})"
+
+
+@pytest.mark.parametrize("values", [(-1, -2, -3), tuple(_CoarseHash(i) for i in range(3))], ids=["int", "coarse"])
+def test_max_signatures_raise_counts_statics_with_equal_hashes(values):
+    """hash(-1) == hash(-2): statics the guard remembers by hash collide, but
+    the cache holds them as distinct signatures, and the limit counts those."""
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda k, x: x, static_argnums=0, compiler=comp, cache=ftjit.FunctionCache(),
+                   max_signatures=2, on_excess="raise")
+    assert jf(values[0], 1.0) == 1.0 and jf(values[1], 1.0) == 1.0
+    with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=2"):
+        jf(values[2], 1.0)
+    assert comp.calls == 2 and jf.cache_info().size == 2
+    assert jf(values[0], 2.0) == 2.0  # cached signatures still hit
+    jf.clear_cache()
+    assert jf(values[1], 1.0) == 1.0  # after a clear, a remembered one compiles again within the limit
+    assert comp.calls == 3
+
+
+def test_max_signatures_warn_counts_statics_with_equal_hashes():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda k, x: x, static_argnums=0, compiler=comp, cache=ftjit.FunctionCache(),
+                   max_signatures=1)
+    jf(-1, 1.0)
+    with pytest.warns(RuntimeWarning, match=r"is compiling a signature past max_signatures=1"):
+        jf(-2, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jf(-3, 1.0)  # warned once already
+    assert comp.calls == 3

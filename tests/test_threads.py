@@ -10,6 +10,8 @@ import gc
 import itertools
 import re
 import signal
+import subprocess
+import sys
 import threading
 import traceback
 import time
@@ -1090,3 +1092,34 @@ def test_20_bounded_cache_under_concurrency_keeps_its_books():
         assert i.misses == i.compiles
         assert i.hits + i.waits + i.misses == 100
         assert i.compiles - i.evictions == i.size
+
+
+DEEP_RECURSION = """
+import sys, threading, ftjit
+f = ftjit.jit(lambda n, x: x if n == 0 else f(n - 1, x), compiler=lambda fun, a, k: fun)
+threading.stack_size(1 << 20)  # 1 MiB: Windows' default, twice macOS's for secondary threads
+out = []
+def run():
+    try:
+        f(100_000, 1.0)
+    except RecursionError as e:
+        out.append(str(e))
+    out.append(f(200, 2.0))  # usable afterwards
+t = threading.Thread(target=run)
+t.start()
+t.join(60)
+print(out)
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter")
+@pytest.mark.skipif(sys.version_info[:2] in ((3, 12), (3, 13)),
+                    reason="CPython 3.12/3.13 bound C recursion by a count too high to protect a 1 MiB stack, "
+                           "whatever ftjit does (3.11 counts C and Python frames together, 3.14 checks the stack)")
+def test_21_deep_recursion_through_a_jitted_function_is_a_recursion_error_not_a_crash():
+    """Each level of recursion through a jitted function runs a C frame of
+    ftjit's: counted like CPython's own C calls, a runaway recursion on a
+    1 MiB thread stack is a RecursionError instead of a segfault."""
+    proc = subprocess.run([sys.executable, "-c", DEEP_RECURSION], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.strip() == "['maximum recursion depth exceeded while calling a jitted function', 2.0]"
