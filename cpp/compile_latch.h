@@ -33,19 +33,32 @@ namespace ftjit {
 
 using ThreadId = std::thread::id;
 
+// Incremented in a forked child (AfterForkInChild): latches made before it
+// belong to the parent, whose other threads do not exist in the child.
+inline std::atomic<uint64_t> g_fork_generation{0};
+
 class CompileLatch {
  public:
   // kAbandoned: the compile was interrupted (not failed) and its entry
   // dropped; a waiter looks the signature up again and may compile it.
   enum class State : uint8_t { kCompiling, kReady, kFailed, kAbandoned };
 
-  explicit CompileLatch(ThreadId owner) : owner_(owner) {}
+  explicit CompileLatch(ThreadId owner)
+      : owner_(owner), generation_(g_fork_generation.load(std::memory_order_relaxed)) {}
   CompileLatch(const CompileLatch&) = delete;
   CompileLatch& operator=(const CompileLatch&) = delete;
 
   ThreadId owner() const { return owner_; }
   State state() const { return state_.load(std::memory_order_acquire); }
   bool compiling() const { return state() == State::kCompiling; }
+  // Still compiling, but by a thread of the process this one was forked
+  // from (not the forking thread, which lives on here): nobody will ever
+  // publish it. The caller must neither wait on it nor touch its mutex or
+  // condition variable (a thread that no longer exists may hold them).
+  bool OrphanedByFork() const {
+    return compiling() && generation_ != g_fork_generation.load(std::memory_order_relaxed) &&
+           owner_ != std::this_thread::get_id();
+  }
 
   // Owner only, once: moves to kReady, kFailed or kAbandoned and wakes
   // every waiter.
@@ -67,6 +80,7 @@ class CompileLatch {
 
  private:
   const ThreadId owner_;
+  const uint64_t generation_;  // g_fork_generation when made
   std::atomic<State> state_{State::kCompiling};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -35,9 +35,18 @@ namespace {
 // disable_jit() nesting depth of this thread.
 thread_local int t_disabled = 0;
 
-WaitForGraph& Graph() {
-  static WaitForGraph* graph = new WaitForGraph();  // process lifetime
-  return *graph;
+// Process lifetime; replaced (the old one leaked) in a forked child, where
+// it may hold a mutex locked by, and edges of, threads that do not exist.
+std::atomic<WaitForGraph*> g_graph{new WaitForGraph()};
+WaitForGraph& Graph() { return *g_graph.load(std::memory_order_acquire); }
+
+// os.register_at_fork(after_in_child=...): runs in the child's only thread.
+// Compiles in flight in other threads of the parent will never finish
+// here: their latches are recognised by generation (Resolve drops such
+// entries and compiles afresh), and the wait-for graph starts empty.
+void AfterForkInChild() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  g_graph.store(new WaitForGraph(), std::memory_order_release);
 }
 
 // Per-JitFunction state; fixed after construction except where noted.
@@ -468,6 +477,15 @@ Resolved Resolve(JitState& st, CallSignature& sig) {
     if (found.inserted) return {std::move(found.entry), true, false};
     if (found.entry->latch.state() == CompileLatch::State::kReady) {
       return {std::move(found.entry), false, true};
+    }
+    if (found.entry->latch.OrphanedByFork()) {
+      // In a forked child: its compiling thread stayed in the parent. Drop
+      // the entry and look again (this thread then compiles). The entry is
+      // leaked on purpose: destroying a condition variable that a vanished
+      // thread was waiting on may block.
+      st.entries->Discard(found.entry);
+      (void)new EntryPtr(std::move(found.entry));
+      continue;
     }
     if (WaitForCompile(st, *found.entry)) return {std::move(found.entry), false, false};
   }
@@ -908,6 +926,9 @@ void RegisterJitFunction(nb::module_& m) {
         nb::arg("aval_types").none() = nb::none(), nb::arg("compile_timeout") = 0.0,
         nb::arg("on_compile").none() = nb::none(), nb::arg("on_wait").none() = nb::none(),
         nb::arg("custom_namedtuple").none() = nb::none(), nb::arg("redo_types").none() = nb::none());
+  m.def("_after_fork_in_child", &AfterForkInChild,
+        "For os.register_at_fork(after_in_child=...): compiles in flight in the parent's other "
+        "threads are compiled afresh in the child instead of waited for.");
   m.def("_disable_jit_enter", []() { ++t_disabled; });
   m.def("_disable_jit_exit", []() {
     if (t_disabled > 0) --t_disabled;

@@ -30,6 +30,11 @@ R = TypeVar("R")
 
 from ._core import FunctionCache, JitFunction  # noqa: E402 - classes (types for checkers), not variables
 
+# In a forked child, compiles that the parent's other threads had in flight
+# are compiled afresh instead of waited for forever (see cpp/compile_latch.h).
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_core._after_fork_in_child)
+
 
 class CacheInfo(NamedTuple):
     """Snapshot of one jitted function's cache counters (see ``cache_info()``)."""

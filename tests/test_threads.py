@@ -8,6 +8,7 @@ worker exceptions."""
 import _thread
 import gc
 import itertools
+import os
 import re
 import signal
 import subprocess
@@ -1123,3 +1124,77 @@ def test_21_deep_recursion_through_a_jitted_function_is_a_recursion_error_not_a_
     proc = subprocess.run([sys.executable, "-c", DEEP_RECURSION], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.strip() == "['maximum recursion depth exceeded while calling a jitted function', 2.0]"
+
+
+FORK_DURING_COMPILE = """
+import os, signal, threading, time, warnings, ftjit
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() of a multi-threaded process
+parent_pid = os.getpid()
+started, release = threading.Event(), threading.Event()
+calls = []
+
+def comp(fun, args, kwargs):
+    calls.append(threading.current_thread().name)
+    if len(calls) == 1:
+        started.set()
+        release.wait(30)
+    return lambda x: x + 1
+
+f = ftjit.jit(lambda x: x, compiler=comp)
+owner = threading.Thread(target=f, args=(1.0,), name="owner")
+owner.start()
+started.wait(30)
+waiter = threading.Thread(target=f, args=(1.0,), name="waiter")
+waiter.start()
+while ftjit._core._waiting_threads() < 1:  # the waiter is registered in the wait-for graph
+    time.sleep(0.01)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a hang must not hang the test
+    out = (f(1.0), f(2.0), f.cache_info().compiles, calls, ftjit._core._waiting_threads())
+    print("child", *out, flush=True)
+    os._exit(0)
+release.set()
+owner.join(30)
+waiter.join(30)
+_, status = os.waitpid(pid, 0)
+print("parent", f(1.0), f.cache_info().compiles, calls, status, flush=True)
+
+# The forking thread's own compile (a compiler that forks) goes on in the child.
+def forking_comp(fun, args, kwargs):
+    child = os.fork()
+    if child == 0:
+        return lambda x: x * 10  # the child carries on compiling
+    os.waitpid(child, 0)
+    return lambda x: x * 10
+
+g = ftjit.jit(lambda x: x, compiler=forking_comp)
+r = g(2.0)
+if os.getpid() != parent_pid:
+    signal.alarm(20)
+    print("forked-in-compile child", r, g(3.0), g.cache_info().compiles, flush=True)
+    os._exit(0)
+print("forked-in-compile parent", r, flush=True)
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter that forks")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_22_fork_during_another_threads_compile_compiles_afresh_in_the_child():
+    """A child forked while another thread compiles (and a third waits)
+    would wait forever for a compile whose thread stayed in the parent: it
+    compiles the signature itself; the parent is unaffected. A compile whose
+    own thread forks carries on in the child."""
+    proc = subprocess.Popen([sys.executable, "-c", FORK_DURING_COMPILE], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.splitlines() == [
+        "child 2.0 3.0 1 ['owner', 'MainThread'] 0",
+        "parent 2.0 1 ['owner'] 0",
+        "forked-in-compile child 20.0 30.0 1",
+        "forked-in-compile parent 20.0",
+    ], (out, err[-2000:])
