@@ -213,6 +213,18 @@ std::vector<EntryPtr> FunctionEntries::Entries() const {
   return out;
 }
 
+nb::object Forgetter(const std::shared_ptr<FunctionEntries>& fe) {
+  // Only weak pointers: it keeps neither the entries nor the cache alive.
+  std::weak_ptr<CacheCore> weak_core = fe->core();
+  std::weak_ptr<FunctionEntries> weak_fe = fe;
+  return nb::cpp_function([weak_core, weak_fe](nb::args) {
+    std::shared_ptr<CacheCore> c = weak_core.lock();
+    std::shared_ptr<FunctionEntries> f = weak_fe.lock();
+    if (c && f) c->ForgetFunction(f.get());
+    if (f) f->Clear();
+  });
+}
+
 std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
                                            nb::handle options, const std::string& name) {
   FunctionCache& fc = nb::cast<FunctionCache&>(cache);
@@ -238,16 +250,7 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
   std::shared_ptr<FunctionEntries> fresh;
   auto make = [&]() {
     fresh = std::make_shared<FunctionEntries>(core, name, /*is_private=*/false);
-    // The callback holds only weak pointers: it neither keeps the function's
-    // entries nor the cache alive.
-    std::weak_ptr<CacheCore> weak_core = core;
-    std::weak_ptr<FunctionEntries> weak_fe = fresh;
-    nb::object callback = nb::cpp_function([weak_core, weak_fe](nb::handle) {
-      std::shared_ptr<CacheCore> c = weak_core.lock();
-      std::shared_ptr<FunctionEntries> f = weak_fe.lock();
-      if (c && f) c->ForgetFunction(f.get());
-      if (f) f->Clear();
-    });
+    nb::object callback = Forgetter(fresh);
     nb::object ref = nb::steal(PyWeakref_NewRef(fun.ptr(), callback.ptr()));
     if (!ref.is_valid()) throw nb::python_error();
     fresh->set_weakref(std::move(ref));

@@ -201,6 +201,10 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
 // Drops the evicted entries' map slots (outside the LRU lock).
 void ReleaseEvicted(std::vector<EntryPtr>& evicted);
 
+// A callable (any arguments, so it can be a weakref callback) that removes
+// `fe` from its cache and drops its entries, as when its function dies.
+nb::object Forgetter(const std::shared_ptr<FunctionEntries>& fe);
+
 // Finds or creates the entries of (fun, options) in `cache`; falls back to a
 // private FunctionEntries when fun cannot be weakly referenced.
 std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,

@@ -17,6 +17,9 @@
 #include <nanobind/stl/string.h>
 
 #include <chrono>
+#ifdef __GLIBCXX__
+#include <cxxabi.h>  // abi::__forced_unwind
+#endif
 #include <cstdio>
 #include <initializer_list>
 #include <memory>
@@ -271,35 +274,34 @@ nb::object CallExecutableOnce(JitState& st, PyObject* exe, PyObject* const* args
 
 // This thread inserted `e`: compile it and publish the result (or the
 // error) to every waiter. Throws the compile's exception.
-void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
-             PyObject* kwnames) {
-  Counters& c = st.entries->counters();
-  c.misses.fetch_add(1, std::memory_order_relaxed);
-  // Whatever happens below, the latch is published: waiters never hang.
-  struct Publisher {
-    JitState& st;
-    const EntryPtr& e;
-    bool done = false;
-    void Fail(CompileLatch::State how = CompileLatch::State::kFailed) {
-      done = true;
-      st.entries->Discard(e);  // before publishing: the next call recompiles
-      st.entries->counters().failures.fetch_add(1, std::memory_order_relaxed);
-      e->latch.Publish(how);
+// Whatever happens in a compile, the latch is published: waiters never hang.
+struct CompilePublisher {
+  JitState& st;
+  const EntryPtr& e;
+  bool done = false;
+  void Fail(CompileLatch::State how = CompileLatch::State::kFailed) {
+    done = true;
+    st.entries->Discard(e);  // before publishing: the next call recompiles
+    st.entries->counters().failures.fetch_add(1, std::memory_order_relaxed);
+    e->latch.Publish(how);
+  }
+  ~CompilePublisher() {
+    if (!done) {
+      // A C++ exception escaped (e.g. bad_alloc): report it to waiters.
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      e->error = nb::steal(PyObject_CallFunction(
+          PyExc_RuntimeError, "s", "ftjit: the compile was aborted by an internal error"));
+      PyErr_Clear();
+      PyErr_Restore(t, v, tb);
+      Fail();
     }
-    ~Publisher() {
-      if (!done) {
-        // A C++ exception escaped (e.g. bad_alloc): report it to waiters.
-        PyObject *t, *v, *tb;
-        PyErr_Fetch(&t, &v, &tb);
-        e->error = nb::steal(PyObject_CallFunction(
-            PyExc_RuntimeError, "s", "ftjit: the compile was aborted by an internal error"));
-        PyErr_Clear();
-        PyErr_Restore(t, v, tb);
-        Fail();
-      }
-    }
-  } publisher{st, e};
+  }
+};
 
+void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
+                 PyObject* kwnames, CompilePublisher& publisher) {
+  Counters& c = st.entries->counters();
   st.entries->AdmitLru(e);
   size_t nargs = PyVectorcall_NARGS(nargsf);
   auto t0 = std::chrono::steady_clock::now();
@@ -367,6 +369,25 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
     if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
     CallHook(st.on_compile, {name.ptr(), sig.ptr(), secs.ptr(), Py_None});
   }
+}
+
+void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
+             PyObject* kwnames) {
+  st.entries->counters().misses.fetch_add(1, std::memory_order_relaxed);
+  CompilePublisher publisher{st, e};
+#ifdef __GLIBCXX__
+  try {
+    CompileBody(st, e, args, nargsf, kwnames, publisher);
+  } catch (abi::__forced_unwind&) {
+    // This thread is being ended by CPython at interpreter shutdown (it took
+    // the GIL back in the compiler): there is no thread state to report
+    // anything with, so the publisher must not run Python.
+    publisher.done = true;
+    throw;
+  }
+#else
+  CompileBody(st, e, args, nargsf, kwnames, publisher);
+#endif
 }
 
 nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args,
@@ -535,19 +556,23 @@ extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* arg
   // frame, which takes far more C stack than a Python-to-Python call: count
   // it, so that deep recursion is a RecursionError, not a stack overflow
   // (CPython's own C calls of Python code do the same).
+  // Left explicitly, not by a destructor: a thread ended by CPython at
+  // interpreter shutdown (pthread_exit when a waiter or the executable takes
+  // the GIL back) unwinds through here with no thread state, where
+  // Py_LeaveRecursiveCall would crash (3.12+); neither catch sees it.
   if (Py_EnterRecursiveCall(" while calling a jitted function")) return nullptr;
-  struct Leave {
-    ~Leave() { Py_LeaveRecursiveCall(); }
-  } leave;
+  PyObject* out;
   try {
-    return Call(st, args, nargsf, kwnames).release().ptr();
+    out = Call(st, args, nargsf, kwnames).release().ptr();
   } catch (nb::python_error& err) {
     err.restore();
-    return nullptr;
+    out = nullptr;
   } catch (const std::exception& err) {
     PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
-    return nullptr;
+    out = nullptr;
   }
+  Py_LeaveRecursiveCall();
+  return out;
 }
 
 extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) {
@@ -640,6 +665,15 @@ extern "C" PyObject* JitFunction_cache_info(PyObject* self, PyObject*) {
   }
 }
 
+extern "C" PyObject* JitFunction_entries_forgetter(PyObject* self, PyObject*) {
+  try {
+    return Forgetter(StateOf(self).entries).release().ptr();
+  } catch (nb::python_error& err) {
+    err.restore();
+    return nullptr;
+  }
+}
+
 extern "C" PyObject* JitFunction_shared_state(PyObject* self, PyObject* offered) {
   try {
     return StateOf(self).entries->SharedState(offered).release().ptr();
@@ -673,11 +707,16 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
 
 extern "C" PyObject* JitFunction_ready_count(PyObject* self, PyObject*) {
   JitState& st = StateOf(self);
-  Py_ssize_t n = 0;
-  for (const EntryPtr& e : st.entries->Entries()) {
-    if (e->latch.state() == CompileLatch::State::kReady) ++n;
+  try {
+    Py_ssize_t n = 0;
+    for (const EntryPtr& e : st.entries->Entries()) {
+      if (e->latch.state() == CompileLatch::State::kReady) ++n;
+    }
+    return PyLong_FromSsize_t(n);
+  } catch (const std::exception& err) {
+    PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
+    return nullptr;
   }
-  return PyLong_FromSsize_t(n);
 }
 
 // _precompile(*args, **kwargs) -> bool: makes sure the signature of these
@@ -772,6 +811,9 @@ PyMethodDef kMethods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "_precompile(*args, **kwargs) -> bool\n\nCompiles the signature of these arguments if it is not\n"
      "cached (True if this call compiled it). Executes nothing."},
+    {"_entries_forgetter", JitFunction_entries_forgetter, METH_NOARGS,
+     "A callable (any arguments) that drops this function's entries from its cache, as when\n"
+     "the function dies; holds them only weakly."},
     {"_shared_state", JitFunction_shared_state, METH_O,
      "_shared_state(offered) -> object: the object shared by every wrapper of this\n"
      "function and options (the first offered is kept)."},

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#ifdef __GLIBCXX__
+#include <cxxabi.h>  // abi::__forced_unwind
+#endif
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -364,10 +367,25 @@ class Builder {
     if (Py_EnterRecursiveCall(" while flattening the arguments of a jitted function")) {
       throw nb::python_error();
     }
-    struct Leave {
-      ~Leave() { Py_LeaveRecursiveCall(); }
-    } leave;
+    // Not a destructor: a thread ended by CPython at interpreter shutdown
+    // (pthread_exit when it takes the GIL back inside Python code run from
+    // here) unwinds through this frame with no thread state, where
+    // Py_LeaveRecursiveCall would crash (3.12+). Such an unwind is rethrown
+    // untouched.
+    try {
+      FlattenNode(obj);
+#ifdef __GLIBCXX__
+    } catch (abi::__forced_unwind&) {
+      throw;
+#endif
+    } catch (...) {
+      Py_LeaveRecursiveCall();
+      throw;
+    }
+    Py_LeaveRecursiveCall();
+  }
 
+  void FlattenNode(PyObject* obj) {
     if (obj == Py_None) {
       out_.tree.push_back(Token(NodeKind::kNone, 0));
       h_ = Mix(h_, 0x11);
@@ -675,11 +693,12 @@ class Builder {
   }
 
   // Whether namedtuple `type` is a custom node of the registry (see
-  // SignatureSpec::custom_namedtuple), memoised per thread: the last few
-  // types asked, held (like MemoHash's objects) for the thread's lifetime.
+  // SignatureSpec::custom_namedtuple), memoised per thread: the last 32
+  // types asked (optimizer states nest many namedtuple types), held, like
+  // MemoHash's objects, for the thread's lifetime.
   bool IsCustomNamedTuple(PyTypeObject* type) {
     if (!spec_.custom_namedtuple.is_valid()) return false;
-    constexpr int kSlots = 8;
+    constexpr int kSlots = 32;
     thread_local PyObject* hook[kSlots] = {};
     thread_local PyTypeObject* types[kSlots] = {};
     thread_local bool answers[kSlots] = {};

@@ -274,9 +274,10 @@ struct SignatureSpec {
 //       as a custom node of pytree_flatten's registry (JAX honours such a
 //       registration over its namedtuple handling), so that its instances
 //       are flattened by pytree_flatten; otherwise (or without the hook)
-//       namedtuples are flattened as tuples keyed by their type. Asked once
-//       per type and thread (a registration made after a thread has seen
-//       the type is not seen by that thread).
+//       namedtuples are flattened as tuples keyed by their type. The
+//       answers are remembered per thread for the last 32 types asked (a
+//       registration made after a thread has remembered the type is not
+//       seen by that thread while it remembers it).
 //   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
 //       tracer inside an outer transformation) makes BuildSignature throw
 //       NeedsFallback: such calls must not be cached. Leaves whose exact type

@@ -71,11 +71,30 @@ class _IdentityKey:
     Objects that cannot be weakly referenced are held.
     """
 
-    __slots__ = ("_refs", "_hash")
+    __slots__ = ("_refs", "_hash", "_forgetters")
 
     def __init__(self, *objs: object):
-        self._refs = tuple(_weak_or_strong(o) for o in objs)
+        # When a referent dies, no wrapper of these entries is alive (each
+        # holds its compiler) and no new key can equal this one: the entries
+        # are dropped (see when_dead), so that dead keys do not pile up in
+        # the cache (an object's bound-method compiler per object would add
+        # one per object, with the ids, and so the hashes, reused).
+        forgetters: list[Callable[[], Any]] = []
+
+        def dead(_: Any, forgetters: list = forgetters) -> None:
+            while forgetters:
+                forgetters.pop()()
+
+        self._forgetters = forgetters
+        self._refs = tuple(_weak_or_strong(o, dead) for o in objs)
         self._hash = hash(tuple(id(o) for o in objs))
+
+    def when_dead(self, forget: Callable[[], Any]) -> None:
+        """Calls `forget` once a referent dies (now, if one is dead already)."""
+        if self._targets() is None:
+            forget()
+        else:
+            self._forgetters.append(forget)
 
     def _targets(self) -> tuple | None:
         out = tuple(ref() for ref in self._refs)
@@ -94,9 +113,9 @@ class _IdentityKey:
         return self._hash
 
 
-def _weak_or_strong(obj: object) -> Callable[[], Any]:
+def _weak_or_strong(obj: object, callback: Callable[[Any], None]) -> Callable[[], Any]:
     try:
-        return weakref.ref(obj)
+        return weakref.ref(obj, callback)
     except TypeError:
         return lambda: obj
 
@@ -558,6 +577,8 @@ def jit(
     guarded.share_state(jf._shared_state(guarded.state))
     if max_signatures is not None:
         guarded.ready_count = _ready_counter(jf)
+    if isinstance(compiler_key, _IdentityKey):
+        compiler_key.when_dead(jf._entries_forgetter())
     functools.update_wrapper(jf, fun)
     if sig is not None:
         # As on a jax.jit function: the attribute itself, not only what

@@ -99,7 +99,12 @@ def placement_label(sharding: Any) -> str:
 
 def _placement(x: Any) -> str:
     """'@devices' for a committed jax Array (the core keys those on their
-    sharding), '' otherwise."""
+    sharding) and a jax.ShapeDtypeStruct with a sharding (keyed alike), ''
+    otherwise."""
+    t = type(x)
+    if t.__name__ == "ShapeDtypeStruct" and t.__module__.split(".")[0] == "jax":
+        sharding = getattr(x, "sharding", None)
+        return "" if sharding is None else f"@{placement_label(sharding)}"
     if not getattr(x, "_committed", False):
         return ""
     return f"@{placement_label(getattr(x, '_sharding', None))}"
@@ -341,15 +346,13 @@ def _context_differences(old: Any, new: Any, names: Any, label: str, out: list[s
     Describer.context_names) or by position."""
     if old == new:
         return
+    if isinstance(names, str):  # names this whole value
+        label, names = f"tracing context {names}", None
     if type(old) is tuple and type(new) is tuple and len(old) == len(new):
         named = type(names) is tuple and len(names) == len(old)
         if named or names is None:
             for i, (a, b) in enumerate(zip(old, new)):
-                if named and isinstance(names[i], str):
-                    item_label, item_names = f"tracing context {names[i]}", None
-                else:
-                    item_label, item_names = f"{label}[{i}]", names[i] if named else None
-                _context_differences(a, b, item_names, item_label, out)
+                _context_differences(a, b, names[i] if named else None, f"{label}[{i}]", out)
             return
     before, after = _context_text(old), _context_text(new)
     out.append(f"{label}: {before} -> {after}" + (" (unequal values that print the same)" if before == after else ""))
@@ -574,7 +577,9 @@ class GuardedCompiler:
                 if key in state.seen:
                     state.running[key] = state.running.get(key, 0) + 1
                     tracked = True
-            why = explain(cached, desc, self.describe.context_names) if cached and not known else None
+            # Known keys are explained too when over the limit: the cache's
+            # exact count can exceed it where the remembered keys collide.
+            why = explain(cached, desc, self.describe.context_names) if cached and (not known or excess) else None
             if explaining and why is not None:
                 logger.info("cache miss of %s: %s", self.name, why)
             if excess:

@@ -926,7 +926,15 @@ def test_identity_compared_compiler_shares_entries_only_while_alive():
     def f(x):
         return x + 1
 
-    comp = CountingCompiler()
+    class Compiler:  # compared by identity; its executables do not hold it
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, fun, args, kwargs):
+            self.calls += 1
+            return lambda x: x + 1
+
+    comp = Compiler()
     a = ftjit.jit(f, compiler=comp, cache=cache)
     del a
     gc.collect()
@@ -934,8 +942,33 @@ def test_identity_compared_compiler_shares_entries_only_while_alive():
     assert b(1.0) == 2.0
     c = ftjit.jit(f, compiler=comp, cache=cache)
     assert c(1.0) == 2.0 and comp.calls == 1
-    other = CountingCompiler()
+    other = Compiler()
     assert ftjit.jit(f, compiler=other, cache=cache)(1.0) == 2.0 and other.calls == 1
+    assert cache._functions() == 2 and cache.size() == 2
+    del b, c, comp
+    assert gc_collect_until(lambda: cache._functions() == 1), "the dead compiler's entries stayed"
+    assert cache.size() == 1  # only `other`'s entry is left
+
+
+def test_per_object_compilers_leave_no_entries_behind():
+    """A module-level function jitted per object with that object's
+    bound-method compiler: once each object dies, its entries leave the cache
+    (they can never be found again), so the cache does not grow."""
+    cache = ftjit.FunctionCache()
+
+    def step(x):
+        return x + 1
+
+    class Model:
+        def compile(self, fun, args, kwargs):
+            return lambda x: x + 1
+
+    for _ in range(300):
+        m = Model()
+        assert ftjit.jit(step, compiler=m.compile, cache=cache)(1.0) == 2.0
+        del m
+    assert gc_collect_until(lambda: cache._functions() == 0), cache._functions()
+    assert cache.size() == 0
 
 
 def test_value_compared_compiler_is_kept_and_shared_across_wrapper_lifetimes():

@@ -1771,8 +1771,12 @@ def test_max_signatures_raise_counts_statics_with_equal_hashes(values):
     jf = ftjit.jit(lambda k, x: x, static_argnums=0, compiler=comp, cache=ftjit.FunctionCache(),
                    max_signatures=2, on_excess="raise")
     assert jf(values[0], 1.0) == 1.0 and jf(values[1], 1.0) == 1.0
-    with pytest.raises(ftjit.RecompileLimitError, match=r"would compile a signature past max_signatures=2"):
+    with pytest.raises(ftjit.RecompileLimitError) as info:
         jf(values[2], 1.0)
+    assert str(info.value) == (
+        f"<lambda>() would compile a signature past max_signatures=2 (differs from the closest cached one by: "
+        f"static 'k': {values[0]!r} -> {values[2]!r}); raise the limit or make the varying argument static/bucketed"
+    ).replace("<lambda>()", f"{jf.__qualname__}()")
     assert comp.calls == 2 and jf.cache_info().size == 2
     assert jf(values[0], 2.0) == 2.0  # cached signatures still hit
     jf.clear_cache()
@@ -1791,3 +1795,32 @@ def test_max_signatures_warn_counts_statics_with_equal_hashes():
         warnings.simplefilter("error")
         jf(-3, 1.0)  # warned once already
     assert comp.calls == 3
+
+
+class _WholeContextNamed(_ContextCompiler):
+    context_names = "mode"
+
+
+def test_explain_context_names_may_name_the_whole_context():
+    comp = _WholeContextNamed()
+    fun, name = fresh1("explain_whole_context")
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        comp.cur = "train"
+        jf(1.0)
+        comp.cur = "eval"
+        jf(1.0)
+    assert _explanations(cap, name) == ["tracing context mode: 'train' -> 'eval'"]
+
+
+def test_explain_names_the_placement_of_a_precompiled_sharded_spec():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+
+    fun, name = fresh1("explain_spec", body=lambda x: x * 2)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(jax.devices()[0])))
+        jf(np.ones(4, np.float32))
+    assert _explanations(cap, name) == ["argument 'x': float32[4]@cpu:0 -> float32[4]"]
