@@ -81,6 +81,12 @@ PUBLIC_CONTEXT_NAMES = (
     "jax_ragged_dot_use_gpu_pallas_triton_lowering",
     "jax_pallas_enable_debug_checks",
     "jax_pallas_use_mosaic_gpu",
+    # jax 0.12
+    "jax_use_hlo_logistic_lowering",
+    "jax_raise_on_ppermute_sort_diff",
+    "jax_custom_jvp3",
+    "jax_remat_barrier_no_cotangents",
+    "jax_accurate_erf_inv",
 )
 
 # Configs in jax.jit's own cache key (jaxlib's JitConfigs) that trace_context()
@@ -88,6 +94,8 @@ PUBLIC_CONTEXT_NAMES = (
 # mesh of jax.set_mesh (it places outputs and sharding constraints) and two
 # compiler options. Names in jax._src.config.
 JIT_KEY_EXTRA_CONFIGS = ("device_context", "optimization_level", "memory_fitting_level")
+# Where jax keeps them (device_context moved from config to mesh in jax 0.11).
+_EXTRA_CONFIG_MODULES = ("jax._src.config", "jax._src.mesh")
 
 
 class SignatureHooks(NamedTuple):
@@ -184,7 +192,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     return {
         "context": full_context if extras else context,
         # Shaped as "context" is, for miss explanations (Describer.context_names).
-        "context_names": (names, *(_extra_name(arg) for _, arg in extras)) if extras else names,
+        "context_names": _context_names_fn(names if found is None else None, tuple(_extra_name(a) for _, a in extras)),
         "signature_hooks": SignatureHooks(
             context,
             *probe,
@@ -202,6 +210,25 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
         "plain_types": (array_type, np.ndarray) if array_type is not None else (np.ndarray,),
         "aval_types": (array_type,) if aval else (),
     }
+
+
+def _context_names_fn(fixed: tuple[str, ...] | None, extra_names: tuple[str, ...]) -> Callable[[], Any]:
+    """The names of the context's items, read when a miss is explained:
+    jaxlib's trace context grows when a module defining more configs is
+    imported (Pallas does), so its names are read afresh (``fixed``: the
+    public fallback's, which do not change)."""
+
+    def context_names() -> Any:
+        if fixed is not None:
+            names: Any = fixed
+        else:
+            from jax._src import config as jax_config
+
+            read = jax_config.config_ext.trace_context_names
+            names = tuple(read() if callable(read) else read)
+        return (names, *extra_names) if extra_names else names
+
+    return context_names
 
 
 def _extra_name(config: Any) -> str:
@@ -252,32 +279,41 @@ def _private_custom_namedtuple() -> Callable[[type], bool] | None:
         return None
 
 
-def _eval_trace() -> Any:
-    """A context manager making JAX evaluate eagerly in this thread, whatever
-    trace is active: ``jax.extend.core.take_current_trace()`` (public, for
-    extension authors) when present, else ``jax.ensure_compile_time_eval()``."""
-    import jax
+def _at_top_level(fn: Callable[[], Any]) -> Any:
+    """``fn()`` run where JAX evaluates eagerly, whatever trace is active in
+    this thread: in a fresh thread (JAX's trace state is per thread, and a new
+    thread starts at the eval trace). Returns its result or raises its error.
 
-    try:
-        from jax.extend.core import take_current_trace
+    Only JAX's public behaviour is relied on: its own context managers for
+    this changed meaning across releases (``take_current_trace()`` gave the
+    eval trace up to jax 0.10 and no trace at all from 0.12)."""
+    box: list[Any] = []
 
-        return take_current_trace()
-    except ImportError:
-        return jax.ensure_compile_time_eval()
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            box.append((False, exc))
+
+    worker = threading.Thread(target=run, name="ftjit-feature-check", daemon=True)
+    worker.start()
+    worker.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def concrete_array_type() -> type | None:
     """The concrete class of jax Arrays (never a Tracer class), or None.
 
     ``type(jnp.zeros(()))`` inside a jax.jit trace is a tracer class, so the
-    array is made under the eval trace (see _eval_trace) and the result is
-    checked.
+    array is made at top level (see _at_top_level) and the result is checked.
     """
     import jax
 
     try:
-        with _eval_trace():
-            array_type = type(jax.device_put(np.zeros((), np.float32)))
+        array_type = type(_at_top_level(lambda: jax.device_put(np.zeros((), np.float32))))
     except Exception:  # noqa: BLE001 - a JAX without it: the slower generic path
         return None
     if issubclass(array_type, jax.core.Tracer) or not issubclass(array_type, jax.Array):
@@ -319,10 +355,16 @@ def _private_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...] | 
 
         base = jax_config.config_ext.Config
         fget = base.value.fget
+        modules = []
+        for module_name in _EXTRA_CONFIG_MODULES:
+            try:
+                modules.append(importlib.import_module(module_name))
+            except ImportError:
+                pass
         extras = []
         for name in JIT_KEY_EXTRA_CONFIGS:
-            config = getattr(jax_config, name, None)
-            if isinstance(config, base) and fget(config) is config.value:
+            config = next((c for m in modules if isinstance(c := getattr(m, name, None), base)), None)
+            if config is not None and fget(config) is config.value:
                 extras.append((fget, config))
         return tuple(extras) if len(extras) == len(JIT_KEY_EXTRA_CONFIGS) else None
     except Exception:  # noqa: BLE001 - a JAX without them: the public fallback
@@ -388,8 +430,7 @@ def _private_trace_probe() -> tuple[Callable[[Any], Any], Any, Any] | None:
         state = core.trace_state
         fget = type(state).value.fget
         eval_ref = core.eval_trace._weakref
-        with _eval_trace():
-            at_top = fget(state) is eval_ref
+        at_top = _at_top_level(lambda: fget(state) is eval_ref)
         seen: list[bool] = []
 
         def body(x: Any) -> Any:
@@ -419,8 +460,7 @@ def _public_trace_probe() -> tuple[Callable[[Any], Any] | None, Any, Any]:
     try:
         from jax.extend import core as jex_core
 
-        with jex_core.take_current_trace():
-            eval_state = jex_core.get_opaque_trace_state()
+        eval_state = _at_top_level(jex_core.get_opaque_trace_state)
     except Exception:  # noqa: BLE001
         return None, None, None
 
@@ -438,8 +478,7 @@ def _private_placement_attrs(array_type: type | None) -> tuple[str, str] | None:
     try:
         import jax
 
-        with _eval_trace():
-            x = jax.device_put(np.zeros((2,), np.float32), jax.devices()[0])
+        x = _at_top_level(lambda: jax.device_put(np.zeros((2,), np.float32), jax.devices()[0]))
         if x._committed is x.committed is True and x._sharding is x.sharding:
             return "_committed", "_sharding"
     except Exception:  # noqa: BLE001
@@ -452,8 +491,7 @@ def _has_aval(array_type: type) -> bool:
     try:
         import jax
 
-        with _eval_trace():
-            x = jax.numpy.zeros((2,), dtype=np.float32)
+        x = _at_top_level(lambda: jax.numpy.zeros((2,), dtype=np.float32))
         aval = x.aval
         return (
             aval.dtype == x.dtype
@@ -557,7 +595,7 @@ class JaxCompiler(_ThroughJaxJit):
 
     @property
     def context_names(self) -> Any:
-        """The names of context()'s items, for miss explanations."""
+        """() -> the names of context()'s items, for miss explanations."""
         return _jax_hooks()["context_names"]
 
     @property

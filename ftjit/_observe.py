@@ -286,7 +286,8 @@ class Describer:
         self.context: Callable[[], Any] | None = None  # set by jit() from the compiler's hook
         #: names of the context's items, shaped as context() is (a str names a
         #: whole item, a tuple names a tuple item by item); None: by position.
-        #: Set by jit() from the compiler's optional ``context_names``.
+        #: Set by jit() from the compiler's optional ``context_names`` (or a
+        #: callable returning them, read at each explanation).
         self.context_names: Any = None
 
     def _name(self, i: int) -> str:
@@ -579,7 +580,10 @@ class GuardedCompiler:
                     tracked = True
             # Known keys are explained too when over the limit: the cache's
             # exact count can exceed it where the remembered keys collide.
-            why = explain(cached, desc, self.describe.context_names) if cached and (not known or excess) else None
+            names = self.describe.context_names
+            if callable(names):  # read when needed (see Describer.context_names)
+                names = names()
+            why = explain(cached, desc, names) if cached and (not known or excess) else None
             if explaining and why is not None:
                 logger.info("cache miss of %s: %s", self.name, why)
             if excess:

@@ -618,7 +618,7 @@ def test_methods_are_named_as_called():
     for name in ("lower", "trace", "eval_shape", "precompile", "clear_cache", "signatures", "warmup"):
         method = getattr(jf, name)
         assert (method.__name__, method.__qualname__) == (name, f"JitFunction.{name}")
-    with pytest.raises(TypeError, match=r"^JitFunction\.warmup\(\) got an unexpected keyword argument 'worker'$"):
+    with pytest.raises(TypeError, match=r"^JitFunction\.warmup\(\) got an unexpected keyword argument 'worker'(\. Did you mean 'workers'\?)?$"):
         jf.warmup([], worker=2)
 
 

@@ -267,8 +267,11 @@ def test_donation_consumes_the_buffer_and_executes_once():
     jj(x3)
     with pytest.raises(Exception) as want:
         jj(x3)
-    with pytest.raises(type(want.value), match="deleted or donated"):
+    with pytest.raises(type(want.value)) as got:
         jf(x)
+    # jax.jit's message, with the array's shape: "... deleted or donated ..." (jax 0.10) or
+    # "Array has been deleted with shape=float32[4]." (jax 0.12).
+    assert str(got.value) == str(want.value)
 
 
 def test_donate_argnames():
