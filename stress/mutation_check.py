@@ -46,7 +46,7 @@ MUTATIONS = (
     Mutation(
         "weakref callback does nothing",
         "cpp/function_cache.cc",
-        "      if (c && f) c->ForgetFunction(f.get());\n      if (f) f->Clear();\n",
+        "    if (c && f) c->ForgetFunction(f.get());\n    if (f) f->Clear();\n",
         "",
         "churn",
         "entries after all its functions died",

@@ -124,3 +124,17 @@ def test_hidden_scenarios_are_not_listed():
     names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
     assert names == ["herd", "mixed", "churn", "clear_storm", "reentrant_keys", "recursion", "failing_compiles",
                      "jax"]
+
+
+def test_every_mutation_of_the_mutation_check_still_applies():
+    """python -m stress.mutation_check patches the source; a refactor that
+    moves a patched line makes it skip that mutation ('cannot apply'), so
+    each must match exactly once in today's source."""
+    import pathlib
+
+    from stress.mutation_check import MUTATIONS
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for m in MUTATIONS:
+        text = (root / m.path).read_text()
+        assert text.count(m.old) == 1, (m.name, m.path, text.count(m.old))
