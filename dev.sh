@@ -7,10 +7,20 @@
 #   bash dev.sh test                                               all tests
 #   bash dev.sh bench [--quick]                                    benchmarks
 #   bash dev.sh build                                              build only
+#   bash dev.sh ft-python                                          print a free-threaded CPython's path
+#                                                                  (builds 3.13.5t into ~/.cache/ftjit if none)
+#
+# FTJIT_PYTHON picks the interpreter (default python3) and FTJIT_VENV the venv
+# (default .venv). FTJIT_PYTHON=ft is short for "the free-threaded CPython of
+# `dev.sh ft-python`, in .venv-ft": e.g. FTJIT_PYTHON=ft bash dev.sh test.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PY=${FTJIT_PYTHON:-python3}
+if [ "$PY" = ft ]; then
+  PY=$(bash tools/ft-python.sh)
+  FTJIT_VENV=${FTJIT_VENV:-.venv-ft}
+fi
 VENV=$(realpath -m "${FTJIT_VENV:-.venv}")
 VPY="$VENV/bin/python"
 
@@ -27,9 +37,12 @@ v = tuple(int(p) for p in jax.__version__.split('.')[:3])
 assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     log "installing build and test dependencies"
     "$VPY" -m pip install -q -U pip
-    "$VPY" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
-      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10" \
-      --only-binary=mypy,librt,ast-serialize  # newer mypy needs Rust-built deps with no cp313t wheels: take an older mypy there
+    # Wheels only: on a free-threaded CPython the newest numpy (2.5.x), scipy
+    # or mypy's Rust-built deps may have no cp313t wheel, and pip would then
+    # try a source build (which needs gfortran, Rust...). Binary-only makes
+    # it take the newest release that has one (numpy 2.4.6 on 3.13t).
+    "$VPY" -m pip install -q --only-binary=:all: "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
+      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10"
   fi
 }
 
@@ -104,12 +117,13 @@ case "$cmd" in
     # The PNG chart needs matplotlib (optional: only the benchmarks use it).
     if ! "$VPY" -c "import matplotlib" 2>/dev/null; then
       log "installing matplotlib for the bench chart"
-      "$VPY" -m pip install -q matplotlib
+      "$VPY" -m pip install -q --only-binary=:all: matplotlib
     fi
     exec "$VPY" -m bench "$@"
     ;;
   demo) build; exec "$VPY" examples/demo.py "$@" ;;
   tsan) setup; tsan ;;
+  ft-python) exec bash tools/ft-python.sh ;;
   test)
     build
     tsan
@@ -118,5 +132,5 @@ case "$cmd" in
     log "unit tests again, each test body in 8 threads at once (pytest-run-parallel)"
     parallel_threads_run "$@"
     ;;
-  *) echo "usage: bash dev.sh {demo|stress|test|bench|build|tsan} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash dev.sh {demo|stress|test|bench|build|tsan|ft-python} [args]" >&2; exit 2 ;;
 esac
