@@ -4,111 +4,171 @@
 //
 // CompileLatch members and their protection:
 //
-//   | member  | protection                                                 |
-//   |---------|------------------------------------------------------------|
-//   | owner_  | fixed after construction                                   |
-//   | state_  | atomic; written once by the owner (release), under mu_     |
-//   | mu_/cv_ | mu_ only pairs with cv_; held for a few instructions       |
+//   | member      | protection                                              |
+//   |-------------|---------------------------------------------------------|
+//   | owner_      | fixed after construction                                |
+//   | generation_ | fixed after construction                                |
+//   | state_      | atomic; written once by the owner (release)             |
 //
 // Memory ordering: whatever the owner wrote before Publish() (the compiled
 // executable, or the error) is visible to any thread that then observes a
 // non-kCompiling state (acquire load), with or without waiting.
 //
-// Lock order: a latch's mu_ and the graph's mu_ are leaves; neither is held
-// while acquiring any other lock, the GIL included. Waiting is done in
-// slices so that a caller can drop the GIL around each slice and check for
-// signals between them.
+// Waiting holds no lock: a waiter sleeps on the state word itself (a futex
+// on Linux), and Publish() stores the final state, then wakes every sleeper
+// of that word. So a latch has no mutex or condition variable that a thread
+// could hold at fork time, and destroying one never blocks: in a forked
+// child, where the parent's waiters do not exist, ~CompileLatch is free.
+//
+// Owners are named by ThisThreadOwner(): a number given to each thread on
+// first use, from a process-wide counter, never reused (std::thread::id and
+// pthread ids are reused, within the process and across a fork: a child's
+// new thread could be taken for the owner of a compile of the parent's).
+//
+// Lock order: the graph's mu_ is a leaf; it is never held while acquiring
+// any other lock, the GIL included. Waiting is done in slices so that a
+// caller can drop the GIL around each slice and check for signals between
+// them.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+
 namespace ftjit {
 
-using ThreadId = std::thread::id;
+// A thread's identity as a compile owner: unique for the life of the
+// process and of any process forked from it (see above).
+using OwnerId = uint64_t;
+inline std::atomic<OwnerId> g_next_owner{1};
+inline OwnerId ThisThreadOwner() {
+  thread_local const OwnerId id = g_next_owner.fetch_add(1, std::memory_order_relaxed);
+  return id;
+}
 
-// Incremented in a forked child (AfterForkInChild): latches made before it
-// belong to the parent, whose other threads do not exist in the child.
+// Fork bookkeeping, written only by NoteForkInChild() in a forked child's
+// only thread (before any other thread of the child exists), read relaxed:
+// a thread the child starts later synchronises with it through the thread
+// creation itself.
+//   g_fork_generation: how many forks led to this process.
+//   g_fork_survivor:   the owner id of the thread that ran the latest fork,
+//                      the one thread of the parent that lives on here.
 inline std::atomic<uint64_t> g_fork_generation{0};
+inline std::atomic<OwnerId> g_fork_survivor{0};
+
+// Called in a forked child, on the thread that forked (os.register_at_fork).
+inline void NoteForkInChild() {
+  g_fork_survivor.store(ThisThreadOwner(), std::memory_order_relaxed);
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace detail {
+
+// Sleeps while `*word == expected`, for at most `timeout`; may wake early
+// (spuriously, or when woken). The caller re-reads the word.
+inline void WaitOnWord(std::atomic<uint32_t>* word, uint32_t expected,
+                       std::chrono::nanoseconds timeout) {
+  if (timeout <= std::chrono::nanoseconds::zero()) return;
+#if defined(__linux__)
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                    std::atomic<uint32_t>::is_always_lock_free,
+                "a futex needs a plain 32-bit word");
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  // EAGAIN (the word changed), EINTR (a signal) and ETIMEDOUT all mean
+  // "look again": the caller does.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts,
+          nullptr, 0);
+#else
+  // No futex: poll in short naps. Only the latency of a wake-up differs.
+  auto nap = std::min<std::chrono::nanoseconds>(timeout, std::chrono::milliseconds(1));
+  if (word->load(std::memory_order_acquire) == expected) std::this_thread::sleep_for(nap);
+#endif
+}
+
+// Wakes every thread sleeping in WaitOnWord(word, ...).
+inline void WakeAllOnWord(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
+          nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+}  // namespace detail
 
 class CompileLatch {
  public:
   // kAbandoned: the compile was interrupted (not failed) and its entry
   // dropped; a waiter looks the signature up again and may compile it.
-  enum class State : uint8_t { kCompiling, kReady, kFailed, kAbandoned };
+  enum class State : uint32_t { kCompiling, kReady, kFailed, kAbandoned };
 
-  explicit CompileLatch(ThreadId owner)
+  explicit CompileLatch(OwnerId owner)
       : owner_(owner), generation_(g_fork_generation.load(std::memory_order_relaxed)) {}
   CompileLatch(const CompileLatch&) = delete;
   CompileLatch& operator=(const CompileLatch&) = delete;
 
-  ThreadId owner() const { return owner_; }
-  State state() const { return state_.load(std::memory_order_acquire); }
+  OwnerId owner() const { return owner_; }
+  State state() const { return static_cast<State>(state_.load(std::memory_order_acquire)); }
   bool compiling() const { return state() == State::kCompiling; }
-  // Still compiling, but by a thread of the process this one was forked
-  // from (not the forking thread, which lives on here): nobody will ever
-  // publish it. The caller must neither wait on it nor touch its mutex or
-  // condition variable (a thread that no longer exists may hold them).
+  // Still compiling, but by a thread that does not exist in this process:
+  // the latch was made before a fork, by a thread other than the one that
+  // forked (the only thread of the parent that lives on in the child; it may
+  // have forked from inside this very compile, which it then finishes here).
+  // Nobody will ever publish it: the caller must not wait on it.
   bool OrphanedByFork() const {
     return compiling() && generation_ != g_fork_generation.load(std::memory_order_relaxed) &&
-           owner_ != std::this_thread::get_id();
+           owner_ != g_fork_survivor.load(std::memory_order_relaxed);
   }
 
   // Owner only, once: moves to kReady, kFailed or kAbandoned and wakes
-  // every waiter.
+  // every waiter. Never blocks.
   void Publish(State final_state) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      state_.store(final_state, std::memory_order_release);
-    }
-    cv_.notify_all();
+    state_.store(static_cast<uint32_t>(final_state), std::memory_order_release);
+    detail::WakeAllOnWord(&state_);
   }
 
   // Blocks for at most `slice` while compiling; returns the state seen last.
+  // Holds no lock while blocked.
   template <class Rep, class Period>
   State WaitFor(std::chrono::duration<Rep, Period> slice) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, slice, [this] { return !compiling(); });
-    return state();
+    const auto deadline = std::chrono::steady_clock::now() + slice;
+    for (;;) {
+      uint32_t s = state_.load(std::memory_order_acquire);
+      if (s != static_cast<uint32_t>(State::kCompiling)) return static_cast<State>(s);
+      auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left <= std::chrono::nanoseconds::zero()) return State::kCompiling;
+      detail::WaitOnWord(&state_, s, left);
+    }
   }
 
  private:
-  const ThreadId owner_;
+  const OwnerId owner_;
   const uint64_t generation_;  // g_fork_generation when made
-  std::atomic<State> state_{State::kCompiling};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  std::atomic<uint32_t> state_{static_cast<uint32_t>(State::kCompiling)};
 };
 
-// Who waits on which latch, process-wide. Before a thread blocks on a latch
-// it follows owner -> latch that owner waits on -> its owner ...; reaching
-// itself means the wait could never end, so BeginWait refuses. Checking and
-// registering happen under one lock, so of two threads about to wait on each
-// other the second always sees the first.
-//
-// Waits nest: Python code run while a thread waits (a signal handler, a GC
-// callback run by the wait's signal check) may itself call a jitted function
-// and wait on another latch. Each thread therefore has a stack of latches;
-// the innermost is what it is blocked on now and the edge the walk follows.
-// While an inner wait hides an outer one, a cycle through the outer edge can
-// close without anyone's BeginWait seeing it; so a waiter re-checks with
-// StillSafe() between the slices of its wait, and the first to see a cycle
-// leaves it (under the lock: exactly one thread of the cycle is refused).
-//
-// A registered latch stays alive while registered: the waiter holds a strong
-// reference to it for the whole wait and calls EndWait before dropping it.
 class WaitForGraph {
  public:
   // Registers `self` as waiting on `latch` (innermost) and returns true, or
   // returns false (registering nothing) when waiting would close a cycle of
   // compiles.
-  bool BeginWait(ThreadId self, const CompileLatch* latch) {
+  bool BeginWait(OwnerId self, const CompileLatch* latch) {
     std::lock_guard<std::mutex> lock(mu_);
     if (ClosesCycleLocked(self, latch)) return false;
     waiting_[self].push_back(latch);
@@ -117,7 +177,7 @@ class WaitForGraph {
 
   // Ends the innermost wait of `self` (the outer one, if any, is what it
   // waits on again). Harmless when `self` is not waiting.
-  void EndWait(ThreadId self) {
+  void EndWait(OwnerId self) {
     std::lock_guard<std::mutex> lock(mu_);
     PopLocked(self);
   }
@@ -126,7 +186,7 @@ class WaitForGraph {
   // still cannot deadlock. When a cycle has closed through it, ends that wait
   // (as EndWait does, so the caller must not call EndWait for it again) and
   // returns false.
-  bool StillSafe(ThreadId self) {
+  bool StillSafe(OwnerId self) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = waiting_.find(self);
     if (it == waiting_.end()) return true;
@@ -145,11 +205,11 @@ class WaitForGraph {
   // Whether following latch -> owner -> its innermost latch -> ... reaches
   // `self`. Each thread has one innermost latch, so the walk ends within
   // waiting_.size() + 1 steps.
-  bool ClosesCycleLocked(ThreadId self, const CompileLatch* latch) const {
+  bool ClosesCycleLocked(OwnerId self, const CompileLatch* latch) const {
     const CompileLatch* cur = latch;
     for (size_t steps = 0; steps <= waiting_.size(); ++steps) {
       if (!cur->compiling()) return false;  // that edge resolves by itself
-      ThreadId owner = cur->owner();
+      OwnerId owner = cur->owner();
       if (owner == self) return true;
       auto it = waiting_.find(owner);
       if (it == waiting_.end()) return false;
@@ -158,7 +218,7 @@ class WaitForGraph {
     return false;
   }
 
-  void PopLocked(ThreadId self) {
+  void PopLocked(OwnerId self) {
     auto it = waiting_.find(self);
     if (it == waiting_.end()) return;
     it->second.pop_back();
@@ -167,7 +227,7 @@ class WaitForGraph {
 
   mutable std::mutex mu_;  // leaf lock
   // Per waiting thread, its nested waits, innermost last; never empty.
-  std::unordered_map<ThreadId, std::vector<const CompileLatch*>> waiting_;  // guarded by mu_
+  std::unordered_map<OwnerId, std::vector<const CompileLatch*>> waiting_;  // guarded by mu_
 };
 
 }  // namespace ftjit

@@ -14,7 +14,7 @@ namespace {
 
 // Every live CacheCore, for clear_caches(). Guarded by g_cores_mu (a leaf;
 // taken with the GIL held on GIL builds, a PyMutex on free-threaded ones).
-nb::ft_mutex g_cores_mu;
+LeafMutex g_cores_mu;
 std::vector<std::weak_ptr<CacheCore>>& Cores() {
   static auto* cores = new std::vector<std::weak_ptr<CacheCore>>();  // guarded by g_cores_mu
   return *cores;
@@ -22,7 +22,7 @@ std::vector<std::weak_ptr<CacheCore>>& Cores() {
 
 void RegisterCore(const std::shared_ptr<CacheCore>& core) {
   std::vector<std::weak_ptr<CacheCore>> dead;  // dropped after unlocking
-  nb::ft_lock_guard lock(g_cores_mu);
+  std::lock_guard<LeafMutex> lock(g_cores_mu);
   auto& cores = Cores();
   for (auto it = cores.begin(); it != cores.end();) {
     if (it->expired()) {
@@ -37,7 +37,7 @@ void RegisterCore(const std::shared_ptr<CacheCore>& core) {
 
 // Every live FunctionEntries, for ftjit.stats(). Guarded by g_entries_mu (a
 // leaf, like g_cores_mu).
-nb::ft_mutex g_entries_mu;
+LeafMutex g_entries_mu;
 std::vector<std::weak_ptr<FunctionEntries>>& AllEntries() {
   static auto* all = new std::vector<std::weak_ptr<FunctionEntries>>();  // guarded by g_entries_mu
   return *all;
@@ -45,7 +45,7 @@ std::vector<std::weak_ptr<FunctionEntries>>& AllEntries() {
 
 void RegisterEntries(const std::shared_ptr<FunctionEntries>& fe) {
   std::vector<std::weak_ptr<FunctionEntries>> dead;  // dropped after unlocking
-  nb::ft_lock_guard lock(g_entries_mu);
+  std::lock_guard<LeafMutex> lock(g_entries_mu);
   auto& all = AllEntries();
   for (auto it = all.begin(); it != all.end();) {
     if (it->expired()) {
@@ -132,7 +132,7 @@ FunctionEntries::~FunctionEntries() {
 }
 
 nb::object FunctionEntries::SharedState(nb::handle offered) {
-  std::lock_guard<nb::ft_mutex> lock(shared_mu_);
+  std::lock_guard<LeafMutex> lock(shared_mu_);
   if (!shared_state_.is_valid()) shared_state_ = nb::borrow(offered);
   return shared_state_;  // a new reference, taken under the lock
 }
@@ -147,7 +147,7 @@ PyObject* FunctionEntries::FindReady(const CallSignature& sig) {
     int shard = ThreadShard();
     counters_.Hit(shard);
     e->hits.Add(shard);
-    SharedLru<EntryPtr, nb::ft_mutex>::Touch(e);
+    SharedLru<EntryPtr, LeafMutex>::Touch(e);
     return Py_NewRef(e->executable.ptr());
   };
   return map_.FindLocked(sig.hash, sig, fast_eq, on_found, static_cast<PyObject*>(nullptr),
@@ -205,6 +205,13 @@ void FunctionEntries::Clear() {
   std::vector<EntryPtr> unlinked =
       core_->lru.RemoveIf([self](const EntryPtr& e) { return e->cache_raw == self; });
   // Both vectors die here, with no lock held.
+}
+
+void FunctionEntries::DropOrphans() {
+  auto removed =
+      map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
+  for (auto& kv : removed) core_->lru.Remove(kv.second);
+  // `removed` dies here, outside both locks.
 }
 
 std::vector<EntryPtr> FunctionEntries::Entries() const {
@@ -265,7 +272,7 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
 void ClearAllCaches() {
   std::vector<std::shared_ptr<CacheCore>> live;
   {
-    nb::ft_lock_guard lock(g_cores_mu);
+    std::lock_guard<LeafMutex> lock(g_cores_mu);
     for (auto& w : Cores()) {
       if (auto c = w.lock()) live.push_back(std::move(c));
     }
@@ -273,9 +280,47 @@ void ClearAllCaches() {
   for (auto& c : live) c->ClearAll();
 }
 
+void FunctionEntries::LockAllForTest(bool lock) {
+  if (lock) {
+    map_.LockForTest();
+    core_->lru.LockForTest();
+    core_->functions.LockForTest();
+    shared_mu_.lock();
+    g_cores_mu.lock();
+    g_entries_mu.lock();
+  } else {
+    g_entries_mu.unlock();
+    g_cores_mu.unlock();
+    shared_mu_.unlock();
+    core_->functions.UnlockForTest();
+    core_->lru.UnlockForTest();
+    map_.UnlockForTest();
+  }
+}
+
+void AfterForkInChildCaches() {
+  ReinitInChild(g_cores_mu);
+  ReinitInChild(g_entries_mu);
+  std::vector<std::shared_ptr<CacheCore>> cores;
+  {
+    std::lock_guard<LeafMutex> lock(g_cores_mu);
+    for (auto& w : Cores()) {
+      if (auto c = w.lock()) cores.push_back(std::move(c));
+    }
+  }
+  for (auto& c : cores) {
+    c->lru.ReinitLockInChild();
+    c->functions.ReinitLockInChild();
+  }
+  std::vector<std::shared_ptr<FunctionEntries>> all = LiveEntries();
+  for (auto& fe : all) fe->ReinitLocksInChild();
+  // Every lock is usable again: now the orphans can go.
+  for (auto& fe : all) fe->DropOrphans();
+}
+
 std::vector<std::shared_ptr<FunctionEntries>> LiveEntries() {
   std::vector<std::shared_ptr<FunctionEntries>> live;
-  nb::ft_lock_guard lock(g_entries_mu);
+  std::lock_guard<LeafMutex> lock(g_entries_mu);
   for (auto& w : AllEntries()) {
     if (auto fe = w.lock()) live.push_back(std::move(fe));
   }

@@ -29,7 +29,7 @@
 //
 // Lock order: there is none to get wrong, because no two of these locks are
 // ever held at once: each critical section is Python-free and takes exactly
-// one leaf lock; on GIL builds these are no-op ft_mutexes and the GIL (held
+// one leaf lock; on GIL builds these are no-op LeafMutexes and the GIL (held
 // throughout, never released inside) serialises them. No Python object is
 // destroyed under any of them: removed entries are handed back and dropped
 // by the caller after unlocking.
@@ -43,6 +43,7 @@
 #include <string>
 
 #include "compile_latch.h"
+#include "leaf_mutex.h"
 #include "reentrant_map.h"
 #include "shared_lru.h"
 #include "signature.h"
@@ -89,7 +90,7 @@ struct Entry {
   Entry(std::shared_ptr<const CallSignature> s, std::weak_ptr<FunctionEntries> c,
         FunctionEntries* raw)
       : sig(std::move(s)), cache(std::move(c)), cache_raw(raw),
-        latch(std::this_thread::get_id()) {}
+        latch(ThisThreadOwner()) {}
 
   const std::shared_ptr<const CallSignature> sig;
   const std::weak_ptr<FunctionEntries> cache;  // for eviction
@@ -115,8 +116,8 @@ using FunKeyPtr = std::shared_ptr<const FunKey>;
 
 struct CacheCore {
   explicit CacheCore(size_t capacity) : lru(capacity) {}
-  SharedLru<EntryPtr, nb::ft_mutex> lru;
-  ReentrantMap<FunKeyPtr, std::shared_ptr<FunctionEntries>, nb::ft_mutex> functions;
+  SharedLru<EntryPtr, LeafMutex> lru;
+  ReentrantMap<FunKeyPtr, std::shared_ptr<FunctionEntries>, LeafMutex> functions;
 
   // Drops every entry of every function (FunctionCache.clear()).
   void ClearAll();
@@ -174,6 +175,19 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
 
   void set_weakref(nb::object w) { weakref_ = std::move(w); }
 
+  // In a forked child's only thread (see AfterForkInChildCaches).
+  void ReinitLocksInChild() {
+    map_.ReinitLockInChild();
+    ReinitInChild(shared_mu_);
+  }
+  // Drops the entries whose compile was running in a thread of the parent
+  // that does not exist here (CompileLatch::OrphanedByFork).
+  void DropOrphans();
+  // Tests only (_core._debug_hold_locks): takes or releases every lock a
+  // call of this function may take (its map, its cache's LRU and function
+  // map, shared_mu_ and the registries), as a thread lost at fork may hold them.
+  void LockAllForTest(bool lock);
+
   // One Python object shared by every wrapper of this (function, options),
   // for as long as these entries live (the max_signatures guard's state, so
   // that the limit counts what the shared entries hold, whatever wrappers
@@ -188,13 +202,13 @@ class FunctionEntries : public std::enable_shared_from_this<FunctionEntries> {
   const std::shared_ptr<CacheCore> core_;
   const std::string name_;
   const bool private_;
-  ReentrantMap<SigPtr, EntryPtr, nb::ft_mutex> map_;
+  ReentrantMap<SigPtr, EntryPtr, LeafMutex> map_;
   nb::object weakref_;  // weakref(fun, callback); set once before sharing
   Counters counters_;
   // Guards shared_state_. A leaf lock, taken with the thread attached (the
   // GIL held on GIL builds, where it is a no-op); no Python code runs under
   // it (only a reference count is taken).
-  nb::ft_mutex shared_mu_;
+  LeafMutex shared_mu_;
   nb::object shared_state_;  // set once, by the first SharedState() call
 };
 
@@ -212,6 +226,15 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
 
 // Clears every live FunctionCache (ftjit.clear_caches()).
 void ClearAllCaches();
+
+// For a forked child's only thread, before anything else touches the caches
+// (os.register_at_fork): re-initialises every lock of every cache and
+// function (leaf_mutex.h), then drops the entries whose compile was in
+// flight in a thread of the parent that does not exist here: nobody would
+// ever publish them, and, pinned as compiling, they would hold their LRU
+// slots forever. The forking thread's own compiles carry on (it may have
+// forked from inside one) and stay.
+void AfterForkInChildCaches();
 
 // Every live FunctionEntries (for ftjit.stats()); a snapshot.
 std::vector<std::shared_ptr<FunctionEntries>> LiveEntries();

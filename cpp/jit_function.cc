@@ -43,13 +43,18 @@ thread_local int t_disabled = 0;
 std::atomic<WaitForGraph*> g_graph{new WaitForGraph()};
 WaitForGraph& Graph() { return *g_graph.load(std::memory_order_acquire); }
 
-// os.register_at_fork(after_in_child=...): runs in the child's only thread.
+// os.register_at_fork(after_in_child=...): runs in the child's only thread,
+// the one that forked, before any other code of the child.
 // Compiles in flight in other threads of the parent will never finish
-// here: their latches are recognised by generation (Resolve drops such
-// entries and compiles afresh), and the wait-for graph starts empty.
+// here: their entries are dropped (the next call compiles afresh), the
+// locks they or their waiters may have held are re-initialised, and the
+// wait-for graph starts empty. The forking thread keeps its owner id, so a
+// compile it forked from inside carries on and is published here as usual.
 void AfterForkInChild() {
-  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  NoteForkInChild();
   g_graph.store(new WaitForGraph(), std::memory_order_release);
+  ReinitSignatureLocksInChild();
+  AfterForkInChildCaches();
 }
 
 // Per-JitFunction state; fixed after construction except where noted.
@@ -178,10 +183,20 @@ nb::object ErrorForWaiters(const nb::object& original) {
 }
 
 // Each waiter raises its own copy of the compile's exception, so that threads
-// unwinding at once never write the same exception's __traceback__.
-[[noreturn]] void RaiseForWaiter(const nb::object& error) {
+// unwinding at once never write the same exception's __traceback__ or
+// __context__. When no copy can be made, a fresh RuntimeError is raised
+// instead, with the shared exception as its __cause__ (only read, never
+// raised, by this thread).
+[[noreturn]] void RaiseForWaiter(const JitState& st, const nb::object& error) {
   PyObject* copy = CopyException(error.ptr());
-  if (!copy) Reraise(error.ptr());
+  if (!copy) {
+    std::string msg = "ftjit: the compile of " + st.spec.fun_name +
+                      "() failed in another thread with " + Py_TYPE(error.ptr())->tp_name +
+                      ", which cannot be copied for this thread (see __cause__)";
+    copy = PyObject_CallFunction(PyExc_RuntimeError, "s", msg.c_str());
+    if (!copy) throw nb::python_error();  // e.g. MemoryError: fresh, this thread's own
+    PyException_SetCause(copy, Py_NewRef(error.ptr()));
+  }
   nb::object owned = nb::steal(copy);
   Reraise(owned.ptr());
 }
@@ -401,7 +416,7 @@ nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args
 // caller looks the signature up again); raises the compile's error if it
 // failed.
 bool WaitForCompile(JitState& st, Entry& e) {
-  ThreadId self = std::this_thread::get_id();
+  OwnerId self = ThisThreadOwner();
   if (e.latch.owner() == self) {
     RaiseMessage(Types().recursive_compile,
                  e.sig->ToString(st.spec.fun_name) +
@@ -420,7 +435,7 @@ bool WaitForCompile(JitState& st, Entry& e) {
   };
   if (!Graph().BeginWait(self, &e.latch)) raise_cycle();
   struct EndWait {
-    ThreadId self;
+    OwnerId self;
     bool registered = true;
     ~EndWait() {
       if (registered) Graph().EndWait(self);
@@ -456,6 +471,12 @@ bool WaitForCompile(JitState& st, Entry& e) {
     PyThreadState* ts = PyEval_SaveThread();
     s = e.latch.WaitFor(slice);
     PyEval_RestoreThread(ts);
+    // A signal handler run by the check below may have forked, leaving this
+    // thread in a child where the compile's owner does not exist.
+    if (s == CompileLatch::State::kCompiling && e.latch.OrphanedByFork()) {
+      c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+      return false;  // the caller looks again, and drops the orphan
+    }
     if (s == CompileLatch::State::kCompiling && PyErr_CheckSignals() != 0) {
       c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
       throw nb::python_error();
@@ -478,7 +499,7 @@ bool WaitForCompile(JitState& st, Entry& e) {
     if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
     CallHook(st.on_wait, {name.ptr(), sig.ptr(), secs.ptr()});
   }
-  if (s == CompileLatch::State::kFailed) RaiseForWaiter(e.error);
+  if (s == CompileLatch::State::kFailed) RaiseForWaiter(st, e.error);
   return s == CompileLatch::State::kReady;
 }
 
@@ -500,12 +521,10 @@ Resolved Resolve(JitState& st, CallSignature& sig) {
       return {std::move(found.entry), false, true};
     }
     if (found.entry->latch.OrphanedByFork()) {
-      // In a forked child: its compiling thread stayed in the parent. Drop
-      // the entry and look again (this thread then compiles). The entry is
-      // leaked on purpose: destroying a condition variable that a vanished
-      // thread was waiting on may block.
+      // In a forked child: its compiling thread stayed in the parent (the
+      // after-fork hook drops these; this is the belt to its braces). Drop
+      // the entry and look again: this thread then compiles.
       st.entries->Discard(found.entry);
-      (void)new EntryPtr(std::move(found.entry));
       continue;
     }
     if (WaitForCompile(st, *found.entry)) return {std::move(found.entry), false, false};
@@ -543,7 +562,7 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
     st.entries->counters().Hit(shard);
     r.entry->hits.Add(shard);
   }
-  SharedLru<EntryPtr, nb::ft_mutex>::Touch(r.entry);
+  SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);
   return CallExecutable(st, r.entry->executable.ptr(), args, nargsf, kwnames);
 }
 
@@ -915,19 +934,28 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   if (!on_compile.is_none()) st->on_compile = on_compile;
   if (!on_wait.is_none()) st->on_wait = on_wait;
   if (!fallback_types.is_none()) st->spec.fallback_types = fallback_types;
+  // The spec borrows type pointers from these: it owns tuple copies, which
+  // nobody can mutate (a compiler's own list could be, and the borrowed
+  // pointer of a type removed from it would dangle once the type died).
+  auto own_types = [](const nb::object& types, const char* what) {
+    nb::object copy = nb::steal(PySequence_Tuple(types.ptr()));
+    if (!copy.is_valid()) throw nb::python_error();
+    for (nb::handle t : copy) {
+      if (!PyType_Check(t.ptr())) throw nb::type_error((std::string(what) + " must be types").c_str());
+    }
+    return copy;
+  };
   if (!plain_types.is_none()) {
-    for (nb::handle t : plain_types) {
-      if (!PyType_Check(t.ptr())) throw nb::type_error("plain_types must be types");
+    st->spec.plain_types_owner = own_types(plain_types, "plain_types");
+    for (nb::handle t : st->spec.plain_types_owner) {
       st->spec.plain_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
     }
-    st->spec.plain_types_owner = plain_types;
   }
   if (!aval_types.is_none()) {
-    for (nb::handle t : aval_types) {
-      if (!PyType_Check(t.ptr())) throw nb::type_error("aval_types must be types");
+    st->spec.aval_types_owner = own_types(aval_types, "aval_types");
+    for (nb::handle t : st->spec.aval_types_owner) {
       st->spec.AddAvalType(reinterpret_cast<PyTypeObject*>(t.ptr()));
     }
-    st->spec.aval_types_owner = aval_types;
   }
   st->entries = EntriesFor(cache, fun, options, name);
 
@@ -971,6 +999,25 @@ void RegisterJitFunction(nb::module_& m) {
   m.def("_after_fork_in_child", &AfterForkInChild,
         "For os.register_at_fork(after_in_child=...): compiles in flight in the parent's other "
         "threads are compiled afresh in the child instead of waited for.");
+  m.def(
+      "_debug_hold_locks",
+      [](nb::handle jf, double seconds) {
+        if (!PyObject_TypeCheck(jf.ptr(), reinterpret_cast<PyTypeObject*>(g_jit_type))) {
+          throw nb::type_error("_debug_hold_locks needs a JitFunction");
+        }
+        std::shared_ptr<FunctionEntries> fe = StateOf(jf.ptr()).entries;
+        fe->LockAllForTest(true);
+        LockSignatureLocksForTest(true);
+        {
+          nb::gil_scoped_release detached;  // held while detached, as a parked waiter holds them
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        }
+        LockSignatureLocksForTest(false);
+        fe->LockAllForTest(false);
+      },
+      nb::arg("jf"), nb::arg("seconds"),
+      "Tests only: holds every lock a call of `jf` may take for `seconds`, detached from the\n"
+      "interpreter, as a thread lost at fork (a parked waiter a PyMutex was handed to) holds them.");
   m.def("_disable_jit_enter", []() { ++t_disabled; });
   m.def("_disable_jit_exit", []() {
     if (t_disabled > 0) --t_disabled;

@@ -14,6 +14,7 @@ NB_MODULE(_core, m) {
   // Module-lifetime objects (the default cache, Python types handed to the
   // core) are intentionally alive at interpreter exit.
   nb::set_leak_warnings(false);
+  ftjit::InitSignatures();  // before anything can build a signature
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
   m.def(
@@ -26,6 +27,15 @@ NB_MODULE(_core, m) {
         return out;
       },
       "A snapshot [(name, CacheInfo)] of every live (function, options) pair.");
+  m.def(
+      "_debug_fast_equals_at_recursion_limit",
+      [](nb::handle a, nb::handle b) {
+        bool error_set = false;
+        const char* r = ftjit::DebugFastEqualsAtRecursionLimit(a.ptr(), b.ptr(), &error_set);
+        return nb::make_tuple(r, error_set);
+      },
+      "Tests only: (result, left an error set) of the hit path's Python-free comparison of two\n"
+      "static values, made at the recursion limit.");
   m.def("clear_caches", &ftjit::ClearAllCaches,
         "Drops the compiled entries of every live FunctionCache.");
   m.def(

@@ -21,14 +21,15 @@
 //     handed back to the caller so that they are destroyed outside the lock.
 //
 // Threading: every member function is safe to call concurrently. The lock is
-// a template parameter (std::mutex in the C++ tests, a PyMutex-backed
-// nb::ft_mutex in the extension, which is a no-op on GIL builds where the GIL
+// a template parameter (std::mutex in the C++ tests, LeafMutex in the
+// extension: a PyMutex on free-threaded builds, which is a no-op on GIL builds where the GIL
 // already serialises these short, Python-free critical sections).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -180,6 +181,16 @@ class ReentrantMap {
     std::lock_guard<Mutex> lock(mu_);
     return slots_.size();
   }
+
+  // In a forked child's only thread, before any use: the lock may have been
+  // held by (handed to) a thread that does not exist here (leaf_mutex.h).
+  void ReinitLockInChild() {
+    mu_.~Mutex();
+    new (&mu_) Mutex();
+  }
+  // Tests only: hold the lock as a thread that vanished at fork would.
+  void LockForTest() const { mu_.lock(); }
+  void UnlockForTest() const { mu_.unlock(); }
 
  private:
   struct Slot {

@@ -27,7 +27,9 @@
 #include <iterator>
 #include <list>
 #include <mutex>
+#include <new>
 #include <vector>
+
 
 namespace ftjit {
 
@@ -112,6 +114,15 @@ class SharedLru {
   std::vector<Item> Clear() {
     return RemoveIf([](const Item&) { return true; });
   }
+
+  // In a forked child's only thread, before any use (see leaf_mutex.h).
+  void ReinitLockInChild() {
+    mu_.~Mutex();
+    new (&mu_) Mutex();
+  }
+  // Tests only: hold the lock as a thread that vanished at fork would.
+  void LockForTest() const { mu_.lock(); }
+  void UnlockForTest() const { mu_.unlock(); }
 
  private:
   bool RemoveLockHeld(const Item& item) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "leaf_mutex.h"
 #include "py_compat.h"
 
 namespace ftjit {
@@ -42,10 +43,14 @@ struct Names {
   PyObject* aval = Interned("aval");
   PyObject* jax_array = Interned("__jax_array__");
 };
-const Names& N() {
-  static const Names* names = new Names();  // thread-safe static init
-  return *names;
-}
+// Made by InitSignatures() at module init, never lazily: interning calls
+// Python, and a function-local static whose initialiser calls Python can
+// deadlock a free-threaded interpreter (thread A holds the C++ init guard
+// and detaches waiting for the intern lock; thread B blocks on the guard
+// still attached; a stop-the-world then waits for B forever; jax#28385).
+// Fixed after module init.
+const Names* g_names = nullptr;
+inline const Names& N() { return *g_names; }
 
 // Hash of a long-lived, immutable object (a dtype, a sharding). Their hashes
 // walk Python-level state (numpy's dtype hash walks the descriptor, a
@@ -80,10 +85,10 @@ Py_hash_t MemoHash(PyObject* obj) {
 // ft_mutex taken with the thread attached, under which no Python code runs
 // (Py_NewRef only); a no-op on GIL builds, where the GIL serialises it.
 constexpr size_t kMaxDtypes = 256;
+LeafMutex g_dtypes_mu;
 bool InternDtype(PyObject* dtype) {
-  static nb::ft_mutex mu;
-  static auto* table = new std::vector<PyObject*>();  // strong refs, process lifetime
-  nb::ft_lock_guard lock(mu);
+  static auto* table = new std::vector<PyObject*>();  // strong refs, process lifetime; guarded by g_dtypes_mu
+  std::lock_guard<LeafMutex> lock(g_dtypes_mu);
   for (PyObject* d : *table) {
     if (d == dtype) return true;
   }
@@ -847,7 +852,7 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describ
 // GIL builds, where the GIL serialises these Python-free sections.
 // Bounded: past kMaxContexts a context is used as is, uninterned.
 constexpr size_t kMaxContexts = 256;
-nb::ft_mutex g_contexts_mu;
+LeafMutex g_contexts_mu;
 std::vector<std::pair<Py_hash_t, PyObject*>>& Contexts() {
   static auto* contexts = new std::vector<std::pair<Py_hash_t, PyObject*>>();  // strong refs, process lifetime
   return *contexts;
@@ -861,7 +866,7 @@ nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h, bool* interned) 
   SmallVector<nb::object, 4> candidates;
   size_t seen;
   {
-    nb::ft_lock_guard lock(g_contexts_mu);
+    std::lock_guard<LeafMutex> lock(g_contexts_mu);
     auto& all = Contexts();
     seen = all.size();
     for (auto& kv : all) {
@@ -874,7 +879,7 @@ nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h, bool* interned) 
     if (r < 0) throw nb::python_error();
     if (r == 1) return c;
   }
-  nb::ft_lock_guard lock(g_contexts_mu);
+  std::lock_guard<LeafMutex> lock(g_contexts_mu);
   auto& all = Contexts();
   // Another thread may have interned an equal context meanwhile: only those
   // appended since are worth a look, and only by identity under the lock
@@ -960,6 +965,25 @@ int CompareNames(PyObject* a, PyObject* b) {
 PythonTypes& Types() {
   static PythonTypes types;
   return types;
+}
+
+void InitSignatures() {
+  if (!g_names) g_names = new Names();  // kept for the process's lifetime
+}
+
+void ReinitSignatureLocksInChild() {
+  ReinitInChild(g_dtypes_mu);
+  ReinitInChild(g_contexts_mu);
+}
+
+void LockSignatureLocksForTest(bool lock) {
+  if (lock) {
+    g_dtypes_mu.lock();
+    g_contexts_mu.lock();
+  } else {
+    g_contexts_mu.unlock();
+    g_dtypes_mu.unlock();
+  }
 }
 
 void ClearErrorKeepingInterrupt() {
@@ -1102,8 +1126,18 @@ FastEq FastObjectEquals(PyObject* a, PyObject* b, int depth = 0) noexcept {
   PyTypeObject* t = Py_TYPE(a);
   if (t != Py_TYPE(b)) return FastEq::kNotEqual;  // StrictEqual: types differ
   if (t == &PyLong_Type) {
-    // long_richcompare: C only, never fails for two exact ints.
-    return PyObject_RichCompareBool(a, b, Py_EQ) == 1 ? FastEq::kEqual : FastEq::kNotEqual;
+    // long_richcompare itself, not PyObject_RichCompareBool: that one
+    // enters a recursive call, which fails (leaving an error set) at the
+    // recursion limit. long_richcompare is C only and cannot fail for two
+    // exact ints; should it ever, "unknown" sends the caller to Equals().
+    PyObject* r = PyLong_Type.tp_richcompare(a, b, Py_EQ);
+    if (!r) {
+      PyErr_Clear();
+      return FastEq::kUnknown;
+    }
+    bool equal = r == Py_True;
+    Py_DECREF(r);  // a bool singleton: no destructor runs
+    return equal ? FastEq::kEqual : FastEq::kNotEqual;
   }
   if (t == &PyUnicode_Type) {
     return PyUnicode_Compare(a, b) == 0 ? FastEq::kEqual : FastEq::kNotEqual;
@@ -1144,6 +1178,18 @@ FastEq FastIdentity(PyObject* a, PyObject* b) noexcept {
 }
 
 }  // namespace
+
+const char* DebugFastEqualsAtRecursionLimit(PyObject* a, PyObject* b, bool* error_set) {
+  // Use up the recursion budget, as a call at the limit finds it.
+  int depth = 0;
+  while (depth < 1000000 && !Py_EnterRecursiveCall(" (test)")) ++depth;
+  PyErr_Clear();
+  FastEq r = FastObjectEquals(a, b);
+  *error_set = PyErr_Occurred() != nullptr;
+  PyErr_Clear();
+  while (depth-- > 0) Py_LeaveRecursiveCall();
+  return r == FastEq::kEqual ? "equal" : r == FastEq::kNotEqual ? "not equal" : "unknown";
+}
 
 CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const noexcept {
   if (hash != o.hash || num_positional != o.num_positional || !(tree == o.tree) ||

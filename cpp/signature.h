@@ -310,6 +310,21 @@ struct PythonTypes {
 };
 PythonTypes& Types();
 
+// Module init: makes the objects the builder uses (interned names) before
+// any call can need them. Runs Python; call once, from the module's init.
+void InitSignatures();
+
+// For a forked child's only thread (see leaf_mutex.h): re-initialises the
+// builder's process-wide locks (interned dtypes and contexts).
+void ReinitSignatureLocksInChild();
+// Tests only: the hot path's Python-free comparison of two static values,
+// run with the recursion budget used up (as for a call at the recursion
+// limit); says "equal", "not equal" or "unknown", and whether it left an
+// error set (it must not: it runs under a lock, on the hot path).
+const char* DebugFastEqualsAtRecursionLimit(PyObject* a, PyObject* b, bool* error_set);
+// Tests only (_core._debug_hold_locks): takes or releases those locks.
+void LockSignatureLocksForTest(bool lock);
+
 // Raises `type(message)` with the current exception (if any) as __cause__.
 [[noreturn]] void ThrowWithCause(PyObject* type, const std::string& message);
 

@@ -5,6 +5,8 @@ signature compiles once, a call with a known signature compiles nothing, and
 every result is computed from the call's real values."""
 
 import collections
+import gc
+import weakref
 import re
 
 import numpy as np
@@ -970,3 +972,46 @@ def test_unhashable_context_is_a_typeerror_naming_the_context(hook):
         assert isinstance(info.value.__cause__, TypeError)
         assert "unhashable type: 'list'" in str(info.value.__cause__)
     assert comp.calls == 0 and jf.cache_info().misses == 0
+
+
+@pytest.mark.parametrize("attr", ["plain_types", "aval_types"])
+def test_the_core_keeps_its_own_copy_of_a_compilers_type_lists(attr):
+    """The core borrows type pointers from a compiler's plain_types and
+    aval_types: it owns a tuple copy, so that a list the compiler mutates
+    afterwards cannot leave it a pointer to a type that died."""
+    if attr == "aval_types":
+        ArrayType = _make_aval_array_type()
+        comp = _AvalCompiler(ArrayType)
+        make = lambda t: t(_Aval(np.float32, (4,)))  # noqa: E731
+    else:
+        class ArrayType:
+            dtype = np.dtype(np.float32)
+            shape = (4,)
+
+        comp = CountingCompiler()
+        make = lambda t: t()  # noqa: E731
+    types = [ArrayType]
+    setattr(comp, attr, types)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    ref = weakref.ref(ArrayType)
+    types.clear()
+    del ArrayType
+    gc.collect()
+    assert ref() is not None, "the jitted function's copy must keep the type alive"
+    x = make(ref())
+    assert jf(x) is x and jf(x) is x
+    assert comp.calls == 1
+    assert _short_signatures(jf) == ["<lambda>(float32[4])"]
+
+
+def test_hot_path_comparison_of_statics_cannot_fail_at_the_recursion_limit():
+    """The hit path compares static ints under a lock, where nothing may
+    fail or leave an error set: at the recursion limit too (where
+    PyObject_RichCompareBool raises RecursionError)."""
+    big, same = 10**30, int("1" + "0" * 30)
+    assert big == same and big is not same
+    probe = ftjit._core._debug_fast_equals_at_recursion_limit
+    assert probe(big, same) == ("equal", False)
+    assert probe(big, same + 1) == ("not equal", False)
+    assert probe("a" * 40, "".join(["a"] * 40)) == ("equal", False)
+    assert probe((1, big), (1, same)) == ("equal", False)

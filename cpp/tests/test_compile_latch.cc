@@ -11,6 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "check.h"
 
 namespace {
@@ -88,7 +91,7 @@ void RunHerd(State final_state) {
     std::atomic<int> slices_total{0};
     RunThreads(kThreads, [&](size_t t) {
       if (t == 0) {
-        holder = std::make_unique<CompileLatch>(std::this_thread::get_id());
+        holder = std::make_unique<CompileLatch>(ftjit::ThisThreadOwner());
         latch_ptr.store(holder.get(), std::memory_order_release);
         SpinUntil([&] { return registered.load() == static_cast<int>(kThreads - 1); });
         std::this_thread::sleep_for(50ms);
@@ -102,7 +105,7 @@ void RunHerd(State final_state) {
       }
       CompileLatch* latch;
       while ((latch = latch_ptr.load(std::memory_order_acquire)) == nullptr) std::this_thread::yield();
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       CHECK(latch->owner() != self);
       CHECK(graph.BeginWait(self, latch));
       registered.fetch_add(1);
@@ -146,7 +149,7 @@ void TestHerdFailed() { RunHerd(State::kFailed); }
 // Waiting on a latch the caller itself owns is refused while it compiles, and nothing is registered.
 void TestSelfWait() {
   WaitForGraph graph;
-  const auto self = std::this_thread::get_id();
+  const auto self = ftjit::ThisThreadOwner();
   CompileLatch mine(self);
   CHECK(mine.owner() == self);
   CHECK(mine.compiling());
@@ -165,7 +168,7 @@ void TestSelfWait() {
 
   // The same from another thread, whose latch is owned by itself.
   std::thread other([&] {
-    const auto me = std::this_thread::get_id();
+    const auto me = ftjit::ThisThreadOwner();
     CompileLatch own(me);
     CHECK(!graph.BeginWait(me, &own));
     CHECK_EQ(graph.waiting(), size_t{0});
@@ -184,7 +187,7 @@ void TestMutualWait() {
     bool began[2] = {false, false};
     State seen[2] = {State::kCompiling, State::kCompiling};
     RunThreads(2, [&](size_t t) {
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       latches[t] = std::make_unique<CompileLatch>(self);
       made.Arrive();
       CompileLatch& other = *latches[1 - t];
@@ -219,7 +222,7 @@ void TestThreeCycle() {
     bool began[3] = {false, false, false};
     State seen[3] = {State::kCompiling, State::kCompiling, State::kCompiling};
     RunThreads(3, [&](size_t t) {
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       latches[t] = std::make_unique<CompileLatch>(self);
       made.Arrive();
       // Thread k waits on k+1's latch; registration order ends with `closer`.
@@ -257,7 +260,7 @@ void TestChainWithoutCycle() {
     bool began[3] = {false, false, false};
     int result[4] = {0, 0, 0, 0};  // plain: each compile's "output"
     RunThreads(4, [&](size_t t) {
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       latches[t] = std::make_unique<CompileLatch>(self);
       made.Arrive();
       if (t == 3) {
@@ -291,7 +294,7 @@ void TestPublishedLatchNoFalseCycle() {
     Steps steps;
     bool b_began = false;
     RunThreads(2, [&](size_t t) {
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       latches[t] = std::make_unique<CompileLatch>(self);
       made.Arrive();
       if (t == 0) {  // A
@@ -343,7 +346,7 @@ void TestRandomWaitGraphs() {
     Barrier made(kThreads);
     std::atomic<int> refused{0};
     RunThreads(kThreads, [&](size_t t) {
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       latches[t] = std::make_unique<CompileLatch>(self);
       made.Arrive();
       CompileLatch& dep = *latches[target[t]];
@@ -372,7 +375,7 @@ void TestEndWaitCounts() {
   Steps steps;
   std::atomic<int> registered{0};
   RunThreads(kWaiters + 1, [&](size_t t) {
-    const auto self = std::this_thread::get_id();
+    const auto self = ftjit::ThisThreadOwner();
     if (t == 0) latch = std::make_unique<CompileLatch>(self);
     made.Arrive();
     if (t == 0) {
@@ -412,7 +415,7 @@ void TestNestedWaitKeepsOuterEdge() {
     Steps steps;
     bool a_began = true;
     RunThreads(3, [&](size_t t) {
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       latches[t] = std::make_unique<CompileLatch>(self);
       made.Arrive();
       if (t == 1) {  // B
@@ -458,7 +461,7 @@ void TestHiddenCycleCaughtBetweenSlices() {
     Steps steps;
     std::atomic<int> refused{0};
     RunThreads(3, [&](size_t t) {
-      const auto self = std::this_thread::get_id();
+      const auto self = ftjit::ThisThreadOwner();
       latches[t] = std::make_unique<CompileLatch>(self);
       made.Arrive();
       if (t == 1) {  // B
@@ -503,6 +506,76 @@ void TestHiddenCycleCaughtBetweenSlices() {
   }
 }
 
+// A thread waits on a latch; the process forks; the child, where that
+// waiter does not exist, destroys the latch (as clearing a cache or the
+// after-fork hook's drop of orphans does). Nothing may block: the latch holds
+// no mutex or condition variable that a vanished thread could be using.
+void TestDestroyInForkedChildAfterWaiters() {
+  auto latch = std::make_unique<CompileLatch>(ftjit::ThisThreadOwner());
+  std::atomic<bool> waiting{false};
+  std::thread waiter([&] {
+    waiting.store(true);
+    WaitUntilDone(*latch);
+  });
+  SpinUntil([&] { return waiting.load(); });
+  std::this_thread::sleep_for(20ms);  // the waiter is asleep on the latch
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    alarm(10);  // a hang ends the child with SIGALRM
+    latch.reset();
+    _exit(0);
+  }
+  int status = 0;
+  CHECK_EQ(waitpid(pid, &status, 0), pid);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+  latch->Publish(State::kReady);
+  waiter.join();
+}
+
+// Owner ids and fork generations (the fork simulated: NoteForkInChild() run
+// by one thread, as the after-fork hook runs it in the child): a compile in
+// flight in another thread is orphaned; the forking thread's own compile is
+// not, nor is anything made after the fork; a thread started later never
+// has the id of a thread of before.
+void TestForkGenerationOwnership() {
+  std::unique_ptr<CompileLatch> other, mine_before, mine_after, later;
+  ftjit::OwnerId other_id = 0, forker_id = 0, later_id = 0;
+  std::thread([&] {
+    other_id = ftjit::ThisThreadOwner();
+    other = std::make_unique<CompileLatch>(other_id);
+  }).join();
+  std::thread([&] {
+    forker_id = ftjit::ThisThreadOwner();
+    mine_before = std::make_unique<CompileLatch>(forker_id);
+    CHECK(!other->OrphanedByFork());
+    CHECK(!mine_before->OrphanedByFork());
+    ftjit::NoteForkInChild();
+    CHECK(other->OrphanedByFork());
+    CHECK(!mine_before->OrphanedByFork());
+    mine_after = std::make_unique<CompileLatch>(forker_id);
+    CHECK(!mine_after->OrphanedByFork());
+  }).join();
+  std::thread([&] {
+    later_id = ftjit::ThisThreadOwner();
+    later = std::make_unique<CompileLatch>(later_id);
+  }).join();
+  CHECK(later_id != other_id && later_id != forker_id && other_id != forker_id);
+  CHECK(!later->OrphanedByFork());
+  // A published latch is never orphaned, whoever made it.
+  other->Publish(State::kReady);
+  CHECK(!other->OrphanedByFork());
+  // A second fork, by the later thread: the first forker's compiles are now
+  // the lost ones, the later thread's are not.
+  ftjit::g_fork_survivor.store(later_id);  // NoteForkInChild() as the later thread runs it
+  ftjit::g_fork_generation.fetch_add(1);
+  CHECK(mine_before->OrphanedByFork());
+  CHECK(mine_after->OrphanedByFork());
+  CHECK(!later->OrphanedByFork());
+  for (auto* l : {mine_before.get(), mine_after.get(), later.get()}) l->Publish(State::kReady);
+}
+
 }  // namespace
 
 int main() {
@@ -517,6 +590,8 @@ int main() {
   RUN_TEST(TestEndWaitCounts);
   RUN_TEST(TestNestedWaitKeepsOuterEdge);
   RUN_TEST(TestHiddenCycleCaughtBetweenSlices);
+  RUN_TEST(TestDestroyInForkedChildAfterWaiters);
+  RUN_TEST(TestForkGenerationOwnership);  // last: it leaves the fork bookkeeping advanced
   std::fprintf(stderr, "all CompileLatch/WaitForGraph tests passed\n");
   return 0;
 }

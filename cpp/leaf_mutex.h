@@ -1,0 +1,55 @@
+// ftjit: the lock of the core's short, Python-free critical sections, and how
+// a forked child gets its locks back.
+//
+// LeafMutex is a PyMutex on free-threaded builds (one byte; a contended
+// lock() parks the thread *detached*, so a stop-the-world or the GC never
+// waits for it) and a no-op on GIL builds, where the GIL, held throughout
+// every critical section it guards (they never release it), serialises them.
+// It is a leaf: nothing else is locked while it is held, and no Python code
+// runs under it (reference counts may be taken; no object is destroyed).
+//
+// Fork: CPython stops the world before fork(), but a PyMutex unlocked with
+// waiters may have been handed straight to a parked (detached) waiter,
+// which the stop-the-world does not wait for. In the child that waiter does
+// not exist and the lock stays held forever. The data behind it is intact
+// (the waiter had not entered its critical section, and a thread inside one
+// is attached, so the stop-the-world waited for it to leave), so a child
+// re-initialises every such lock before using it, as CPython does for its
+// own (ReinitInChild, called from the after-fork hook in the child's only
+// thread).
+#pragma once
+
+#include <Python.h>
+
+#include <new>
+
+namespace ftjit {
+
+class LeafMutex {
+ public:
+  constexpr LeafMutex() = default;
+  LeafMutex(const LeafMutex&) = delete;
+  LeafMutex& operator=(const LeafMutex&) = delete;
+
+#ifdef Py_GIL_DISABLED
+  void lock() { PyMutex_Lock(&mu_); }
+  void unlock() { PyMutex_Unlock(&mu_); }
+
+ private:
+  PyMutex mu_{0};
+#else
+  void lock() {}
+  void unlock() {}
+#endif
+};
+
+// Puts `mu` back in its unlocked, freshly constructed state. Only for a
+// forked child's only thread, before anything else uses `mu` (see above).
+// (The primitives, which are Python-free and take the lock type as a
+// template parameter, do the same in their ReinitLockInChild().)
+inline void ReinitInChild(LeafMutex& mu) {
+  mu.~LeafMutex();
+  new (&mu) LeafMutex();
+}
+
+}  // namespace ftjit
