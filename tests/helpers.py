@@ -7,6 +7,7 @@ would be shared by the parallel copies of one test.
 """
 
 import gc
+import sys
 import threading
 import time
 import weakref
@@ -171,6 +172,38 @@ def wait_for(predicate, timeout):
             return bool(predicate())
         time.sleep(0.002)
     return True
+
+
+def classes_can_die():
+    """Whether a class nothing refers to is ever collected on this interpreter.
+
+    Not on CPython 3.13t once a second thread has started: the free-threaded
+    3.13 build then makes every object with deferred reference counting
+    (classes, functions, modules) immortal, for good. (pytest-timeout's
+    thread method starts one per test.) 3.14t counts them per thread instead.
+    """
+    class Probe:
+        pass
+
+    is_immortal = getattr(sys, "_is_immortal", None)
+    if is_immortal is not None:
+        return not is_immortal(Probe)
+    return sys.getrefcount(Probe) < 2**30
+
+
+def reachable_from(root, target, limit=100_000):
+    """Whether ``target`` is reachable from ``root`` by strong references the
+    GC can see (gc.get_referents, transitively). Weak references do not count."""
+    seen = {id(root)}
+    todo = [root]
+    while todo and len(seen) < limit:
+        for obj in gc.get_referents(todo.pop()):
+            if obj is target:
+                return True
+            if id(obj) not in seen and not isinstance(obj, (type, weakref.ref)):
+                seen.add(id(obj))
+                todo.append(obj)
+    return False
 
 
 def gc_collect_until(predicate, timeout=5.0):

@@ -27,8 +27,10 @@ import ftjit.errors
 from helpers import (
     CountingCompiler,
     LogCapture,
+    classes_can_die,
     gc_collect_until,
     named,
+    reachable_from,
     run_threads,
     unique_name,
     wait_for,
@@ -282,14 +284,23 @@ def test_stats_str_table_contains_names():
     assert "TOTAL (1 functions)" in lines[-1]
 
 
-@pytest.mark.thread_unsafe(reason="asserts this function is in the process-wide top 10")
-def test_stats_str_lists_slow_function():
+def test_stats_str_lists_the_top_10_by_compile_time():
+    """str(stats) lists the 10 functions that spent longest compiling, then
+    the totals. Checked on rows whose compile times are given, not measured:
+    on a loaded machine other tests' functions may well compile slower."""
+    rows = [ftjit.FunctionStats(f"fn{i}", 0, 1, 1, 0, 0, 1, 0, float(i), 0.0) for i in range(12)]
+    rows.sort(key=lambda r: r.compile_seconds, reverse=True)
+    total = ftjit.FunctionStats("TOTAL (12 functions)", 0, 12, 12, 0, 0, 12, 0, 66.0, 0.0)
+    text = str(ftjit.Stats(tuple(rows), total))
+    listed = [line.split()[0] for line in text.splitlines()[2:] if line.split() and not line.startswith("-")]
+    assert listed == [f"fn{i}" for i in range(11, 1, -1)] + ["TOTAL"]
+    # A real snapshot: a function is in the text exactly when it ranks in the top 10.
     fun, name = fresh("stats_slow")
-    jf = ftjit.jit(fun, compiler=CountingCompiler(delay=0.3), cache=ftjit.FunctionCache())
+    jf = ftjit.jit(fun, compiler=CountingCompiler(delay=0.05), cache=ftjit.FunctionCache())
     jf(z(2))
     s = ftjit.stats()
-    assert _row(s, name) in s.top(10)
-    assert name in str(s)
+    rank = s.functions.index(_row(s, name))
+    assert (name in str(s)) == (rank < 10)
 
 
 def test_stats_drop_dead_functions():
@@ -1471,9 +1482,11 @@ def test_shared_guard_state_does_not_keep_a_static_arguments_class_alive():
     assert Key.jf(1.0, Key()) == 1.0
     Key.jf.clear_cache()
     assert len(Key.jf._compiler._seen) == 1  # the guard still remembers (Key's type among it)
+    assert not reachable_from(Key.jf._compiler.state, Key), "the guard's state refers to the class"
     r = weakref.ref(Key)
     del Key
-    assert gc_collect_until(lambda: r() is None), "the static argument's class was kept alive"
+    if classes_can_die():  # not on 3.13t, where classes become immortal (see helpers)
+        assert gc_collect_until(lambda: r() is None), "the static argument's class was kept alive"
 
 
 def test_max_signatures_count_outlives_the_wrappers():
@@ -1530,9 +1543,11 @@ def test_guard_state_holds_no_context_value():
     filler(1.0)  # this thread's memo of the last context moves on
     Model.f.clear_cache()
     assert len(Model.f._compiler._seen) == 1
+    assert not reachable_from(Model.f._compiler.state, Model), "the guard's state refers to the context value"
     r = weakref.ref(Model)
     del Model
-    assert gc_collect_until(lambda: r() is None), "the guard kept a context value (and its class) alive"
+    if classes_can_die():  # not on 3.13t, where classes become immortal (see helpers)
+        assert gc_collect_until(lambda: r() is None), "the guard kept a context value (and its class) alive"
 
 
 def test_pytree_aux_data_counts_by_equality_not_by_its_printed_address():
@@ -1625,9 +1640,11 @@ def test_guard_holds_no_int_or_str_subclass_context_value():
     comp.cur = ("other",)
     filler(1.0)
     Phase.f.clear_cache()
+    assert not reachable_from(Phase.f._compiler.state, Phase), "the guard's state refers to the IntEnum"
     r = weakref.ref(Phase)
     del Phase
-    assert gc_collect_until(lambda: r() is None), "the guard kept an IntEnum context value (and its class) alive"
+    if classes_can_die():  # not on 3.13t, where classes become immortal (see helpers)
+        assert gc_collect_until(lambda: r() is None), "the guard kept an IntEnum context value (and its class) alive"
 
 
 # --- explanations name what changed in the tracing context -----------------------

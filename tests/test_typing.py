@@ -6,6 +6,7 @@ documented methods. Checked by running mypy on small user programs against
 the installed package's files (copied, as a wheel would lay them out).
 """
 
+import importlib.util
 import os
 import re
 import shutil
@@ -58,6 +59,9 @@ BAD = """
 def _mypy(tmp_path, source: str | None) -> list[str]:
     """mypy's error and note lines for `source` (as user.py), ftjit's own files
     silenced; with source None, mypy's lines for the ftjit package itself."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail(f"mypy is not installed for {sys.executable}, and these tests run it: "
+                    "pip install 'ftjit[test]' (or 'mypy>=1.10'); bash dev.sh test installs it", pytrace=False)
     pkg = tmp_path / "pkg" / "ftjit"
     pkg.mkdir(parents=True)
     src = os.path.dirname(ftjit.__file__)
