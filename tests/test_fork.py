@@ -17,9 +17,10 @@ import sys
 
 import pytest
 
+# Safe to run in several threads at once: each run is its own interpreter
+# (which imports ftjit but not jax, so 8 at once stay cheap).
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.thread_unsafe(reason="spawns an interpreter that forks"),
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork"),
 ]
 
