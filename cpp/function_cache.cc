@@ -58,8 +58,6 @@ void RegisterEntries(const std::shared_ptr<FunctionEntries>& fe) {
   all.push_back(fe);
 }
 
-bool Evictable(const EntryPtr& e) { return !e->latch.compiling(); }
-
 class FunctionCache {
  public:
   explicit FunctionCache(long long capacity) {
@@ -87,21 +85,30 @@ class FunctionCache {
 
 }  // namespace
 
-void ReleaseEvicted(std::vector<EntryPtr>& evicted) {
-  for (EntryPtr& e : evicted) {
-    if (std::shared_ptr<FunctionEntries> fe = e->cache.lock()) {
-      fe->counters().evictions.fetch_add(1, std::memory_order_relaxed);
-      // Erase returns the slot's value; it is dropped here, outside any lock.
-      fe->Discard(e);
+ThreadCtx& ThisThread() {
+  // The record goes back to the domain at thread exit; only atomics are
+  // written then, so it is safe without a thread state (and at shutdown).
+  struct Holder {
+    ThreadCtx ctx{ThreadShard(), nullptr};
+    ~Holder() {
+      if (ctx.rec) EpochDomain<LeafMutex>::Release(ctx.rec);
     }
-  }
-  evicted.clear();  // the entries' Python objects die here, no lock held
+  };
+  thread_local Holder holder;
+  if (!holder.ctx.rec) holder.ctx.rec = g_epochs->Acquire();
+  return holder.ctx;
+}
+
+EpochDomain<LeafMutex>::Record* PyEntryTraits::ThreadRecord() { return ThisThread().rec; }
+
+void InitCaches() {
+  if (!g_epochs) g_epochs = new EpochDomain<LeafMutex>();  // process lifetime
 }
 
 void CacheCore::ClearAll() {
   std::vector<EntryPtr> all = lru.Clear();
   for (EntryPtr& e : all) {
-    if (std::shared_ptr<FunctionEntries> fe = e->cache.lock()) fe->Discard(e);
+    if (auto store = e->store.lock()) store->Discard(e);
   }
   all.clear();
   // Entries that were inserted but not yet linked into the LRU are caught by
@@ -120,109 +127,15 @@ void CacheCore::ForgetFunction(const FunctionEntries* fe) {
   // `removed` (and possibly the FunctionEntries itself) is dropped here.
 }
 
-FunctionEntries::~FunctionEntries() {
-  // Usually empty by now (a clear, the weakref callback or the wrapper's
-  // dealloc ran first). When not (e.g. the cache object died first, see
-  // ~FunctionCache), the entries still linked in the shared LRU must stop
-  // counting against it: unlink them; they die after the LRU's unlock.
-  if (map_.size() == 0) return;
-  const FunctionEntries* self = this;
-  std::vector<EntryPtr> unlinked =
-      core_->lru.RemoveIf([self](const EntryPtr& e) { return e->cache_raw == self; });
-}
-
 nb::object FunctionEntries::SharedState(nb::handle offered) {
   std::lock_guard<LeafMutex> lock(shared_mu_);
   if (!shared_state_.is_valid()) shared_state_ = nb::borrow(offered);
   return shared_state_;  // a new reference, taken under the lock
 }
 
-PyObject* FunctionEntries::FindReady(const CallSignature& sig) {
-  auto fast_eq = [](const SigPtr& stored, const CallSignature& probe) noexcept {
-    return stored->FastEquals(probe);
-  };
-  // Runs under the map's lock: Python-free (Py_NewRef only adds a reference).
-  auto on_found = [this](const EntryPtr& e) noexcept -> PyObject* {
-    if (e->latch.state() != CompileLatch::State::kReady) return nullptr;
-    int shard = ThreadShard();
-    counters_.Hit(shard);
-    e->hits.Add(shard);
-    SharedLru<EntryPtr, LeafMutex>::Touch(e);
-    return Py_NewRef(e->executable.ptr());
-  };
-  return map_.FindLocked(sig.hash, sig, fast_eq, on_found, static_cast<PyObject*>(nullptr),
-                         static_cast<PyObject*>(nullptr));
-}
-
-FunctionEntries::Lookup FunctionEntries::FindOrInsert(CallSignature& sig) {
-  auto eq = [](const SigPtr& stored, const CallSignature& probe) { return stored->Equals(probe); };
-  // The hit path: no allocation.
-  if (EntryPtr found = map_.Find(sig.hash, sig, eq)) return Lookup{std::move(found), false};
-  // A miss: the signature becomes the key, and the probe of the insert.
-  auto owned = std::make_shared<CallSignature>(std::move(sig));
-  SigPtr key = owned;
-  auto make = [this, &key]() {
-    return std::make_pair(key, std::make_shared<Entry>(key, weak_from_this(), this));
-  };
-  auto r = map_.FindOrInsert(key->hash, *key, eq, make);
-  if (!r.inserted) {
-    // Another thread inserted it meanwhile. Nothing kept `owned` (a pair made
-    // for the insert died with it), so the caller gets its signature back: it
-    // may look it up again (after an abandoned compile).
-    key.reset();
-    sig = std::move(*owned);
-  }
-  return Lookup{std::move(r.value), r.inserted};
-}
-
-void FunctionEntries::AdmitLru(const EntryPtr& e) {
-  std::vector<EntryPtr> evicted = core_->lru.Insert(e, Evictable);
-  // A clear (of this function, its cache, or all caches) may have removed `e`
-  // from the map between its insertion and this link. Every clear empties
-  // the map first and unlinks from the LRU second, so checking the map after
-  // linking closes the gap: either that clear's unlink comes after our link
-  // and removes it, or we see `e` gone and unlink it ourselves. Without this
-  // the LRU would count an entry no map holds, keeping its executable alive.
-  if (!map_.ContainsValue(e->sig->hash, e)) core_->lru.Remove(e);
-  ReleaseEvicted(evicted);
-}
-
-void FunctionEntries::TrimLru() {
-  if (core_->lru.size() <= core_->lru.capacity()) return;
-  std::vector<EntryPtr> evicted = core_->lru.Trim(Evictable);
-  ReleaseEvicted(evicted);
-}
-
-void FunctionEntries::Discard(const EntryPtr& e) {
-  EntryPtr removed = map_.Erase(e->sig->hash, e);
-  core_->lru.Remove(e);
-  // `removed` is dropped on return, outside both locks.
-}
-
-void FunctionEntries::Clear() {
-  auto removed = map_.Clear();
-  const FunctionEntries* self = this;
-  std::vector<EntryPtr> unlinked =
-      core_->lru.RemoveIf([self](const EntryPtr& e) { return e->cache_raw == self; });
-  // Both vectors die here, with no lock held.
-}
-
-void FunctionEntries::DropOrphans() {
-  auto removed =
-      map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
-  for (auto& kv : removed) core_->lru.Remove(kv.second);
-  // `removed` dies here, outside both locks.
-}
-
-std::vector<EntryPtr> FunctionEntries::Entries() const {
-  std::vector<EntryPtr> out;
-  for (auto& kv : map_.Snapshot()) out.push_back(std::move(kv.second));
-  return out;
-}
-
 nb::object Forgetter(const std::shared_ptr<FunctionEntries>& fe) {
   // Only weak pointers: it keeps neither the entries nor the cache alive.
-  std::weak_ptr<CacheCore> weak_core = fe->core();
+  std::weak_ptr<CacheCore> weak_core = std::static_pointer_cast<CacheCore>(fe->core());
   std::weak_ptr<FunctionEntries> weak_fe = fe;
   return nb::cpp_function([weak_core, weak_fe](nb::args) {
     std::shared_ptr<CacheCore> c = weak_core.lock();
@@ -282,9 +195,9 @@ void ClearAllCaches() {
 
 void FunctionEntries::LockAllForTest(bool lock) {
   if (lock) {
-    map_.LockForTest();
-    core_->lru.LockForTest();
-    core_->functions.LockForTest();
+    LockStoreForTest(true);
+    cache_core().lru.LockForTest();
+    cache_core().functions.LockForTest();
     shared_mu_.lock();
     g_cores_mu.lock();
     g_entries_mu.lock();
@@ -292,9 +205,9 @@ void FunctionEntries::LockAllForTest(bool lock) {
     g_entries_mu.unlock();
     g_cores_mu.unlock();
     shared_mu_.unlock();
-    core_->functions.UnlockForTest();
-    core_->lru.UnlockForTest();
-    map_.UnlockForTest();
+    cache_core().functions.UnlockForTest();
+    cache_core().lru.UnlockForTest();
+    LockStoreForTest(false);
   }
 }
 
@@ -312,6 +225,7 @@ void AfterForkInChildCaches() {
     c->lru.ReinitLockInChild();
     c->functions.ReinitLockInChild();
   }
+  g_epochs->ReinitLockInChild();
   std::vector<std::shared_ptr<FunctionEntries>> all = LiveEntries();
   for (auto& fe : all) fe->ReinitLocksInChild();
   // Every lock is usable again: now the orphans can go.
@@ -331,7 +245,7 @@ nb::object MakeCacheInfo(FunctionEntries& fe) {
   Counters& c = fe.counters();
   auto r = std::memory_order_relaxed;
   PyObject* info = PyObject_CallFunction(
-      Types().cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.Hits()),
+      Types().cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.hits.Load()),
       static_cast<unsigned long long>(c.misses.load(r)),
       static_cast<unsigned long long>(c.compiles.load(r)),
       static_cast<unsigned long long>(c.waits.load(r)),

@@ -305,7 +305,7 @@ struct CompilePublisher {
       // A C++ exception escaped (e.g. bad_alloc): report it to waiters.
       PyObject *t, *v, *tb;
       PyErr_Fetch(&t, &v, &tb);
-      e->error = nb::steal(PyObject_CallFunction(
+      e->payload.error = nb::steal(PyObject_CallFunction(
           PyExc_RuntimeError, "s", "ftjit: the compile was aborted by an internal error"));
       PyErr_Clear();
       PyErr_Restore(t, v, tb);
@@ -352,7 +352,7 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
     // BaseException that is not an Exception) is not the compile's result:
     // it stays with this thread, and a waiter compiles again instead.
     if (PyObject_IsInstance(error.ptr(), PyExc_Exception) == 1) {
-      e->error = ErrorForWaiters(error);
+      e->payload.error = ErrorForWaiters(error);
       publisher.Fail();
     } else {
       PyErr_Clear();  // IsInstance may have raised (a hostile __class__)
@@ -370,15 +370,15 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
     Reraise(error.ptr());
   }
   uint64_t nanos = NanosSince(t0);
-  e->executable = std::move(exe);
-  e->compile_seconds = static_cast<double>(nanos) * 1e-9;
+  e->payload.executable = std::move(exe);
+  e->payload.compile_seconds = static_cast<double>(nanos) * 1e-9;
   c.compiles.fetch_add(1, std::memory_order_relaxed);
   c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
   publisher.done = true;
   e->latch.Publish(CompileLatch::State::kReady);
-  st.entries->TrimLru();
+  st.entries->Published();
   if (st.on_compile.is_valid()) {
-    nb::object secs = nb::steal(PyFloat_FromDouble(e->compile_seconds));
+    nb::object secs = nb::steal(PyFloat_FromDouble(e->payload.compile_seconds));
     nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
     nb::object sig = SignatureString(st, *e);
     if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
@@ -408,7 +408,7 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
 nb::object CompileAndCall(JitState& st, const EntryPtr& e, PyObject* const* args,
                           size_t nargsf, PyObject* kwnames) {
   Compile(st, e, args, nargsf, kwnames);
-  return CallExecutable(st, e->executable.ptr(), args, nargsf, kwnames);
+  return CallExecutable(st, e->payload.executable.ptr(), args, nargsf, kwnames);
 }
 
 // `e` is being compiled by another thread (or by this one: recursion).
@@ -499,7 +499,7 @@ bool WaitForCompile(JitState& st, Entry& e) {
     if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
     CallHook(st.on_wait, {name.ptr(), sig.ptr(), secs.ptr()});
   }
-  if (s == CompileLatch::State::kFailed) RaiseForWaiter(st, e.error);
+  if (s == CompileLatch::State::kFailed) RaiseForWaiter(st, e.payload.error);
   return s == CompileLatch::State::kReady;
 }
 
@@ -550,20 +550,36 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
     }
     return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
   }
-  // The hot path: a ready entry found by a Python-free probe.
-  if (PyObject* exe = st.entries->FindReady(sig)) {
-    nb::object hold = nb::steal(exe);  // the entry may be evicted meanwhile
-    return CallExecutable(st, exe, args, nargsf, kwnames);
+  // The hot path: a ready entry found by the lock-free probe. No reference
+  // to the executable is taken: the entry (and so its executable) stays
+  // alive while this thread is counted in flight on it (entry_store.h).
+  ThreadCtx& t = ThisThread();
+  if (Entry* e = st.entries->FindReady(sig, t.rec, t.shard)) {
+    nb::object out;
+    try {
+      out = CallExecutable(st, e->payload.executable.ptr(), args, nargsf, kwnames);
+#ifdef __GLIBCXX__
+    } catch (abi::__forced_unwind&) {
+      // Ended by CPython at shutdown, with no thread state: nothing may be
+      // freed here (the entry leaks if this was its last call).
+      FunctionEntries::FinishCallNoFree(e, t.shard);
+      throw;
+#endif
+    } catch (...) {
+      FunctionEntries::FinishCall(e, t.rec, t.shard);
+      throw;
+    }
+    FunctionEntries::FinishCall(e, t.rec, t.shard);
+    return out;
   }
   Resolved r = Resolve(st, sig);
   if (r.inserted) return CompileAndCall(st, r.entry, args, nargsf, kwnames);
   if (r.was_ready) {
-    int shard = ThreadShard();
-    st.entries->counters().Hit(shard);
-    r.entry->hits.Add(shard);
+    st.entries->counters().hits.Add(t.shard);
+    r.entry->shards[t.shard].hits.fetch_add(1, std::memory_order_relaxed);
   }
   SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);
-  return CallExecutable(st, r.entry->executable.ptr(), args, nargsf, kwnames);
+  return CallExecutable(st, r.entry->payload.executable.ptr(), args, nargsf, kwnames);
 }
 
 extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args,
@@ -715,7 +731,7 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
     for (const EntryPtr& e : entries) {
       if (e->latch.state() != CompileLatch::State::kReady) continue;
       out.append(nb::make_tuple(e->sig->ToString(st.spec.fun_name),
-                                e->hits.Load(), e->compile_seconds));
+                                e->Hits(), e->payload.compile_seconds));
     }
     return out.release().ptr();
   } catch (nb::python_error& err) {

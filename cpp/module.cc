@@ -15,6 +15,7 @@ NB_MODULE(_core, m) {
   // core) are intentionally alive at interpreter exit.
   nb::set_leak_warnings(false);
   ftjit::InitSignatures();  // before anything can build a signature
+  ftjit::InitCaches();      // before anything can make a cache
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
   m.def(

@@ -3,9 +3,6 @@
 // Contract
 //   * The caller computes the hash before calling in; the map never hashes.
 //     (A Python __hash__ may run arbitrary code, so it must not run in here.)
-//   * FindLocked is the one exception: its `fast_eq` runs UNDER the lock and
-//     must be Python-free and noexcept (the hot path's identity probe); it
-//     says "undecided" rather than run anything that could re-enter.
 //   * Equality (`eq(stored_key, probe)`) runs with the map's lock RELEASED, on
 //     a copy of the stored key. It may re-enter the map (find, insert, erase,
 //     clear) from the same or another thread, and it may throw; the map stays
@@ -22,8 +19,9 @@
 //
 // Threading: every member function is safe to call concurrently. The lock is
 // a template parameter (std::mutex in the C++ tests, LeafMutex in the
-// extension: a PyMutex on free-threaded builds, which is a no-op on GIL builds where the GIL
-// already serialises these short, Python-free critical sections).
+// extension: a PyMutex on free-threaded builds, a no-op on GIL builds, where
+// the GIL serialises these short, Python-free critical sections). The hit
+// path does not come here: it reads entry_store.h's lock-free ready table.
 #pragma once
 
 #include <cstddef>
@@ -60,30 +58,6 @@ class ReentrantMap {
       if (eq(cands[i].key, probe)) return cands[i].value;
     }
     return Value();
-  }
-
-  // The lock-held probe of the hit path: `fast_eq(stored_key, probe)` runs
-  // UNDER the map's lock, so it must be Python-free, cheap and noexcept; it
-  // returns FastEq-like results (kEqual, kNotEqual, kUnknown). On a stored
-  // key deciding kEqual, `on_found(value)` also runs under the lock (same
-  // rules) and its result is returned. Copies no key or value: no
-  // shared_ptr reference count is written. The lock itself is (threads
-  // probing one map at once serialise on it for the probe's duration), and
-  // so is whatever `on_found` writes.
-  // Returns `miss` when every candidate decided kNotEqual, `unknown` when
-  // some could not decide (the caller then uses Find).
-  template <class Probe, class FastEqFn, class OnFound, class R>
-  R FindLocked(size_t hash, const Probe& probe, FastEqFn&& fast_eq, OnFound&& on_found,
-               R miss, R unknown) const {
-    std::lock_guard<Mutex> lock(mu_);
-    bool undecided = false;
-    auto range = slots_.equal_range(hash);
-    for (auto it = range.first; it != range.second; ++it) {
-      auto r = fast_eq(it->second.key, probe);
-      if (r == decltype(r)::kEqual) return on_found(it->second.value);
-      if (r == decltype(r)::kUnknown) undecided = true;
-    }
-    return undecided ? unknown : miss;
   }
 
   // Finds the value for `probe` or inserts the (key, value) pair returned by

@@ -56,7 +56,8 @@ class SharedLru {
   }
 
   // Marks `item` recently used. Lock-free; safe from any thread at any time.
-  static void Touch(const Item& item) {
+  template <class Handle>  // an Item, or a raw pointer to what it points to
+  static void Touch(const Handle& item) {
     if (!item->lru.referenced.load(std::memory_order_relaxed)) {
       item->lru.referenced.store(true, std::memory_order_relaxed);
     }

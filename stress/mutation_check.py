@@ -38,7 +38,7 @@ MUTATIONS = (
         "cpp/jit_function.cc",
         "    if (found.inserted) return {std::move(found.entry), true, false};\n",
         "    if (found.inserted || (found.entry->latch.state() == CompileLatch::State::kCompiling &&\n"
-        "                           found.entry->latch.owner() != std::this_thread::get_id()))\n"
+        "                           found.entry->latch.owner() != ThisThreadOwner()))\n"
         "      return {std::move(found.entry), true, false};\n",
         "herd",
         "herd: signatures compiled more than once",
@@ -53,9 +53,10 @@ MUTATIONS = (
     ),
     Mutation(
         "evicted executables leak (only RSS can see it)",
-        "cpp/function_cache.cc",
-        "  for (EntryPtr& e : evicted) {\n",
-        "  for (EntryPtr& e : evicted) {\n    if (e->executable.is_valid()) Py_INCREF(e->executable.ptr());\n",
+        "cpp/entry_store.h",
+        "    for (EntryPtr& e : evicted) {\n",
+        "    for (EntryPtr& e : evicted) {\n"
+        "      if (e->payload.executable.is_valid()) Py_INCREF(e->payload.executable.ptr());\n",
         "churn",
         "churn: RSS grew",
     ),

@@ -574,85 +574,6 @@ void TestConcurrentEraseClear() {
 
 }  // namespace
 
-enum class Fast { kEqual, kNotEqual, kUnknown };
-
-// FindLocked decides under the lock: equal -> on_found's result, all unequal
-// -> miss, any undecided -> unknown. It copies nothing (use counts unchanged).
-void TestFindLockedDecisions() {
-  Map m;
-  const size_t kH = 3;
-  Value v1 = InsertFresh(m, kH, 1);
-  Value v2 = InsertFresh(m, kH, 2);
-  InsertFresh(m, kH + 1, 3);
-  // Probe = (id, ids the fast comparison cannot decide).
-  struct Probe {
-    int id;
-    int unknown_id;
-  };
-  auto fast_eq = [](const Key& k, const Probe& p) noexcept {
-    if (k->id == p.unknown_id) return Fast::kUnknown;
-    return k->id == p.id ? Fast::kEqual : Fast::kNotEqual;
-  };
-  long before = v1.use_count();
-  int found_calls = 0;
-  auto on_found = [&](const Value& v) noexcept {
-    ++found_calls;
-    // No copy was made to get here: the map's, plus ours for v1 and v2.
-    CHECK_EQ(v.use_count(), v->key_id == 3 ? 1L : before);
-    return v->key_id;
-  };
-  CHECK_EQ(m.FindLocked(kH, Probe{1, -1}, fast_eq, on_found, -1, -2), 1);
-  CHECK_EQ(m.FindLocked(kH, Probe{2, -1}, fast_eq, on_found, -1, -2), 2);
-  CHECK_EQ(found_calls, 2);
-  CHECK_EQ(m.FindLocked(kH, Probe{9, -1}, fast_eq, on_found, -1, -2), -1);  // miss
-  CHECK_EQ(m.FindLocked(kH, Probe{9, 2}, fast_eq, on_found, -1, -2), -2);   // undecided
-  // An equal key decides even when another candidate is undecided.
-  CHECK_EQ(m.FindLocked(kH, Probe{1, 2}, fast_eq, on_found, -1, -2), 1);
-  CHECK_EQ(m.FindLocked(kH, Probe{3, -1}, fast_eq, on_found, -1, -2), -1);  // other hash
-  CHECK_EQ(m.FindLocked(kH + 1, Probe{3, -1}, fast_eq, on_found, -1, -2), 3);
-  CHECK_EQ(found_calls, 4);
-  CHECK_EQ(v1.use_count(), before);
-}
-
-// FindLocked readers race inserts, erases and clears: a found value always
-// belongs to its key, and on_found sees it alive (no torn or freed slots).
-void TestFindLockedConcurrentWithMutation() {
-  const size_t kReaders = 4;
-  const int kKeys = 32;
-  Map m;
-  std::atomic<bool> done{false};
-  std::atomic<long> hits{0};
-  auto fast_eq = [](const Key& k, const int& p) noexcept {
-    return k->id == p ? Fast::kEqual : Fast::kNotEqual;
-  };
-  RunThreads(kReaders + 2, [&](size_t t) {
-    if (t == kReaders) {  // inserter / eraser
-      for (int n = 0; n < 20000; ++n) {
-        int id = n % kKeys;
-        auto r = m.FindOrInsert(static_cast<size_t>(id % 4), id, PlainEq, [&] { return MakePair(id, n); });
-        if (n % 3 == 0) m.Erase(static_cast<size_t>(id % 4), r.value);
-      }
-      done.store(true);
-    } else if (t == kReaders + 1) {  // clearer
-      while (!done.load()) {
-        m.Clear();
-        std::this_thread::yield();
-      }
-    } else {
-      uint32_t rng = 99u + static_cast<uint32_t>(t);
-      while (!done.load()) {
-        rng = rng * 1664525u + 1013904223u;
-        int id = static_cast<int>((rng >> 8) % kKeys);
-        int got = m.FindLocked(static_cast<size_t>(id % 4), id, fast_eq,
-                               [](const Value& v) noexcept { return v->key_id; }, -1, -2);
-        CHECK(got == -1 || got == id);
-        if (got == id) hits.fetch_add(1);
-      }
-    }
-  });
-  CHECK(hits.load() > 0);
-}
-
 int main() {
   RUN_TEST(TestBasic);
   RUN_TEST(TestRaceSameKey);
@@ -661,8 +582,6 @@ int main() {
   RUN_TEST(TestReentrantEqThreads);
   RUN_TEST(TestThrowingEq);
   RUN_TEST(TestConcurrentEraseClear);
-  RUN_TEST(TestFindLockedDecisions);
-  RUN_TEST(TestFindLockedConcurrentWithMutation);
   std::fprintf(stderr, "all ReentrantMap tests passed\n");
   return 0;
 }

@@ -1,0 +1,430 @@
+// ftjit: the compiled entries of one function (EntryStore) and the capacity
+// bound many functions share (StoreCore), wired from the primitives:
+//   ReentrantMap   every entry (compiling or ready), found by an equality
+//                  that may re-enter: the slow path and all writers;
+//   SnapshotTable  the ready entries, immutable, behind an atomic pointer:
+//                  the hit path probes it with no lock (EpochDomain);
+//   SharedLru      the shared capacity bound; CompileLatch: compile-once.
+// Python-free and header-only: the signature, payload and lock types come
+// from `Traits` (function_cache.h for the extension; the C++ tests use their
+// own), so the composition itself runs under ThreadSanitizer.
+//
+// Traits provides:
+//   Sig        immutable once inserted, with a `size_t hash` member;
+//   Payload    what the compiling thread writes before publishing (default
+//              constructible; read only after observing kReady or kFailed);
+//   Mutex      a leaf lock (lock/unlock);
+//   static auto FastEquals(const Sig& stored, const Sig& probe) noexcept
+//              -> an enum with kEqual, kNotEqual, kUnknown; Python-free;
+//   static bool Equals(const Sig& stored, const Sig& probe)  (may re-enter,
+//              may throw);
+//   static EpochDomain<Mutex>& Epochs();   one domain for every store;
+//   static EpochDomain<Mutex>::Record* ThreadRecord();   this thread's record.
+//
+// Objects, lifetimes and guards:
+//
+//   StoreEntry (one per signature; shared_ptr held by the map slot, the LRU,
+//   every SnapshotTable listing it and threads on the slow path; freed by
+//   its deleter, which waits for calls in flight: see InFlight below)
+//   | sig, store, store_raw | fixed after construction                      |
+//   | latch                 | compile_latch.h                               |
+//   | payload               | written by the compiling thread before        |
+//   |                       | Publish(); read after observing the state     |
+//   | shards[i].hits        | relaxed atomics, one cache line per shard     |
+//   | shards[i].in_flight   | seq_cst atomics, same lines (see InFlight)    |
+//   | unlinked, claimed     | seq_cst atomics, written once each            |
+//   | lru                   | shared_lru.h                                  |
+//
+//   EntryStore (one per function and options)
+//   | core_                 | fixed after construction                      |
+//   | map_                  | ReentrantMap: its own leaf lock               |
+//   | ready_                | SnapshotPtr: swapped under publish_mu_        |
+//   | publish_mu_           | leaf lock: serialises rebuilds of ready_      |
+//   | counters_             | relaxed atomics (hits sharded per thread)     |
+//
+// The hit path (FindReady): enter a read section, load ready_, probe it
+// (Traits::FastEquals), bump this thread's shard of the entry's hits and
+// in-flight count, leave. Nothing shared is written: each thread has its own
+// shard line (for up to kMaxThreadShards threads), and the LRU's
+// `referenced` bit is written only when an eviction scan cleared it. The
+// caller then calls the payload without taking a reference to it and ends
+// with FinishCall, which drops the in-flight count.
+//
+// InFlight: an entry no table lists may still be in use by a thread that
+// found it before it was unlinked. When the last shared_ptr to an entry goes
+// (which, for an entry that was ever listed, is after the grace period of
+// its last table: every thread that found it has counted itself in flight
+// by then), the deleter marks it `unlinked`; whoever then sees it unlinked
+// with nothing in flight (the deleter itself, or the FinishCall that brings
+// the count to zero) claims it (`claimed`: exactly one does) and retires it
+// to the epoch domain. Both sides write first and check after (seq_cst), so
+// one of them always sees the other. Both look at the entry only inside a
+// read section, and the entry is freed by Retire, a grace period later: a
+// thread still reading its fields (a FinishCall that lost the claim) is
+// never reading freed memory.
+//
+// Rebuilds: every change of which entries are ready (a compile published,
+// an entry discarded, evicted or cleared) is followed by RebuildReady(),
+// which under publish_mu_ snapshots map_ and lists its ready entries. A
+// rebuild starts after the change it follows and rebuilds are serialised,
+// so the last table always reflects the last change. A compile that is
+// published after its entry was cleared is therefore never listed.
+//
+// Lock order: none to get wrong. map_'s lock, the LRU's, publish_mu_ and the
+// epoch domain's are leaves, never held together (RebuildReady takes
+// map_'s lock inside publish_mu_: map_'s lock is never held while taking
+// another). Nothing is freed under any of them: removed entries and retired
+// tables are handed back and dropped after unlocking.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "compile_latch.h"
+#include "epoch.h"
+#include "reentrant_map.h"
+#include "shared_lru.h"
+#include "snapshot_table.h"
+
+namespace ftjit {
+
+// This thread's shard index among kMaxThreadShards, assigned round-robin on
+// the thread's first use: threads land on different shards (and so write
+// different cache lines) until there are more of them than shards.
+constexpr int kMaxThreadShards = 16;
+inline int ThreadShard() {
+  static std::atomic<int> next{0};
+  thread_local const int shard = next.fetch_add(1, std::memory_order_relaxed) % kMaxThreadShards;
+  return shard;
+}
+
+// A relaxed counter split over cache-line-sized shards; the total is their sum.
+template <int kShards>
+class ShardedCounter {
+ public:
+  void Add(int shard) { shards_[shard % kShards].n.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t Load() const {
+    uint64_t total = 0;
+    for (const Shard& s : shards_) total += s.n.load(std::memory_order_relaxed);
+    return total;
+  }
+
+ private:
+  struct alignas(64) Shard {
+    std::atomic<uint64_t> n{0};
+  };
+  std::array<Shard, kShards> shards_;
+};
+
+// Counters of one store; a snapshot is what cache_info() returns.
+struct StoreCounters {
+  ShardedCounter<kMaxThreadShards> hits;
+  std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
+  std::atomic<uint64_t> compile_nanos{0}, wait_nanos{0};
+};
+
+template <class Traits>
+class EntryStore;
+
+template <class Traits>
+struct StoreEntry {
+  using Sig = typename Traits::Sig;
+  using Store = EntryStore<Traits>;
+
+  StoreEntry(std::shared_ptr<const Sig> s, std::weak_ptr<Store> st, const Store* raw)
+      : sig(std::move(s)), store(std::move(st)), store_raw(raw), latch(ThisThreadOwner()) {}
+  StoreEntry(const StoreEntry&) = delete;
+  StoreEntry& operator=(const StoreEntry&) = delete;
+
+  const std::shared_ptr<const Sig> sig;
+  const std::weak_ptr<Store> store;  // for eviction
+  const Store* const store_raw;      // identity only, never dereferenced
+  CompileLatch latch;
+  typename Traits::Payload payload;  // see the table above
+
+  struct alignas(64) Shard {
+    std::atomic<uint64_t> hits{0};
+    std::atomic<int64_t> in_flight{0};
+  };
+  std::array<Shard, kMaxThreadShards> shards;
+  std::atomic<bool> unlinked{false};
+  std::atomic<bool> claimed{false};
+  LruHook<std::shared_ptr<StoreEntry>> lru;
+
+  uint64_t Hits() const {
+    uint64_t total = 0;
+    for (const Shard& s : shards) total += s.hits.load(std::memory_order_relaxed);
+    return total;
+  }
+  int64_t InFlight() const {
+    int64_t total = 0;
+    for (const Shard& s : shards) total += s.in_flight.load(std::memory_order_seq_cst);
+    return total;
+  }
+
+  // True when this thread must retire `e` (see InFlight in the header
+  // comment): it is unlinked, nothing is in flight and no one claimed it
+  // first. Call inside a read section.
+  bool ClaimIfIdle() {
+    return unlinked.load(std::memory_order_seq_cst) && InFlight() == 0 &&
+           !claimed.exchange(true, std::memory_order_seq_cst);
+  }
+  static void Delete(void* e) { delete static_cast<StoreEntry*>(e); }
+
+  // The shared_ptr deleter (see InFlight in the header comment).
+  struct Deleter {
+    void operator()(StoreEntry* e) const {
+      auto& epochs = Traits::Epochs();
+      auto* rec = Traits::ThreadRecord();
+      epochs.EnterRead(rec);
+      e->unlinked.store(true, std::memory_order_seq_cst);
+      bool mine = e->ClaimIfIdle();
+      epochs.ExitRead(rec);
+      if (mine) epochs.Retire(e, &StoreEntry::Delete);
+    }
+  };
+};
+
+// What functions sharing one capacity bound share.
+template <class Traits>
+struct StoreCore {
+  using EntryPtr = std::shared_ptr<StoreEntry<Traits>>;
+  explicit StoreCore(size_t capacity) : lru(capacity) {}
+  SharedLru<EntryPtr, typename Traits::Mutex> lru;
+};
+
+template <class Traits>
+class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
+ public:
+  using Sig = typename Traits::Sig;
+  using Mutex = typename Traits::Mutex;
+  using Entry = StoreEntry<Traits>;
+  using EntryPtr = std::shared_ptr<Entry>;
+  using SigPtr = std::shared_ptr<const Sig>;
+  using Core = StoreCore<Traits>;
+
+  explicit EntryStore(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  EntryStore(const EntryStore&) = delete;
+  EntryStore& operator=(const EntryStore&) = delete;
+  ~EntryStore() {
+    // Entries still linked in the shared LRU (the store dies with entries
+    // left, e.g. after its cache object died) must stop counting against
+    // it; the last table is retired, as any other.
+    if (map_.size() != 0) {
+      const EntryStore* self = this;
+      std::vector<EntryPtr> unlinked =
+          core_->lru.RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
+    }
+    Traits::Epochs().Retire(ready_.Take(), &SnapshotPtr<Entry>::Delete);
+  }
+
+  // The hit path (see the header comment). When the ready entry of `sig` is
+  // found by the lock-free probe, counts the hit, counts this thread in
+  // flight on it and returns it; the caller uses its payload and then calls
+  // FinishCall(entry, shard). Null when the probe cannot decide or finds
+  // nothing (the caller then takes FindOrInsert). Never runs Python.
+  Entry* FindReady(const Sig& sig, typename EpochDomain<Mutex>::Record* rec, int shard) {
+    auto& epochs = Traits::Epochs();
+    epochs.EnterRead(rec);
+    const Table* table = ready_.Load();
+    bool undecided = false;
+    Entry* e = table->Find(
+        sig.hash, sig,
+        [](const Entry& stored, const Sig& probe) noexcept {
+          return Traits::FastEquals(*stored.sig, probe);
+        },
+        &undecided);
+    if (e) {
+      typename Entry::Shard& s = e->shards[shard];
+      s.hits.fetch_add(1, std::memory_order_relaxed);
+      s.in_flight.fetch_add(1, std::memory_order_seq_cst);
+      counters_.hits.Add(shard);
+      SharedLru<EntryPtr, Mutex>::Touch(e);
+    }
+    epochs.ExitRead(rec);
+    return e;
+  }
+
+  // Ends a call that FindReady counted in flight. If the entry was unlinked
+  // meanwhile and this was its last call in flight, retires it, which may
+  // free it and others (dropping payloads: the caller must be able to run
+  // their destructors, e.g. be attached to the interpreter, and hold no lock).
+  static void FinishCall(Entry* e, typename EpochDomain<Mutex>::Record* rec, int shard) {
+    auto& epochs = Traits::Epochs();
+    epochs.EnterRead(rec);
+    e->shards[shard].in_flight.fetch_sub(1, std::memory_order_seq_cst);
+    bool mine = e->ClaimIfIdle();
+    epochs.ExitRead(rec);
+    if (mine) epochs.Retire(e, &Entry::Delete);
+  }
+  // As FinishCall, but never frees (for a thread being unwound where the
+  // payload's destructor cannot run): the entry leaks if this was its last
+  // call and it was unlinked.
+  static void FinishCallNoFree(Entry* e, int shard) {
+    e->shards[shard].in_flight.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  struct Lookup {
+    EntryPtr entry;
+    bool inserted;  // this thread owns the compile
+  };
+  // Finds or inserts the entry for `sig`; moves `sig` into a new entry only
+  // if inserting (otherwise `sig` is intact on return, whatever raced). May
+  // run Traits::Equals (re-entrant, may throw; `sig` is then unusable).
+  Lookup FindOrInsert(Sig& sig) {
+    auto eq = [](const SigPtr& stored, const Sig& probe) { return Traits::Equals(*stored, probe); };
+    if (EntryPtr found = map_.Find(sig.hash, sig, eq)) return Lookup{std::move(found), false};
+    auto owned = std::make_shared<Sig>(std::move(sig));
+    SigPtr key = owned;
+    auto make = [this, &key]() {
+      EntryPtr e(new Entry(key, this->weak_from_this(), this), typename Entry::Deleter());
+      return std::make_pair(key, std::move(e));
+    };
+    auto r = map_.FindOrInsert(key->hash, *key, eq, make);
+    if (!r.inserted) {
+      // Another thread inserted it meanwhile; nothing kept `owned`, so the
+      // caller gets its signature back (to look it up again later).
+      key.reset();
+      sig = std::move(*owned);
+    }
+    return Lookup{std::move(r.value), r.inserted};
+  }
+
+  // Links a freshly inserted entry into the shared LRU and evicts.
+  void AdmitLru(const EntryPtr& e) {
+    std::vector<EntryPtr> evicted = core_->lru.Insert(e, Evictable);
+    // A clear may have removed `e` from the map between its insertion and
+    // this link. Every clear empties the map first and unlinks from the LRU
+    // second, so checking the map after linking closes the gap: either that
+    // clear's unlink comes after our link and removes it, or we see `e`
+    // gone and unlink it ourselves.
+    if (!map_.ContainsValue(e->sig->hash, e)) core_->lru.Remove(e);
+    ReleaseEvicted(evicted);
+  }
+
+  // An owner published an entry ready: list it for the hit path (if it is
+  // still in the map: RebuildReady lists what the map holds that is ready),
+  // then re-apply the LRU bound (pinned entries may have pushed it over).
+  void Published() {
+    RebuildReady();
+    TrimLru();
+  }
+
+  // Re-applies the LRU bound.
+  void TrimLru() {
+    if (core_->lru.size() <= core_->lru.capacity()) return;
+    std::vector<EntryPtr> evicted = core_->lru.Trim(Evictable);
+    ReleaseEvicted(evicted);
+  }
+
+  // Removes `e` from the map, the LRU and (if listed) the ready table.
+  void Discard(const EntryPtr& e) {
+    EntryPtr removed = map_.Erase(e->sig->hash, e);
+    core_->lru.Remove(e);
+    // Only ready entries are listed; one being published right now is
+    // listed by its owner's RebuildReady, which comes after its kReady
+    // store and sees the map without `e`.
+    if (removed && e->latch.state() == CompileLatch::State::kReady) RebuildReady();
+    // `removed` is dropped on return, outside every lock.
+  }
+
+  // Drops every entry (compiles in progress finish and serve their waiters
+  // but are not kept).
+  void Clear() {
+    auto removed = map_.Clear();
+    const EntryStore* self = this;
+    std::vector<EntryPtr> unlinked =
+        core_->lru.RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
+    RebuildReady();
+    // Both vectors die here, with no lock held.
+  }
+
+  // Drops the entries whose compile was running in a thread of the parent
+  // that does not exist here (CompileLatch::OrphanedByFork). They were
+  // never listed (not ready).
+  void DropOrphans() {
+    auto removed =
+        map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
+    for (auto& kv : removed) core_->lru.Remove(kv.second);
+  }
+
+  // In a forked child's only thread, before any use (leaf_mutex.h).
+  void ReinitLocksInChild() {
+    map_.ReinitLockInChild();
+    publish_mu_.~Mutex();
+    new (&publish_mu_) Mutex();
+  }
+
+  // Tests only: takes or releases this store's own locks, as a thread lost
+  // at fork may hold them.
+  void LockStoreForTest(bool lock) {
+    if (lock) {
+      publish_mu_.lock();
+      map_.LockForTest();
+    } else {
+      map_.UnlockForTest();
+      publish_mu_.unlock();
+    }
+  }
+
+  size_t size() const { return map_.size(); }
+  size_t ready_size() const {
+    std::lock_guard<Mutex> lock(publish_mu_);
+    return ready_.Load()->size();
+  }
+  std::vector<EntryPtr> Entries() const {
+    std::vector<EntryPtr> out;
+    for (auto& kv : map_.Snapshot()) out.push_back(std::move(kv.second));
+    return out;
+  }
+  const std::shared_ptr<Core>& core() const { return core_; }
+  StoreCounters& counters() { return counters_; }
+
+  // Drops the evicted entries' map slots (outside the LRU's lock).
+  static void ReleaseEvicted(std::vector<EntryPtr>& evicted) {
+    for (EntryPtr& e : evicted) {
+      if (std::shared_ptr<EntryStore> st = e->store.lock()) {
+        st->counters_.evictions.fetch_add(1, std::memory_order_relaxed);
+        st->Discard(e);
+      }
+    }
+    evicted.clear();  // the entries die here (or when their last call ends), no lock held
+  }
+
+  static bool Evictable(const EntryPtr& e) { return !e->latch.compiling(); }
+
+ private:
+  using Table = SnapshotTable<Entry>;
+
+  // Lists the map's ready entries in a new table, swaps it in and retires
+  // the old one (see Rebuilds in the header comment).
+  void RebuildReady() {
+    Table* old;
+    {
+      std::lock_guard<Mutex> lock(publish_mu_);
+      std::vector<std::pair<size_t, EntryPtr>> ready;
+      for (auto& kv : map_.Snapshot()) {
+        if (kv.second->latch.state() == CompileLatch::State::kReady) {
+          ready.emplace_back(kv.first->hash, std::move(kv.second));
+        }
+      }
+      old = ready_.Swap(new Table(std::move(ready)));
+    }
+    Traits::Epochs().Retire(old, &SnapshotPtr<Entry>::Delete);
+  }
+
+  const std::shared_ptr<Core> core_;
+  ReentrantMap<SigPtr, EntryPtr, Mutex> map_;
+  SnapshotPtr<Entry> ready_;
+  mutable Mutex publish_mu_;
+  StoreCounters counters_;
+};
+
+}  // namespace ftjit
