@@ -1,10 +1,12 @@
-"""Optional bar chart of the results (ftjit vs anchor per case; dispatch in ns, warm-up in ms), via matplotlib."""
+"""Optional bar chart of the results via matplotlib: ftjit vs anchor per case (dispatch in ns, from the worker-thread
+rows; warm-up in ms), and thread scaling (calls/s with 1 and 2 threads)."""
 
 from __future__ import annotations
 
 import textwrap
 from typing import Optional, Sequence
 
+from .threads import CONFIGS, ScalingResult
 from .timing import Measurement
 
 _SCALE = {"ns": 1.0, "ms": 1e-6}
@@ -18,7 +20,24 @@ def _label(m: Measurement) -> str:
     return f"{m.ratio:.3f}x{'' if m.passed else ' MISS'}"
 
 
-def write_png(path: str, measurements: Sequence[Measurement]) -> Optional[str]:
+def _scaling_panel(ax: object, scaling: ScalingResult) -> None:
+    sides = [s for pair in scaling.groups for s in pair]
+    width = 0.8 / len(CONFIGS)
+    for k, (label, cfg) in enumerate(CONFIGS):
+        xs = [i + (k - 1) * width for i in range(len(sides))]
+        bars = ax.bar(xs, [s.rate(cfg) for s in sides], width, label=label)  # type: ignore[attr-defined]
+        if cfg != "one":
+            for bar, s in zip(bars, sides):
+                ax.annotate(f"{s.scaling(cfg):.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),  # type: ignore[attr-defined]
+                            ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(sides)), [s.label for s in sides], fontsize=8)  # type: ignore[attr-defined]
+    ax.set_yscale("log")  # type: ignore[attr-defined]
+    ax.set_ylabel("calls/s, all threads (higher is better), log")  # type: ignore[attr-defined]
+    ax.set_title("thread scaling (worker threads)")  # type: ignore[attr-defined]
+    ax.legend(loc="upper right", fontsize=7)  # type: ignore[attr-defined]
+
+
+def write_png(path: str, measurements: Sequence[Measurement], scaling: Optional[ScalingResult] = None) -> Optional[str]:
     """Writes the chart (one panel per unit); returns None on success, or why it was skipped (matplotlib missing)."""
     try:
         import matplotlib
@@ -27,13 +46,19 @@ def write_png(path: str, measurements: Sequence[Measurement]) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed"
-    groups = [(unit, [m for m in measurements if m.case.unit == unit]) for unit in _SCALE]
+    shown = [m for m in measurements if m.thread == "worker" or m.case.unit == "ms"]
+    groups = [(unit, [m for m in shown if m.case.unit == unit]) for unit in _SCALE]
     groups = [(unit, ms) for unit, ms in groups if ms]
-    if not groups:
+    if not groups and scaling is None:
         return "nothing to chart"
     counts = [len(ms) for _, ms in groups]
-    fig, axes = plt.subplots(1, len(groups), figsize=(1.8 + 1.9 * sum(counts) + 0.8 * len(groups), 4.6),
-                             gridspec_kw={"width_ratios": [c + 0.6 for c in counts]}, squeeze=False)
+    panels = len(groups) + (scaling is not None)
+    n_sides = sum(len(pair) for pair in scaling.groups) if scaling is not None else 0
+    ratios = [c + 0.6 for c in counts] + ([n_sides + 0.6] if scaling is not None else [])
+    fig, axes = plt.subplots(1, panels, figsize=(1.8 + 1.9 * (sum(counts) + n_sides) + 0.8 * panels, 4.6),
+                             gridspec_kw={"width_ratios": ratios}, squeeze=False)
+    if scaling is not None:
+        _scaling_panel(axes[0][-1], scaling)
     width = 0.38
     for ax, (unit, ms) in zip(axes[0], groups):
         scale = _SCALE[unit]

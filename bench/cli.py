@@ -1,20 +1,24 @@
-"""Command line of ``python -m bench``: run the cases, print the table, optionally write JSON and a PNG."""
+"""Command line of ``python -m bench``: run the cases, print the tables, optionally write JSON and a PNG."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sys
+import sysconfig
 from typing import Any, Optional, Sequence
 
 import ftjit
 
 from .cases import Case, default_cases
 from .chart import write_png
-from .report import format_table, write_json
+from .report import format_scaling, format_table, write_json
+from .threads import ScalingResult, scaling_result
 from .timing import Measurement, loop_overhead_ns, measure
 
-FULL = {"number": 200_000, "repeat": 7, "warmup_repeat": 4}
-QUICK = {"number": 20_000, "repeat": 3, "warmup_repeat": 2}
+FULL = {"number": 200_000, "repeat": 7, "warmup_repeat": 4, "scaling_calls": 100_000, "scaling_rounds": 5}
+QUICK = {"number": 20_000, "repeat": 3, "warmup_repeat": 2, "scaling_calls": 20_000, "scaling_rounds": 3}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="signatures compiled per warm-up run (default: %(default)s)")
     parser.add_argument("--warmup-workers", type=int, default=4, metavar="N",
                         help="threads of the parallel warm-up, compared with 1 (default: %(default)s)")
+    parser.add_argument("--scaling-calls", type=int, metavar="N",
+                        help="calls per thread per thread-scaling timing (overrides the preset)")
+    parser.add_argument("--scaling-rounds", type=int, metavar="R",
+                        help="interleaved rounds of the thread-scaling timings (overrides the preset)")
     return parser
 
 
@@ -60,44 +68,67 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.warmup_signatures < 1 or args.warmup_workers < 2:
         parser.error("--warmup-signatures must be >= 1 and --warmup-workers >= 2")
-    if (args.number is not None and args.number < 1) or (args.repeat is not None and args.repeat < 1):
-        parser.error("--number and --repeat must be >= 1")
+    for flag in ("number", "repeat", "scaling_calls", "scaling_rounds"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     sizes = dict(QUICK if args.quick else FULL)
-    if args.number is not None:
-        sizes["number"] = args.number
+    for flag in ("number", "repeat", "scaling_calls", "scaling_rounds"):
+        if getattr(args, flag) is not None:
+            sizes[flag] = getattr(args, flag)
     if args.repeat is not None:
-        sizes["repeat"] = args.repeat
         sizes["warmup_repeat"] = min(sizes["warmup_repeat"], args.repeat)
     cases = default_cases(with_jax=not args.no_jax)
-    print(f"bench: ftjit {ftjit.__version__}, {len(cases)} cases, number={sizes['number']}, "
-          f"repeat={sizes['repeat']} (sides paired and interleaved; ratio = median of paired ratios)",
-          file=sys.stderr, flush=True)
+    load_before = os.getloadavg()
+    print(f"bench: ftjit {ftjit.__version__} on {_interpreter()}, {len(cases)} cases, number={sizes['number']}, "
+          f"repeat={sizes['repeat']}, load average {load_before[0]:.2f}", file=sys.stderr, flush=True)
     overhead = loop_overhead_ns(sizes["number"], sizes["repeat"])
-    results = measure(cases, sizes["number"], sizes["repeat"], on_repeat=_progress, overhead_ns=overhead)
+    results: list[Measurement] = []
+    for thread in ("worker", "main"):
+        print(f"bench: single-thread rows, timed in the {thread} thread", file=sys.stderr, flush=True)
+        results += measure(cases, sizes["number"], sizes["repeat"], on_repeat=_progress, overhead_ns=overhead,
+                           thread=thread)
+    # Worker and main rows of a case next to each other.
+    results.sort(key=lambda m: cases.index(m.case))
     if not args.no_jax:
-        from .threads import two_thread_measurement
         from .warmup import warmup_measurement
 
-        results.append(two_thread_measurement(calls=max(1000, sizes["number"] // 20), repeat=sizes["repeat"]))
         print(f"bench: warm-up, {args.warmup_signatures} signatures, workers={args.warmup_workers} vs 1, "
               f"{sizes['warmup_repeat']} run(s) each", file=sys.stderr, flush=True)
         results.append(warmup_measurement(args.warmup_signatures, args.warmup_workers, sizes["warmup_repeat"]))
+    print(f"bench: thread scaling, {sizes['scaling_rounds']} rounds of {sizes['scaling_calls']} calls per thread",
+          file=sys.stderr, flush=True)
+    scaling = scaling_result(sizes["scaling_calls"], sizes["scaling_rounds"], with_jax=not args.no_jax,
+                             on_round=lambda d, t: print(f"bench: scaling round {d}/{t}", file=sys.stderr,
+                                                         flush=True))
+    load_after = os.getloadavg()
+    print(f"ftjit {ftjit.__version__} on {_interpreter()}; load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
+    print()
     print(format_table(results))
-    print(f"(ratio = ftjit / anchor, lower is better: for the single-thread rows the median over back-to-back "
-          f"pairs of timings, whose best is shown per side; timeit's loop overhead, {overhead:.1f} ns/call, is "
-          "taken out of both sides)")
+    print(f"(ratio = ftjit /call ÷ anchor /call, lower is better; each /call is the median of the interleaved "
+          f"timings, less timeit's loop overhead of {overhead:.1f} ns/call; the warm-up row compares best runs)")
+    print()
+    print(format_scaling(scaling))
     for warning in _check_compiled_once(cases):
         print(warning)
-    _write_outputs(args, results, {"quick": args.quick, "ftjit": ftjit.__version__, "loop_overhead_ns": overhead,
-                                   "warmup_signatures": args.warmup_signatures,
-                                   "warmup_workers": args.warmup_workers, **sizes})
+    _write_outputs(args, results, scaling, {"quick": args.quick, "ftjit": ftjit.__version__,
+                                            "loop_overhead_ns": overhead, "load_before": list(load_before),
+                                            "load_after": list(load_after), "interpreter": _interpreter(),
+                                            "warmup_signatures": args.warmup_signatures,
+                                            "warmup_workers": args.warmup_workers, **sizes})
     return 0  # benchmarks report; they do not fail CI
 
 
-def _write_outputs(args: argparse.Namespace, results: list[Measurement], meta: dict[str, Any]) -> None:
+def _interpreter() -> str:
+    build = "free-threaded" if sysconfig.get_config_var("Py_GIL_DISABLED") else "GIL"
+    return f"CPython {platform.python_version()} ({build} build)"
+
+
+def _write_outputs(args: argparse.Namespace, results: list[Measurement], scaling: ScalingResult,
+                   meta: dict[str, Any]) -> None:
     if args.json:
-        write_json(args.json, results, meta)
+        write_json(args.json, results, meta, scaling)
         print(f"bench: wrote {args.json}", file=sys.stderr)
     if args.png:
-        skipped = write_png(args.png, results)
+        skipped = write_png(args.png, results, scaling)
         print(f"bench: {'skipped ' + args.png + ': ' + skipped if skipped else 'wrote ' + args.png}", file=sys.stderr)

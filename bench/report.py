@@ -1,16 +1,17 @@
-"""Bench output: the fixed-width results table on stdout and the JSON results file."""
+"""Bench output: the fixed-width tables on stdout and the JSON results file."""
 
 from __future__ import annotations
 
 import json
 import platform
 import sys
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from .threads import CONFIGS, ScalingResult
 from .timing import Measurement
 
-_HEADER = ("case", "ftjit /call", "anchor", "anchor /call", "ratio", "target", "goal", "status")
-_LEFT_ALIGNED = {0, 2, 7}
+_HEADER = ("case", "thread", "ftjit /call", "anchor", "anchor /call", "ratio", "target", "status")
+_LEFT_ALIGNED = {0, 1, 3, 7}
 
 
 def format_time(ns: float, unit: str) -> str:
@@ -20,77 +21,127 @@ def format_time(ns: float, unit: str) -> str:
     return f"{ns:.1f} ns"
 
 
-def _bound(value: float | None) -> str:
-    return "-" if value is None else f"<= {value:.3g}"
+def _bound(value: float | None, op: str = "<=") -> str:
+    return "-" if value is None else f"{op} {value:.3g}"
 
 
 def _row(m: Measurement, footnote: str) -> tuple[str, ...]:
     return (
         m.case.name + footnote,
+        m.thread,
         format_time(m.ftjit_ns, m.case.unit),
         m.case.anchor.label,
         format_time(m.anchor_ns, m.case.unit),
         f"{m.ratio:.3f}x",
         _bound(m.case.target),
-        _bound(m.case.goal),
         m.status,
     )
+
+
+def _grid(rows: Sequence[tuple[str, ...]], left: set[int]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        return "  ".join(cells).rstrip()
+
+    return [line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]]
 
 
 def format_table(measurements: Sequence[Measurement]) -> str:
     """The table, then numbered notes for the rows that have one, then a MISS summary line if any.
 
-    ratio = ftjit/anchor (lower is better); rows without a target show "-" and status "report".
+    ratio = ftjit /call ÷ anchor /call (lower is better); rows without a target show "-" and status "report".
     """
     notes: list[str] = []
     rows = [_HEADER]
     for m in measurements:
         footnote = ""
         if m.case.note:
-            notes.append(m.case.note)
-            footnote = f" [{len(notes)}]"
+            if m.case.note not in notes:
+                notes.append(m.case.note)
+            footnote = f" [{notes.index(m.case.note) + 1}]"
         rows.append(_row(m, footnote))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER))]
-
-    def line(row: tuple[str, ...]) -> str:
-        cells = [c.ljust(w) if i in _LEFT_ALIGNED else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        return "  ".join(cells).rstrip()
-
-    out = [line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]]
+    out = _grid(rows, _LEFT_ALIGNED)
     out += [f"[{i}] {note}" for i, note in enumerate(notes, 1)]
-    misses = [m.case.name for m in measurements if not m.passed]
+    misses = [f"{m.case.name} ({m.thread} thread)" for m in measurements if not m.passed]
     if misses:
         out.append(f"MISS: {len(misses)} case(s) slower than target: {', '.join(misses)}")
     return "\n".join(out)
 
 
-def to_json(measurements: Sequence[Measurement], meta: dict[str, Any]) -> dict[str, Any]:
-    return {
+def _rate(r: float) -> str:
+    if r >= 1e6:
+        return f"{r / 1e6:.3f}M"
+    return f"{r / 1e3:.1f}k"
+
+
+def format_scaling(result: ScalingResult) -> str:
+    """The thread-scaling table (calls/s per config, and scaling against 1 thread), then its targets."""
+    header = ("side", *(label for label, _ in CONFIGS), "scaling, one fn", "scaling, two fns")
+    rows: list[tuple[str, ...]] = [header]
+    for pair in result.groups:
+        for s in pair:
+            rows.append((s.label, *(_rate(s.rate(cfg)) for _, cfg in CONFIGS),
+                         f"{s.scaling('same'):.2f}x", f"{s.scaling('distinct'):.2f}x"))
+    lb, la = result.load_before, result.load_after
+    out = [f"thread scaling: calls/s, all threads together (median of {result.rounds} interleaved rounds of "
+           f"{result.calls} calls per thread; worker threads, each with its own arguments; "
+           f"load average {lb[0]:.2f} before, {la[0]:.2f} after)"]
+    out += _grid(rows, {0})
+    out.append("scaling = the 2-thread rate / the 1-thread rate, from the rates above")
+    trows: list[tuple[str, ...]] = [("target", "value", "needs", "status")]
+    for t in result.targets:
+        trows.append((t.text, f"{t.value:.2f}x", _bound(t.minimum, ">="), t.status))
+    out += _grid(trows, {0, 3})
+    if any(t.status == "report" for t in result.targets):
+        out.append("(report: the target is set for the free-threaded build; on a GIL build two threads take turns)")
+    misses = [t.text for t in result.targets if t.status == "MISS"]
+    if misses:
+        out.append(f"MISS: {len(misses)} scaling target(s) missed: {'; '.join(misses)}")
+    return "\n".join(out)
+
+
+def to_json(measurements: Sequence[Measurement], meta: dict[str, Any],
+            scaling: Optional[ScalingResult] = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "meta": {"python": sys.version, "platform": platform.platform(), **meta},
         "results": [
             {
                 "case": m.case.name,
+                "thread": m.thread,
                 "ftjit": m.case.ftjit.label,
                 "ftjit_ns": m.ftjit_ns,
                 "anchor": m.case.anchor.label,
                 "anchor_ns": m.anchor_ns,
                 "ratio": m.ratio,
                 "target": m.case.target,
-                "goal": m.case.goal,
                 "status": m.status,
-                "goal_met": m.goal_met,
                 "unit": m.case.unit,
                 "note": m.case.note,
                 "ftjit_samples_ns": list(m.ftjit_samples_ns),
                 "anchor_samples_ns": list(m.anchor_samples_ns),
-                "paired_ratios": list(m.paired_ratios),
             }
             for m in measurements
         ],
     }
+    if scaling is not None:
+        out["scaling"] = {
+            "calls": scaling.calls,
+            "rounds": scaling.rounds,
+            "load_before": list(scaling.load_before),
+            "load_after": list(scaling.load_after),
+            "sides": [{"label": s.label, "rates": {cfg: list(v) for cfg, v in s.rates.items()},
+                       "median": {cfg: s.rate(cfg) for _, cfg in CONFIGS}}
+                      for pair in scaling.groups for s in pair],
+            "targets": [{"text": t.text, "value": t.value, "minimum": t.minimum, "status": t.status}
+                        for t in scaling.targets],
+        }
+    return out
 
 
-def write_json(path: str, measurements: Sequence[Measurement], meta: dict[str, Any]) -> None:
+def write_json(path: str, measurements: Sequence[Measurement], meta: dict[str, Any],
+               scaling: Optional[ScalingResult] = None) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(to_json(measurements, meta), f, indent=2)
+        json.dump(to_json(measurements, meta, scaling), f, indent=2)
         f.write("\n")
