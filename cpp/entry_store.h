@@ -24,8 +24,9 @@
 // Objects, lifetimes and guards:
 //
 //   StoreEntry (one per signature; shared_ptr held by the map slot, the LRU,
-//   every SnapshotTable listing it and threads on the slow path; freed by
-//   its deleter, which waits for calls in flight: see InFlight below)
+//   threads on the slow path and, while a ready table lists it, itself
+//   (table_ref); freed by its deleter, which waits for calls in flight: see
+//   InFlight below)
 //   | sig, store, store_raw | fixed after construction                      |
 //   | latch                 | compile_latch.h                               |
 //   | payload               | written by the compiling thread before        |
@@ -33,6 +34,7 @@
 //   | shards[i].hits        | relaxed atomics, one cache line per shard     |
 //   | shards[i].in_flight   | seq_cst atomics, same lines (see InFlight)    |
 //   | unlinked, claimed     | seq_cst atomics, written once each            |
+//   | table_ref             | guarded by the store's publish_mu_            |
 //   | lru                   | shared_lru.h                                  |
 //
 //   EntryStore (one per function and options)
@@ -63,17 +65,22 @@
 // thread still reading its fields (a FinishCall that lost the claim) is
 // never reading freed memory.
 //
-// Rebuilds: every change of which entries are ready (a compile published,
-// an entry discarded, evicted or cleared) is followed by RebuildReady(),
-// which under publish_mu_ snapshots map_ and lists its ready entries. A
-// rebuild starts after the change it follows and rebuilds are serialised,
-// so the last table always reflects the last change. A compile that is
-// published after its entry was cleared is therefore never listed.
+// Listing: the ready table holds raw pointers. An entry is listed by its
+// owner's Published() (if the map still holds it: a compile published after
+// its entry was cleared is never listed), and then holds a reference to
+// itself, table_ref, for as long as a table a reader may probe lists it.
+// Unlisting (Discard, Clear, the store's death) swaps in a table without it
+// and retires the old table together with its table_ref, so the entry lives
+// until every reader that could see it has left (and, past that, while calls
+// are in flight: InFlight). Listing and unlisting run under publish_mu_ and
+// check the map inside it, so whichever of a publish and a discard of one
+// entry comes second sees what the first did. A rebuild copies the current
+// table's pointers, not the map: no reference count is written, so a miss
+// pays a few ns per ready entry, not a map snapshot.
 //
 // Lock order: none to get wrong. map_'s lock, the LRU's, publish_mu_ and the
-// epoch domain's are leaves, never held together (RebuildReady takes
-// map_'s lock inside publish_mu_: map_'s lock is never held while taking
-// another). Nothing is freed under any of them: removed entries and retired
+// epoch domain's are leaves, never held together (Published takes map_'s
+// lock inside publish_mu_: map_'s lock is never held while taking another). Nothing is freed under any of them: removed entries and retired
 // tables are handed back and dropped after unlocking.
 #pragma once
 
@@ -156,6 +163,7 @@ struct StoreEntry {
   std::array<Shard, kMaxThreadShards> shards;
   std::atomic<bool> unlinked{false};
   std::atomic<bool> claimed{false};
+  std::shared_ptr<StoreEntry> table_ref;  // see Listing; guarded by the store's publish_mu_
   LruHook<std::shared_ptr<StoreEntry>> lru;
 
   uint64_t Hits() const {
@@ -216,13 +224,13 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   ~EntryStore() {
     // Entries still linked in the shared LRU (the store dies with entries
     // left, e.g. after its cache object died) must stop counting against
-    // it; the last table is retired, as any other.
+    // it; the listed ones are unlisted, as by a clear.
     if (map_.size() != 0) {
       const EntryStore* self = this;
       std::vector<EntryPtr> unlinked =
           core_->lru.RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
     }
-    Traits::Epochs().Retire(ready_.Take(), &SnapshotPtr<Entry>::Delete);
+    UnlistAll();
   }
 
   // The hit path (see the header comment). When the ready entry of `sig` is
@@ -309,11 +317,22 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     ReleaseEvicted(evicted);
   }
 
-  // An owner published an entry ready: list it for the hit path (if it is
-  // still in the map: RebuildReady lists what the map holds that is ready),
-  // then re-apply the LRU bound (pinned entries may have pushed it over).
-  void Published() {
-    RebuildReady();
+  // The owner published `e` ready: list it for the hit path (if the map
+  // still holds it), then re-apply the LRU bound (pinned entries may have
+  // pushed it over).
+  void Published(const EntryPtr& e) {
+    Table* old = nullptr;
+    {
+      std::lock_guard<Mutex> lock(publish_mu_);
+      if (!e->table_ref && map_.ContainsValue(e->sig->hash, e)) {
+        const Table* cur = ready_.Load();
+        std::vector<std::pair<size_t, Entry*>> items = cur->items();
+        items.emplace_back(e->sig->hash, e.get());
+        e->table_ref = e;
+        old = ready_.Swap(new Table(std::move(items)));
+      }
+    }
+    if (old) Traits::Epochs().Retire(old, &SnapshotPtr<Entry>::Delete);
     TrimLru();
   }
 
@@ -328,10 +347,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   void Discard(const EntryPtr& e) {
     EntryPtr removed = map_.Erase(e->sig->hash, e);
     core_->lru.Remove(e);
-    // Only ready entries are listed; one being published right now is
-    // listed by its owner's RebuildReady, which comes after its kReady
-    // store and sees the map without `e`.
-    if (removed && e->latch.state() == CompileLatch::State::kReady) RebuildReady();
+    Unlist(e);
     // `removed` is dropped on return, outside every lock.
   }
 
@@ -342,7 +358,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     const EntryStore* self = this;
     std::vector<EntryPtr> unlinked =
         core_->lru.RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
-    RebuildReady();
+    UnlistAll();
     // Both vectors die here, with no lock held.
   }
 
@@ -403,21 +419,44 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
  private:
   using Table = SnapshotTable<Entry>;
 
-  // Lists the map's ready entries in a new table, swaps it in and retires
-  // the old one (see Rebuilds in the header comment).
-  void RebuildReady() {
-    Table* old;
+  // What a swap leaves to retire: the old table and the unlisted entries'
+  // references to themselves, freed together after the grace period.
+  struct Unlisted {
+    Table* table;
+    std::vector<EntryPtr> refs;
+    static void Delete(void* p) {
+      auto* u = static_cast<Unlisted*>(p);
+      delete u->table;
+      delete u;  // drops the refs: entries whose last reference this was go
+    }
+  };
+
+  // Swaps in a table without `e`, if it is listed (see Listing).
+  void Unlist(const EntryPtr& e) {
+    Unlisted* u = nullptr;
     {
       std::lock_guard<Mutex> lock(publish_mu_);
-      std::vector<std::pair<size_t, EntryPtr>> ready;
-      for (auto& kv : map_.Snapshot()) {
-        if (kv.second->latch.state() == CompileLatch::State::kReady) {
-          ready.emplace_back(kv.first->hash, std::move(kv.second));
-        }
+      if (!e->table_ref) return;
+      std::vector<std::pair<size_t, Entry*>> items;
+      for (const auto& kv : ready_.Load()->items()) {
+        if (kv.second != e.get()) items.push_back(kv);
       }
-      old = ready_.Swap(new Table(std::move(ready)));
+      u = new Unlisted{nullptr, {}};
+      u->refs.push_back(std::move(e->table_ref));
+      u->table = ready_.Swap(new Table(std::move(items)));
     }
-    Traits::Epochs().Retire(old, &SnapshotPtr<Entry>::Delete);
+    Traits::Epochs().Retire(u, &Unlisted::Delete);
+  }
+
+  // Swaps in an empty table (Clear, the store's death).
+  void UnlistAll() {
+    Unlisted* u = new Unlisted{nullptr, {}};
+    {
+      std::lock_guard<Mutex> lock(publish_mu_);
+      for (const auto& kv : ready_.Load()->items()) u->refs.push_back(std::move(kv.second->table_ref));
+      u->table = ready_.Swap(new Table({}));
+    }
+    Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
 
   const std::shared_ptr<Core> core_;

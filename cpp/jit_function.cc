@@ -376,7 +376,7 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
   publisher.done = true;
   e->latch.Publish(CompileLatch::State::kReady);
-  st.entries->Published();
+  st.entries->Published(e);
   if (st.on_compile.is_valid()) {
     nb::object secs = nb::steal(PyFloat_FromDouble(e->payload.compile_seconds));
     nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
@@ -455,6 +455,9 @@ bool WaitForCompile(JitState& st, Entry& e) {
       auto left = deadline - std::chrono::steady_clock::now();
       if (left <= std::chrono::steady_clock::duration::zero()) {
         c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+        // Not waiting any more (the message below runs __repr__ code).
+        Graph().EndWait(self);
+        end_wait.registered = false;
         char secs[32];
         std::snprintf(secs, sizeof(secs), "%g", st.compile_timeout);
         RaiseMessage(Types().compile_timeout,
@@ -477,9 +480,16 @@ bool WaitForCompile(JitState& st, Entry& e) {
       c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
       return false;  // the caller looks again, and drops the orphan
     }
-    if (s == CompileLatch::State::kCompiling && PyErr_CheckSignals() != 0) {
-      c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
-      throw nb::python_error();
+    if (s == CompileLatch::State::kCompiling) {
+      // Signal handlers run here, and this thread is not blocked while they
+      // do: one may compile something another thread then waits for.
+      Graph().EnterPython(self);
+      int signalled = PyErr_CheckSignals();
+      Graph().LeavePython(self);
+      if (signalled != 0) {
+        c.wait_nanos.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+        throw nb::python_error();
+      }
     }
     // A cycle may have closed while a nested wait (Python code run by the
     // signal check above, here or in another thread) hid an outer edge from
@@ -492,6 +502,10 @@ bool WaitForCompile(JitState& st, Entry& e) {
   }
   uint64_t waited = NanosSince(t0);
   c.wait_nanos.fetch_add(waited, std::memory_order_relaxed);
+  // The wait is over: the hook and the error below run Python code, which
+  // may compile (nothing may take this thread for blocked meanwhile).
+  Graph().EndWait(self);
+  end_wait.registered = false;
   if (st.on_wait.is_valid()) {
     nb::object secs = nb::steal(PyFloat_FromDouble(static_cast<double>(waited) * 1e-9));
     nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));

@@ -1,10 +1,12 @@
-// ftjit: an immutable hash table of shared items, published behind an atomic
+// ftjit: an immutable hash table of items, published behind an atomic
 // pointer: readers probe it with no lock and write nothing; a writer builds a
 // whole new table and swaps it in, retiring the old one to an EpochDomain.
 //
-// Python-free and header-only. The table owns a shared_ptr to each item, so
-// an item stays alive while any table (the current one, or a retired one a
-// reader may still be probing) lists it.
+// Python-free and header-only. A table holds raw pointers: the owner keeps
+// every item alive while any table a reader may still be probing lists it
+// (entry_store.h retires an item's keep-alive reference together with the
+// last table listing it). Building a table copies pointers only (no
+// reference count is written), so a rebuild costs a few ns per item.
 //
 //   | member                  | protection                                   |
 //   |-------------------------|----------------------------------------------|
@@ -28,20 +30,16 @@ namespace ftjit {
 template <class Item>
 class SnapshotTable {
  public:
-  using ItemPtr = std::shared_ptr<Item>;
-
   // A table of `items` (hash, item); an empty one when `items` is empty.
-  explicit SnapshotTable(std::vector<std::pair<size_t, ItemPtr>> items) {
+  explicit SnapshotTable(std::vector<std::pair<size_t, Item*>> items) : items_(std::move(items)) {
     size_t cap = 4;
-    while (cap < 2 * items.size()) cap *= 2;  // load factor <= 1/2: short probes
+    while (cap < 2 * items_.size()) cap *= 2;  // load factor <= 1/2: short probes
     mask_ = cap - 1;
     slots_.reset(new Slot[cap]());
-    owners_.reserve(items.size());
-    for (auto& kv : items) {
+    for (const auto& kv : items_) {
       size_t i = kv.first & mask_;
       while (slots_[i].item) i = (i + 1) & mask_;
-      slots_[i] = Slot{kv.first, kv.second.get()};
-      owners_.push_back(std::move(kv.second));
+      slots_[i] = Slot{kv.first, kv.second};
     }
   }
   SnapshotTable(const SnapshotTable&) = delete;
@@ -63,17 +61,18 @@ class SnapshotTable {
     }
   }
 
-  size_t size() const { return owners_.size(); }
-  const std::vector<ItemPtr>& items() const { return owners_; }
+  size_t size() const { return items_.size(); }
+  // (hash, item) of every item, in the order given: what a rebuild starts from.
+  const std::vector<std::pair<size_t, Item*>>& items() const { return items_; }
 
  private:
   struct Slot {
     size_t hash;
-    Item* item;  // null: empty; owned by owners_
+    Item* item;  // null: empty
   };
   size_t mask_ = 0;
   std::unique_ptr<Slot[]> slots_;
-  std::vector<ItemPtr> owners_;
+  std::vector<std::pair<size_t, Item*>> items_;
 };
 
 // The current table of one owner (never null: starts empty).

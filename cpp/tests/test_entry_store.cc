@@ -105,7 +105,7 @@ int CallOnce(Store& store, int key, Ledger& ledger, ftjit::EpochDomain<std::mute
       found.entry->payload.value = key * 2;
       ledger.running[key].fetch_sub(1);
       found.entry->latch.Publish(State::kReady);
-      store.Published();
+      store.Published(found.entry);
       return found.entry->payload.value;
     }
     State s;

@@ -46,10 +46,36 @@ size_t HashOf(size_t key) { return key * 0x9e3779b97f4a7c15ULL; }
 using Table = ftjit::SnapshotTable<Item>;
 using Ptr = ftjit::SnapshotPtr<Item>;
 
+// Tables hold raw pointers: the owner keeps what a table lists alive.
 Table* MakeTable(const std::vector<std::shared_ptr<Item>>& items) {
-  std::vector<std::pair<size_t, std::shared_ptr<Item>>> v;
-  for (auto& it : items) v.emplace_back(HashOf(it->key), it);
+  std::vector<std::pair<size_t, Item*>> v;
+  for (auto& it : items) v.emplace_back(HashOf(it->key), it.get());
   return new Table(std::move(v));
+}
+
+// An unlinked table and the items only it still listed, freed together
+// after the grace period (what entry_store.h's Unlisted does).
+struct Retired {
+  Table* table;
+  std::vector<std::shared_ptr<Item>> items;
+  static void Delete(void* p) {
+    auto* r = static_cast<Retired*>(p);
+    delete r->table;
+    delete r;
+  }
+};
+
+// Swaps in a table of `now`, retiring the old one with the items of `before` not in `now`.
+void Publish(Domain& domain, Ptr& ptr, const std::vector<std::shared_ptr<Item>>& before,
+             const std::vector<std::shared_ptr<Item>>& now) {
+  auto* r = new Retired{nullptr, {}};
+  for (auto& it : before) {
+    bool kept = false;
+    for (auto& n : now) kept |= n == it;
+    if (!kept) r->items.push_back(it);
+  }
+  r->table = ptr.Swap(MakeTable(now));
+  domain.Retire(r, &Retired::Delete);
 }
 
 // Finds, probes and misses: every listed key is found, others are not, with
@@ -67,8 +93,12 @@ void TestFindAndMiss() {
     if (found) CHECK_EQ(found->key, k);
   }
   // Same hash, different keys: the probe goes on past the first candidate.
-  std::vector<std::pair<size_t, std::shared_ptr<Item>>> same;
-  for (size_t k = 0; k < 5; ++k) same.emplace_back(size_t{42}, std::make_shared<Item>(k));
+  std::vector<std::shared_ptr<Item>> owners;
+  std::vector<std::pair<size_t, Item*>> same;
+  for (size_t k = 0; k < 5; ++k) {
+    owners.push_back(std::make_shared<Item>(k));
+    same.emplace_back(size_t{42}, owners.back().get());
+  }
   Table collide(std::move(same));
   for (size_t k = 0; k < 5; ++k) {
     bool undecided = false;
@@ -97,6 +127,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
     Domain domain;
     Ptr ptr;
     std::mutex writer_mu;  // the owner's writer lock: serialises swaps
+    std::vector<std::shared_ptr<Item>> listed;  // what the current table lists; guarded by writer_mu
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> found{0}, probes{0}, swaps{0};
     ftjit_test::RunThreads(kReaders + kWriters, [&](size_t i) {
@@ -119,11 +150,10 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
           probes.fetch_add(1, std::memory_order_relaxed);
         }
       } else {
-        std::vector<std::shared_ptr<Item>> listed;
         while (std::chrono::steady_clock::now() < deadline) {
-          Table* old;
           {
             std::lock_guard<std::mutex> lock(writer_mu);
+            std::vector<std::shared_ptr<Item>> before = listed;
             switch (rng() % 4) {
               case 0:  // clear
                 listed.clear();
@@ -141,13 +171,12 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
                   if (!have) listed.push_back(std::make_shared<Item>(key));
                 }
             }
-            old = ptr.Swap(MakeTable(listed));
+            // (Retiring under the writer lock is fine here: the deleters run
+            // no code that takes it.)
+            Publish(domain, ptr, before, listed);
           }
-          domain.Retire(old, &Ptr::Delete);
           swaps.fetch_add(1, std::memory_order_relaxed);
         }
-        std::lock_guard<std::mutex> lock(writer_mu);
-        listed.clear();  // the last table still lists its items
       }
       Domain::Release(rec);
     });
@@ -160,7 +189,9 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
     // Nobody reads: everything retired goes at once.
     CHECK_EQ(domain.Reclaim(), size_t{0});
     CHECK_EQ(domain.retired_count(), size_t{0});
-    domain.Retire(ptr.Take(), &Ptr::Delete);
+    CHECK_EQ(g_live_items.load(), static_cast<int64_t>(listed.size()));
+    Publish(domain, ptr, listed, {});
+    listed.clear();
     CHECK_EQ(g_live_items.load(), int64_t{0});
   }
   CHECK_EQ(g_live_items.load(), int64_t{0});
@@ -171,15 +202,15 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
 void TestReclaimWaitsForTheReaderOnly() {
   Domain domain;
   Ptr ptr;
-  auto a = std::make_shared<Item>(1);
-  delete ptr.Swap(MakeTable({a}));
-  a.reset();
+  std::vector<std::shared_ptr<Item>> one{std::make_shared<Item>(1)};
+  Publish(domain, ptr, {}, one);
   Domain::Record* reader = domain.Acquire();
   domain.EnterRead(reader);
   const Table* seen = ptr.Load();
   CHECK(seen->size() == 1);
-  // A writer unlinks the table the reader holds: it must stay.
-  domain.Retire(ptr.Swap(MakeTable({})), &Ptr::Delete);
+  // A writer unlinks the table the reader holds (and the item only it listed): both must stay.
+  Publish(domain, ptr, one, {});
+  one.clear();
   CHECK_EQ(domain.retired_count(), size_t{1});
   CHECK_EQ(g_live_items.load(), int64_t{1});
   bool undecided = false;
@@ -187,17 +218,17 @@ void TestReclaimWaitsForTheReaderOnly() {
   CHECK(it != nullptr && it->canary.load() == kAlive);
   Domain::ExitRead(reader);
   // Retired after the reader left: freed at once, and the old one with it.
-  domain.Retire(ptr.Swap(MakeTable({})), &Ptr::Delete);
+  Publish(domain, ptr, {}, {});
   CHECK_EQ(domain.retired_count(), size_t{0});
   CHECK_EQ(g_live_items.load(), int64_t{0});
   // A reader that enters after a retire never holds it back: r1 holds what
   // is retired while it reads; r2, entering later, does not.
   Domain::Record* r2 = domain.Acquire();
-  auto b = std::make_shared<Item>(2);
-  delete ptr.Swap(MakeTable({b}));
-  b.reset();
+  std::vector<std::shared_ptr<Item>> two{std::make_shared<Item>(2)};
+  Publish(domain, ptr, {}, two);
   domain.EnterRead(reader);
-  domain.Retire(ptr.Swap(MakeTable({})), &Ptr::Delete);
+  Publish(domain, ptr, two, {});
+  two.clear();
   domain.EnterRead(r2);
   CHECK_EQ(domain.Reclaim(), size_t{1});
   CHECK_EQ(g_live_items.load(), int64_t{1});
@@ -207,7 +238,6 @@ void TestReclaimWaitsForTheReaderOnly() {
   Domain::ExitRead(r2);
   Domain::Release(r2);
   Domain::Release(reader);
-  domain.Retire(ptr.Take(), &Ptr::Delete);
 }
 
 // Records are reused: threads that come and go do not grow the list.
