@@ -195,6 +195,21 @@ class WaitForGraph {
     return false;
   }
 
+  // `self` (registered) is about to run Python code from inside its wait
+  // (signal handlers run by the wait's signal check): until LeavePython it
+  // is not blocked (it may compile, and others may wait for that), so walks
+  // that reach it stop there. A wait nested in that code stacks on top, as
+  // any nested wait. Harmless when `self` is not waiting.
+  void EnterPython(OwnerId self) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waiting_.find(self);
+    if (it != waiting_.end()) it->second.push_back(nullptr);
+  }
+  void LeavePython(OwnerId self) {
+    std::lock_guard<std::mutex> lock(mu_);
+    PopLocked(self);
+  }
+
   // For tests and diagnostics: how many threads are registered as waiting.
   size_t waiting() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -208,6 +223,7 @@ class WaitForGraph {
   bool ClosesCycleLocked(OwnerId self, const CompileLatch* latch) const {
     const CompileLatch* cur = latch;
     for (size_t steps = 0; steps <= waiting_.size(); ++steps) {
+      if (!cur) return false;               // that thread runs Python: not blocked
       if (!cur->compiling()) return false;  // that edge resolves by itself
       OwnerId owner = cur->owner();
       if (owner == self) return true;
@@ -226,7 +242,8 @@ class WaitForGraph {
   }
 
   mutable std::mutex mu_;  // leaf lock
-  // Per waiting thread, its nested waits, innermost last; never empty.
+  // Per waiting thread, its nested waits, innermost last; never empty. A
+  // null entry marks Python code running inside the wait below it.
   std::unordered_map<OwnerId, std::vector<const CompileLatch*>> waiting_;  // guarded by mu_
 };
 

@@ -661,6 +661,60 @@ def test_a_swallowed_keyboard_interrupt_is_not_re_armed_where_it_would_misfire(w
 
 
 @pytest.mark.thread_unsafe(reason="delivers SIGUSR1 to the main thread")
+def test_08c_a_signal_handler_that_compiles_inside_a_wait_closes_no_false_cycle():
+    """The main thread waits on f, which thread B compiles. A signal handler
+    runs in the main thread during that wait and compiles g; B's compile of f
+    then needs g. Nothing is deadlocked (the handler is running, not waiting:
+    g gets published, then f), so both calls succeed; the wait-for graph must
+    not take the main thread for blocked on f meanwhile (before the fix: both
+    got CompileCycleError)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are only delivered to the main thread")
+    if not hasattr(signal, "pthread_kill"):
+        pytest.skip("needs signal.pthread_kill")
+    b_compiling, handler_compiling = threading.Event(), threading.Event()
+    cache = ftjit.FunctionCache()
+
+    def f_hook(fun, args, kwargs):  # in thread B
+        b_compiling.set()
+        assert handler_compiling.wait(10)
+        assert g(1.0) == 4.0  # waits for the handler's compile of g
+
+    def g_hook(fun, args, kwargs):  # in the main thread's signal handler
+        handler_compiling.set()
+        assert wait_for(lambda: g.cache_info().waits == 1, 10), "B never waited on g"
+
+    f = ftjit.jit(lambda x: x + 1, compiler=CountingCompiler(on_compile=f_hook), cache=cache)
+    g = ftjit.jit(lambda x: x + 3, compiler=CountingCompiler(on_compile=g_hook), cache=cache)
+    outcomes = {}
+
+    def handler(signum, frame):
+        outcomes["handler"] = g(1.0)
+
+    def poke():
+        assert wait_for(lambda: f.cache_info().waits == 1, 10), "main never waited on f"
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+    b = threading.Thread(target=lambda: outcomes.setdefault("B", f(1.0)), daemon=True)
+    poker = threading.Thread(target=poke, daemon=True)
+    old_handler = signal.signal(signal.SIGUSR1, handler)
+    try:
+        b.start()
+        assert b_compiling.wait(10)
+        poker.start()
+        outcomes["main"] = f(1.0)  # waits on B's compile; the handler runs inside that wait
+    finally:
+        signal.signal(signal.SIGUSR1, old_handler)
+    for t in (b, poker):
+        t.join(15)
+        assert not t.is_alive(), t.name
+    assert outcomes == {"B": 2.0, "main": 2.0, "handler": 4.0}
+    assert (f.cache_info().compiles, g.cache_info().compiles) == (1, 1)
+    assert (f.cache_info().waits, g.cache_info().waits) == (1, 1)
+    assert ftjit._core._waiting_threads() == 0
+
+
+@pytest.mark.thread_unsafe(reason="delivers SIGUSR1 to the main thread")
 @pytest.mark.parametrize("cycle_closes", ["after_nested_wait", "during_nested_wait"])
 def test_08b_nested_wait_in_a_signal_handler_keeps_cycle_detection(cycle_closes):
     """The main thread compiles h, whose compile waits on f, which thread A is
