@@ -17,8 +17,10 @@ from .report import format_scaling, format_table, write_json
 from .threads import ScalingResult, scaling_result
 from .timing import Measurement, loop_overhead_ns, measure
 
-FULL = {"number": 200_000, "repeat": 7, "warmup_repeat": 4, "scaling_calls": 100_000, "scaling_rounds": 5}
-QUICK = {"number": 20_000, "repeat": 3, "warmup_repeat": 2, "scaling_calls": 20_000, "scaling_rounds": 3}
+FULL = {"number": 200_000, "repeat": 7, "warmup_repeat": 4, "scaling_calls": 100_000, "scaling_rounds": 5,
+        "misses": 200, "miss_rounds": 7}
+QUICK = {"number": 20_000, "repeat": 3, "warmup_repeat": 2, "scaling_calls": 20_000, "scaling_rounds": 3,
+         "misses": 100, "miss_rounds": 3}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +97,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench: warm-up, {args.warmup_signatures} signatures, workers={args.warmup_workers} vs 1, "
               f"{sizes['warmup_repeat']} run(s) each", file=sys.stderr, flush=True)
         results.append(warmup_measurement(args.warmup_signatures, args.warmup_workers, sizes["warmup_repeat"]))
+    from .misses import LARGE, miss_measurement
+
+    print(f"bench: misses with {LARGE} signatures cached and with 10", file=sys.stderr, flush=True)
+    results.append(miss_measurement(misses=sizes["misses"], rounds=sizes["miss_rounds"]))
     print(f"bench: thread scaling, {sizes['scaling_rounds']} rounds of {sizes['scaling_calls']} calls per thread",
           file=sys.stderr, flush=True)
     scaling = scaling_result(sizes["scaling_calls"], sizes["scaling_rounds"], with_jax=not args.no_jax,

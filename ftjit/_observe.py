@@ -268,6 +268,10 @@ class CallDescription:
     def key(self) -> tuple:
         return (self.leaves, self.statics_key, self.trees_key, self.layout, self.context)
 
+    def structure(self) -> tuple:
+        """How the call is shaped: how it passed its arguments and their tree structures."""
+        return (self.layout, self.trees_key)
+
 
 class Describer:
     """Builds CallDescriptions for one jitted function (fixed options; thread-safe)."""
@@ -438,6 +442,11 @@ def explain(cached: Iterable[CallDescription], new: CallDescription, context_nam
 
 #: Descriptions remembered per unguarded function, for miss explanations.
 _MAX_REMEMBERED = 4096
+#: A miss is explained against at most this many remembered signatures: the
+#: most recent ones of the same call structure (layout and tree structures),
+#: or, when there are none, the most recent ones of any structure. So a miss
+#: costs O(arguments), not O(remembered signatures).
+_EXPLAIN_CANDIDATES = 16
 
 
 class GuardState:
@@ -453,7 +462,7 @@ class GuardState:
     user object.
     """
 
-    __slots__ = ("lock", "seen", "running", "compiled", "warned")
+    __slots__ = ("lock", "seen", "running", "compiled", "warned", "by_structure", "recent")
 
     def __init__(self) -> None:
         # Taken with the thread attached (the GIL held on GIL builds); only
@@ -469,6 +478,40 @@ class GuardState:
         self.running: dict[tuple, int] = {}
         self.compiled: set[tuple] = set()
         self.warned = False  # guarded by lock
+        # Explanation candidates (see _EXPLAIN_CANDIDATES), both guarded by
+        # lock: per call structure, its newest remembered keys; and the newest
+        # keys of any structure. Keys only: `seen` holds the descriptions.
+        self.by_structure: dict[tuple, list[tuple]] = {}
+        self.recent: list[tuple] = []
+
+    def remember(self, key: tuple, desc: "CallDescription") -> None:
+        """Adds `key` to `seen` and to the candidate index (lock held; `key` not in `seen`)."""
+        self.seen[key] = desc
+        bucket = self.by_structure.setdefault(desc.structure(), [])
+        bucket.append(key)
+        del bucket[:-_EXPLAIN_CANDIDATES]
+        self.recent.append(key)
+        del self.recent[:-_EXPLAIN_CANDIDATES]
+
+    def forget(self, key: tuple) -> None:
+        """Removes `key` from `seen` and the candidate index (lock held)."""
+        desc = self.seen.pop(key, None)
+        if desc is None:
+            return
+        structure = desc.structure()
+        bucket = self.by_structure.get(structure, [])
+        if key in bucket:
+            bucket.remove(key)
+            if not bucket:
+                del self.by_structure[structure]
+        if key in self.recent:
+            self.recent.remove(key)
+
+    def candidates(self, desc: "CallDescription") -> list["CallDescription"]:
+        """What a miss of `desc` is explained against (lock held): at most
+        _EXPLAIN_CANDIDATES remembered descriptions, oldest first."""
+        keys = self.by_structure.get(desc.structure()) or self.recent
+        return [self.seen[k] for k in keys if k in self.seen]
 
     def done(self, key: tuple) -> bool:
         """One compile of `key` ended (call with lock held); True if it was the last one running."""
@@ -564,7 +607,6 @@ class GuardedCompiler:
         try:
             with state.lock:
                 known = key in state.seen
-                cached = list(state.seen.values())
                 excess = guarded and (
                     (not known and len(state.seen) >= self.max_signatures)  # type: ignore[operator]
                     or ready >= self.max_signatures  # type: ignore[operator]
@@ -572,19 +614,27 @@ class GuardedCompiler:
                 warn_now = excess and self.on_excess == "warn" and not state.warned
                 if warn_now:
                     state.warned = True
+                # An explanation is built only when it will be shown: logged,
+                # or in the limit's warning or error. Known keys are explained
+                # too when over the limit: the cache's exact count can exceed
+                # it where the remembered keys collide.
+                logging_it = explaining and logger.isEnabledFor(logging.INFO)
+                wanted = (not known or excess) and (
+                    logging_it or (excess and (warn_now or self.on_excess == "raise")))
+                cached = state.candidates(desc) if wanted else []
                 room = len(state.seen) < max(self.max_remembered, self.max_signatures or 0)
-                if room and (not excess or self.on_excess == "warn"):
-                    state.seen.setdefault(key, desc)
+                if room and (not excess or self.on_excess == "warn") and not known:
+                    state.remember(key, desc)
                 if key in state.seen:
                     state.running[key] = state.running.get(key, 0) + 1
                     tracked = True
-            # Known keys are explained too when over the limit: the cache's
-            # exact count can exceed it where the remembered keys collide.
-            names = self.describe.context_names
-            if callable(names):  # read when needed (see Describer.context_names)
-                names = names()
-            why = explain(cached, desc, names) if cached and (not known or excess) else None
-            if explaining and why is not None:
+            why = None
+            if cached:
+                names = self.describe.context_names
+                if callable(names):  # read when needed (see Describer.context_names)
+                    names = names()
+                why = explain(cached, desc, names)
+            if logging_it and why is not None:
                 logger.info("cache miss of %s: %s", self.name, why)
             if excess:
                 raising = self.on_excess == "raise"
@@ -603,7 +653,7 @@ class GuardedCompiler:
         except BaseException:
             with state.lock:
                 if tracked and state.done(key) and key not in state.compiled:
-                    state.seen.pop(key, None)
+                    state.forget(key)
                 if warn_now and not shown:
                     state.warned = False  # not shown (raised, or interrupted first): the next excess warns
             raise

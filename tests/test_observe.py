@@ -463,6 +463,41 @@ def test_explain_compares_with_the_closest_signature():
     assert got[1] == "argument 'x'['a']: float32[2] -> float32[5]"
 
 
+@pytest.mark.thread_unsafe(reason="counts calls of a module-level function it patches")
+def test_a_miss_is_explained_against_a_bounded_number_of_signatures(monkeypatch):
+    """A miss costs O(arguments), not O(remembered signatures): it is
+    compared with at most _EXPLAIN_CANDIDATES of them (the newest of its own
+    call structure), and not at all when no explanation will be shown."""
+    import ftjit._observe as observe
+
+    compared = []
+    real = observe._differences
+    monkeypatch.setattr(observe, "_differences", lambda old, new, names=None: compared.append(1) or real(old, new, names))
+    name = unique_name("explain_bounded")
+
+    def fun(x, n):
+        return x
+
+    named(fun, name)
+    quiet = ftjit.jit(fun, static_argnums=1, compiler=CountingCompiler(), cache=ftjit.FunctionCache(),
+                      explain_misses=None)  # follows the global switch, off here
+    for n in range(300):
+        quiet(1.0, n)
+    assert compared == []  # nothing was going to be shown: nothing explained
+    assert len(quiet._compiler._seen) == 300  # but every signature is remembered (for a switch turned on later)
+    loud = ftjit.jit(fun, static_argnums=1, compiler=CountingCompiler(), cache=ftjit.FunctionCache(),
+                     explain_misses=True)
+    with LogCapture(name) as cap:
+        for n in range(300):
+            loud(1.0, n)
+        loud({"a": 1.0}, 0)  # a new structure: compared with the newest of any structure
+    assert len(compared) == sum(min(n, observe._EXPLAIN_CANDIDATES) for n in range(300)) + observe._EXPLAIN_CANDIDATES
+    got = _explanations(cap, name)
+    assert got[0] == "static 'n': 0 -> 1"
+    assert got[-2] == "static 'n': 283 -> 299"  # all 16 candidates differ by n alone: the oldest of them wins
+    assert got[-1] == "argument 'x': tree structure * -> {'a' * }; static 'n': 284 -> 0"
+
+
 def test_explain_off_by_default_and_explicit_false():
     fun, name = fresh1("explain_off")
     jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), explain_misses=False)
