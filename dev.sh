@@ -7,8 +7,10 @@
 #   bash dev.sh test                                               all tests
 #   bash dev.sh bench [--quick]                                    benchmarks
 #   bash dev.sh build                                              build only
-#   bash dev.sh ft-python                                          print a free-threaded CPython's path
+#   bash dev.sh ft-python [--tsan]                                 print a free-threaded CPython's path
 #                                                                  (builds 3.13.5t into ~/.cache/ftjit if none)
+#   bash dev.sh tsan-ft                                            the JAX-free tests and stress scenarios under
+#                                                                  ThreadSanitizer, on a TSAN-built 3.13.5t
 #
 # FTJIT_PYTHON picks the interpreter (default python3) and FTJIT_VENV the venv
 # (default .venv). FTJIT_PYTHON=ft is short for "the free-threaded CPython of
@@ -107,6 +109,44 @@ tsan() {
   "$ctest" --test-dir build/tsan --output-on-failure --timeout 300
 }
 
+# ThreadSanitizer on a free-threaded interpreter, as JAX's nightly CI runs
+# it: CPython 3.13.5t built --with-thread-sanitizer (tools/ft-python.sh
+# --tsan, cached), ftjit built with -fsanitize=thread into .venv-tsan, then
+# the tests and stress scenarios that do not need JAX (jaxlib is not
+# instrumented), halting on the first report. Suppressions: CPython's own
+# list (Tools/tsan/suppressions_free_threading.txt of the same source) plus
+# .ci/tsan-suppressions.txt, each line of which says why.
+tsan_ft() {
+  local tpy tvenv=.venv-tsan supp
+  tpy=$(bash tools/ft-python.sh --tsan)
+  # pip, venv creation and the build itself run under TSAN too: quiet them.
+  export TSAN_OPTIONS="report_bugs=0"
+  if [ ! -x "$tvenv/bin/python" ]; then
+    log "creating $tvenv with $tpy (ThreadSanitizer build)"
+    "$tpy" -m venv "$tvenv"
+  fi
+  if ! "$tvenv/bin/python" -c "import nanobind, scikit_build_core, pytest, pytest_timeout, numpy" 2>/dev/null; then
+    log "installing build and test dependencies into $tvenv (no jax: jaxlib is not instrumented)"
+    "$tvenv/bin/python" -m pip install -q --only-binary=:all: "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
+      "numpy>=1.26" "pytest>=8" "pytest-timeout>=2.3"
+  fi
+  log "building ftjit with -fsanitize=thread"
+  "$tvenv/bin/python" -m pip install -q --no-build-isolation --no-deps -e . \
+    -C build-dir=build/tsan-ft -C cmake.build-type=RelWithDebInfo \
+    -C cmake.define.CMAKE_CXX_FLAGS="-fsanitize=thread -g -O1 -fno-omit-frame-pointer" \
+    -C cmake.define.CMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread -C cmake.define.FTJIT_STUBS=OFF
+  supp=$(mktemp)
+  cat "$(dirname "$tpy")/../tsan-suppressions-cpython.txt" .ci/tsan-suppressions.txt > "$supp"
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp"
+  "$tvenv/bin/python" -c "import ftjit._core as c; print('[dev] ftjit core under TSAN:', c.__file__)"
+  log "tests that need no JAX, under ThreadSanitizer"
+  "$tvenv/bin/python" -m pytest tests/test_threads.py tests/test_cache.py tests/test_signature.py \
+    tests/test_fork.py tests/test_api.py tests/test_shutdown.py -q -p no:randomly --timeout=900 "$@"
+  log "stress scenarios that need no JAX, under ThreadSanitizer (sizes scaled down: TSAN runs ~20x slower)"
+  "$tvenv/bin/python" -m stress --quick --no-jax --scale 0.25 --stall-seconds 120 --budget-seconds 1200
+  rm -f "$supp"
+}
+
 cmd=${1:-test}
 shift || true
 case "$cmd" in
@@ -123,7 +163,8 @@ case "$cmd" in
     ;;
   demo) build; exec "$VPY" examples/demo.py "$@" ;;
   tsan) setup; tsan ;;
-  ft-python) exec bash tools/ft-python.sh ;;
+  ft-python) exec bash tools/ft-python.sh "$@" ;;
+  tsan-ft) tsan_ft "$@" ;;
   test)
     build
     tsan
@@ -132,5 +173,5 @@ case "$cmd" in
     log "unit tests again, each test body in 8 threads at once (pytest-run-parallel)"
     parallel_threads_run "$@"
     ;;
-  *) echo "usage: bash dev.sh {demo|stress|test|bench|build|tsan|ft-python} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash dev.sh {demo|stress|test|bench|build|tsan|ft-python|tsan-ft} [args]" >&2; exit 2 ;;
 esac

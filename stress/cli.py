@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--progress-every", type=_positive_float, default=LINE_INTERVAL_S, metavar="S",
                         help=f"off a terminal: one progress line per scenario at most every S seconds "
                              f"(default {LINE_INTERVAL_S:g})")
+    parser.add_argument("--scale", type=_positive_float, default=1.0, metavar="F",
+                        help="multiply every scenario's rounds and calls by F (e.g. 0.1 under ThreadSanitizer)")
+    parser.add_argument("--no-jax", action="store_true", help="skip the scenarios that need JAX")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return parser
 
@@ -91,11 +94,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _print_list()
         return 0
     selected = _select(args.scenario, parser)
+    if args.no_jax:
+        selected = [s for s in selected if not s.needs_jax]
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     budget = args.budget_seconds if args.budget_seconds is not None else (QUICK_BUDGET_S if args.quick else None)
     print(f"stress: seed {seed} (reproduce with --seed {seed})", flush=True)
     plan = Plan(scenarios=selected, seed=seed, quick=args.quick, threads=args.threads,
-                minutes=args.minutes, stall_seconds=args.stall_seconds)
+                minutes=args.minutes, stall_seconds=args.stall_seconds, scale=args.scale)
     reporter = ProgressReporter(sys.stderr, line_interval_s=args.progress_every)
     state = RunState()
     started = time.monotonic()

@@ -25,9 +25,14 @@ class Context:
     progress: ProgressFn
     threads: Optional[int] = None  #: overrides the scenario's default thread count
     stall_seconds: float = 20.0  #: the watchdog's limit: no progress this long fails the whole run
+    scale: float = 1.0  #: multiplies the scenario's sizes (rounds, calls): < 1 for slow builds (TSAN)
 
     def thread_count(self, default: int) -> int:
         return self.threads if self.threads is not None else default
+
+    def size(self, quick: int, full: int) -> int:
+        """The quick or full size of a loop, times ``scale`` (at least 1)."""
+        return max(1, round((quick if self.quick else full) * self.scale))
 
     @property
     def wait_timeout(self) -> float:
@@ -102,18 +107,20 @@ class Scenario:
     description: str
     run: ScenarioFn
     hidden: bool = False
+    needs_jax: bool = False  #: skipped by --no-jax
 
 
 _REGISTRY: dict[str, Scenario] = {}
 
 
-def register(name: str, description: str, hidden: bool = False) -> Callable[[ScenarioFn], ScenarioFn]:
+def register(name: str, description: str, hidden: bool = False,
+             needs_jax: bool = False) -> Callable[[ScenarioFn], ScenarioFn]:
     """Decorator: ``@register("herd", "...")`` adds a scenario function to the registry."""
 
     def decorate(fn: ScenarioFn) -> ScenarioFn:
         if name in _REGISTRY:
             raise ValueError(f"stress scenario {name!r} registered twice")
-        _REGISTRY[name] = Scenario(name, description, fn, hidden)
+        _REGISTRY[name] = Scenario(name, description, fn, hidden, needs_jax)
         return fn
 
     return decorate

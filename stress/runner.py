@@ -24,6 +24,7 @@ class Plan:
     threads: Optional[int]
     minutes: Optional[float]
     stall_seconds: float
+    scale: float = 1.0
 
 
 class RunState:
@@ -85,7 +86,7 @@ def _run_tracked(scenario: Scenario, iteration: int, plan: Plan, reporter: Progr
         reporter.update(done, total)
 
     ctx = Context(seed=seed, quick=plan.quick, progress=progress, threads=plan.threads,
-                  stall_seconds=plan.stall_seconds)
+                  stall_seconds=plan.stall_seconds, scale=plan.scale)
     state.begin(scenario.name)
     reporter.start(label)
     dog.enter(label)

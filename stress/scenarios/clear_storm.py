@@ -44,7 +44,7 @@ class Storm:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.ncallers = ctx.thread_count(DEFAULT_CALLERS)
-        self.calls_per_thread = CALLS_QUICK if ctx.quick else CALLS_FULL
+        self.calls_per_thread = ctx.size(CALLS_QUICK, CALLS_FULL)
         rng = random.Random(ctx.seed)
         self.funs = [make_function(i) for i in range(FUNCTIONS)]
         self.index_of = {fun: i for i, fun in enumerate(self.funs)}

@@ -43,7 +43,7 @@ class Failing:
         self.ctx = ctx
         self.nthreads = ctx.thread_count(DEFAULT_THREADS)
         rng = random.Random(ctx.seed)
-        nrounds = ROUNDS_QUICK if ctx.quick else ROUNDS_FULL
+        nrounds = ctx.size(ROUNDS_QUICK, ROUNDS_FULL)
         self.rounds: list[tuple[ArgSpec, int]] = [rng.choice(SIGNATURES) for _ in range(nrounds)]
         self.fail_rng = random.Random(rng.getrandbits(32))
         self.compiler = TrackingCompiler(_key_of, rng, hook=self._maybe_fail)

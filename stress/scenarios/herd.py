@@ -129,7 +129,7 @@ class Herd:
         rng = random.Random(ctx.seed)
         self.ctx = ctx
         self.nthreads = ctx.thread_count(DEFAULT_THREADS)
-        self.signatures = make_signatures(rng, ROUNDS_QUICK if ctx.quick else ROUNDS_FULL)
+        self.signatures = make_signatures(rng, ctx.size(ROUNDS_QUICK, ROUNDS_FULL))
         self.compiler = CountingCompiler(rng)
         self.cache = ftjit.FunctionCache(capacity=4 * len(self.signatures) + 16)
         self.fun = _fresh_target()

@@ -103,7 +103,7 @@ class JaxRun:
         self.nherd = ctx.thread_count(DEFAULT_THREADS)
         self.nmixed = max(2, self.nherd // 2)
         self.sizes = HERD_SIZES_QUICK if ctx.quick else HERD_SIZES_FULL
-        self.mixed_calls = MIXED_CALLS_QUICK if ctx.quick else MIXED_CALLS_FULL
+        self.mixed_calls = ctx.size(MIXED_CALLS_QUICK, MIXED_CALLS_FULL)
         rng = random.Random(ctx.seed)
         self.pairs = _functions()
         self.herd_compiler = counting_jax_compiler()
@@ -197,7 +197,8 @@ def check_mixed(run: JaxRun) -> list[str]:
     return out
 
 
-@register("jax", "the default JAX compiler: a herd onto new shapes, then a mixed load over a small cache")
+@register("jax", "the default JAX compiler: a herd onto new shapes, then a mixed load over a small cache",
+          needs_jax=True)
 def run_jax(ctx: Context) -> Result:
     run = JaxRun(ctx)
     aborted = run.pool.run([run.herd] * run.nherd)

@@ -40,7 +40,7 @@ class Mixed:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.nthreads = ctx.thread_count(DEFAULT_THREADS)
-        self.calls_per_thread = CALLS_QUICK if ctx.quick else CALLS_FULL
+        self.calls_per_thread = ctx.size(CALLS_QUICK, CALLS_FULL)
         rng = random.Random(ctx.seed)
         self.funs = [make_function(i) for i in range(FUNCTIONS)]
         self.index_of = {fun: i for i, fun in enumerate(self.funs)}

@@ -70,8 +70,8 @@ class Recursion:
         nthreads = max(4, ctx.thread_count(DEFAULT_THREADS))
         self.npairs = nthreads // 4
         self.nself = nthreads - 2 * self.npairs
-        self.self_calls = SELF_CALLS_QUICK if ctx.quick else SELF_CALLS_FULL
-        self.pair_rounds = PAIR_ROUNDS_QUICK if ctx.quick else PAIR_ROUNDS_FULL
+        self.self_calls = ctx.size(SELF_CALLS_QUICK, SELF_CALLS_FULL)
+        self.pair_rounds = ctx.size(PAIR_ROUNDS_QUICK, PAIR_ROUNDS_FULL)
         rng = random.Random(ctx.seed)
         self.seeds = [rng.getrandbits(32) for _ in range(self.nself)]
         self.lock = threading.Lock()

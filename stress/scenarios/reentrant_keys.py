@@ -61,7 +61,7 @@ class Reentrant:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.nthreads = ctx.thread_count(DEFAULT_THREADS)
-        self.calls_per_thread = CALLS_QUICK if ctx.quick else CALLS_FULL
+        self.calls_per_thread = ctx.size(CALLS_QUICK, CALLS_FULL)
         rng = random.Random(ctx.seed)
         self.compiler = TrackingCompiler(self._key_of, rng, COMPILE_SLEEP_S)
         self.jf = ftjit.jit(reentrant_target, static_argnums=1, compiler=self.compiler,
