@@ -69,12 +69,14 @@
 // owner's Published() (if the map still holds it: a compile published after
 // its entry was cleared is never listed), and then holds a reference to
 // itself, table_ref, for as long as a table a reader may probe lists it.
-// Unlisting (Discard, Clear, the store's death) swaps in a table without it
-// and retires the old table together with its table_ref, so the entry lives
-// until every reader that could see it has left (and, past that, while calls
-// are in flight: InFlight). Listing and unlisting run under publish_mu_ and
-// check the map inside it, so whichever of a publish and a discard of one
-// entry comes second sees what the first did. A rebuild copies the current
+// Unlisting (Discard, Clear, the store's death) swaps in a table without the
+// entries the map lost (exactly those: a clear must not unlist an entry
+// inserted and listed after it) and retires the old table together with
+// their table_refs, so an entry lives until every reader that could see it
+// has left (and, past that, while calls are in flight: InFlight). Listing
+// and unlisting run under publish_mu_, a listing checks the map inside it,
+// and an unlisting comes after the map lost the entry: so whichever of a
+// publish and a removal of one entry comes second sees what the first did. A rebuild copies the current
 // table's pointers, not the map: no reference count is written, so a miss
 // pays a few ns per ready entry, not a map snapshot.
 //
@@ -84,6 +86,7 @@
 // tables are handed back and dropped after unlocking.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -358,7 +361,12 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     const EntryStore* self = this;
     std::vector<EntryPtr> unlinked =
         core_->lru.RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
-    UnlistAll();
+    // Exactly the entries the clear removed: one inserted (and listed)
+    // since belongs to the map now and stays listed.
+    std::vector<Entry*> gone;
+    gone.reserve(removed.size());
+    for (auto& kv : removed) gone.push_back(kv.second.get());
+    Unlist(std::move(gone));
     // Both vectors die here, with no lock held.
   }
 
@@ -432,23 +440,30 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   };
 
   // Swaps in a table without `e`, if it is listed (see Listing).
-  void Unlist(const EntryPtr& e) {
+  void Unlist(const EntryPtr& e) { Unlist(std::vector<Entry*>{e.get()}); }
+
+  // Swaps in a table without those of `gone` that are listed (see Listing).
+  void Unlist(std::vector<Entry*> gone) {
     Unlisted* u = nullptr;
     {
       std::lock_guard<Mutex> lock(publish_mu_);
-      if (!e->table_ref) return;
+      std::vector<EntryPtr> refs;
+      for (Entry* e : gone) {
+        if (e->table_ref) refs.push_back(std::move(e->table_ref));
+      }
+      if (refs.empty()) return;
+      std::sort(gone.begin(), gone.end());
       std::vector<std::pair<size_t, Entry*>> items;
       for (const auto& kv : ready_.Load()->items()) {
-        if (kv.second != e.get()) items.push_back(kv);
+        if (!std::binary_search(gone.begin(), gone.end(), kv.second)) items.push_back(kv);
       }
-      u = new Unlisted{nullptr, {}};
-      u->refs.push_back(std::move(e->table_ref));
+      u = new Unlisted{nullptr, std::move(refs)};
       u->table = ready_.Swap(new Table(std::move(items)));
     }
     Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
 
-  // Swaps in an empty table (Clear, the store's death).
+  // Swaps in an empty table (the store's death: nothing may stay listed).
   void UnlistAll() {
     Unlisted* u = new Unlisted{nullptr, {}};
     {
