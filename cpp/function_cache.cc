@@ -85,17 +85,19 @@ class FunctionCache {
 
 }  // namespace
 
-ThreadCtx& ThisThread() {
+ThreadCtx& ThisThreadSlow() {
   // The record goes back to the domain at thread exit; only atomics are
   // written then, so it is safe without a thread state (and at shutdown).
   struct Holder {
     ThreadCtx ctx{ThreadShard(), nullptr};
     ~Holder() {
+      t_thread_ctx = nullptr;
       if (ctx.rec) EpochDomain<LeafMutex>::Release(ctx.rec);
     }
   };
   thread_local Holder holder;
   if (!holder.ctx.rec) holder.ctx.rec = g_epochs->Acquire();
+  t_thread_ctx = &holder.ctx;
   return holder.ctx;
 }
 

@@ -83,7 +83,14 @@ struct ThreadCtx {
   int shard;
   EpochDomain<LeafMutex>::Record* rec;
 };
-ThreadCtx& ThisThread();
+// A plain pointer to it, read on every call (a trivially destructible
+// thread_local: no guard, no registration); set by ThisThreadSlow().
+inline thread_local ThreadCtx* t_thread_ctx = nullptr;
+ThreadCtx& ThisThreadSlow();
+inline ThreadCtx& ThisThread() {
+  ThreadCtx* t = t_thread_ctx;
+  return t ? *t : ThisThreadSlow();
+}
 
 class FunctionEntries;
 

@@ -28,6 +28,7 @@
 
 #include "function_cache.h"
 #include "signature.h"
+#include "thread_memos.h"
 
 namespace ftjit {
 
@@ -528,6 +529,7 @@ struct Resolved {
 };
 
 Resolved Resolve(JitState& st, CallSignature& sig) {
+  sig.AdoptContext();  // before any Python code runs with it (interned_context.h)
   for (;;) {
     FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);  // moves `sig` if inserted
     if (found.inserted) return {std::move(found.entry), true, false};
@@ -620,6 +622,10 @@ extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* arg
     PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
     out = nullptr;
   }
+  // Contexts this thread's memo moved on from during the call may go now
+  // (interned_context.h): no probe of this thread borrows them any more.
+  // Skipped with an error set (they go at the thread's next lookup).
+  if (out) ReleaseRetiredContexts();
   Py_LeaveRecursiveCall();
   return out;
 }
@@ -637,6 +643,7 @@ extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) 
     Py_VISIT(st->spec.arg_names.ptr());
     Py_VISIT(st->spec.pytree_flatten.ptr());
     Py_VISIT(st->spec.custom_namedtuple.ptr());
+    Py_VISIT(st->spec.custom_namedtuple_dict.ptr());
     Py_VISIT(st->spec.context_fn.ptr());
     Py_VISIT(st->spec.fallback_types.ptr());
     Py_VISIT(st->fallback.ptr());
@@ -662,7 +669,8 @@ extern "C" int JitFunction_clear(PyObject* self) {
                cache = std::move(st->cache), options = std::move(st->options),
                pickle = std::move(st->pickle_options), names = std::move(st->spec.arg_names),
                flatten = std::move(st->spec.pytree_flatten),
-               custom_nt = std::move(st->spec.custom_namedtuple), ctx = std::move(st->spec.context_fn),
+               custom_nt = std::move(st->spec.custom_namedtuple),
+               custom_nt_dict = std::move(st->spec.custom_namedtuple_dict), ctx = std::move(st->spec.context_fn),
                fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback),
                redo = std::move(st->redo_types),
                on_compile = std::move(st->on_compile), on_wait = std::move(st->on_wait),
@@ -779,6 +787,7 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
     CallSignature sig;
     try {
       BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig);
+      sig.AdoptContext();
     } catch (const NeedsFallback&) {
       RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
                                         "() here: the call would take the compiler's fallback "
@@ -806,6 +815,7 @@ extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* a
     CallSignature sig;
     try {
       BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig);
+      sig.AdoptContext();
     } catch (const NeedsFallback&) {
       return PyUnicode_FromString((st.spec.fun_name + "(<traced>)").c_str());
     }
@@ -948,6 +958,16 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
     }
     if (pytree_flatten.is_none()) throw nb::type_error("custom_namedtuple needs pytree_flatten");
     st->spec.custom_namedtuple = custom_namedtuple;
+    // JAX's registry hook is a dict's bound __contains__: asked in C.
+    if (PyCFunction_Check(custom_namedtuple.ptr())) {
+      PyObject* self = PyCFunction_GetSelf(custom_namedtuple.ptr());
+      nb::object name = nb::steal(PyObject_GetAttrString(custom_namedtuple.ptr(), "__name__"));
+      if (!name.is_valid()) PyErr_Clear();
+      if (self && PyDict_CheckExact(self) && name.is_valid() && PyUnicode_Check(name.ptr()) &&
+          PyUnicode_CompareWithASCIIString(name.ptr(), "__contains__") == 0) {
+        st->spec.custom_namedtuple_dict = nb::borrow(self);
+      }
+    }
   }
   if (!context_fn.is_none()) st->spec.SetContextFn(context_fn);
   if (!fallback.is_none()) st->fallback = fallback;

@@ -3,6 +3,7 @@
 
 #include "function_cache.h"
 #include "jit_function.h"
+#include "interned_context.h"
 #include "signature.h"
 
 #include <nanobind/stl/string.h>
@@ -37,6 +38,9 @@ NB_MODULE(_core, m) {
       },
       "Tests only: (result, left an error set) of the hit path's Python-free comparison of two\n"
       "static values, made at the recursion limit.");
+  m.def("_interned_contexts", &ftjit::InternedContextCount,
+        "How many compiler contexts are interned now (diagnostics): each lives while a signature "
+        "or a thread's memo uses it.");
   m.def("clear_caches", &ftjit::ClearAllCaches,
         "Drops the compiled entries of every live FunctionCache.");
   m.def(

@@ -10,8 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "interned_context.h"
 #include "leaf_mutex.h"
 #include "py_compat.h"
+#include "thread_memos.h"
 
 namespace ftjit {
 
@@ -52,30 +54,13 @@ struct Names {
 const Names* g_names = nullptr;
 inline const Names& N() { return *g_names; }
 
-// Hash of a long-lived, immutable object (a dtype, a sharding). Their hashes
-// walk Python-level state (numpy's dtype hash walks the descriptor, a
-// sharding's __hash__ is Python code), so each thread keeps the last few
-// (object, hash) pairs per Tag; dtypes and shardings are mostly long-lived
-// singletons. The memo holds references, so a remembered address cannot be
-// reused by another object. They are kept for the thread's lifetime on
-// purpose (releasing them at thread exit could run without a thread state).
-template <typename Tag>
-Py_hash_t MemoHash(PyObject* obj) {
-  constexpr int kSlots = 8;
-  thread_local PyObject* keys[kSlots] = {};
-  thread_local Py_hash_t values[kSlots] = {};
-  thread_local int next = 0;
-  for (int i = 0; i < kSlots; ++i) {
-    if (keys[i] == obj) return values[i];
-  }
-  Py_hash_t h = PyObject_Hash(obj);
+// Hash of a long-lived, immutable object (a dtype, a sharding), remembered
+// per thread (thread_memos.h): their hashes walk Python-level state (numpy's
+// dtype hash walks the descriptor, a sharding's __hash__ is Python code), and
+// they are mostly long-lived singletons.
+Py_hash_t MemoHash(HashMemo& memo, PyObject* obj) {
+  Py_hash_t h = memo.Hash(obj);
   if (h == -1) throw nb::python_error();
-  int slot = next;
-  next = (next + 1) % kSlots;
-  PyObject* old = keys[slot];
-  keys[slot] = Py_NewRef(obj);
-  values[slot] = h;
-  Py_XDECREF(old);  // may run a finaliser: the slot is consistent already
   return h;
 }
 // Process-wide interned dtypes: the few dtype objects a program's arrays
@@ -97,9 +82,6 @@ bool InternDtype(PyObject* dtype) {
   return true;
 }
 
-struct DtypeTag {};
-struct ShardingTag {};
-inline Py_hash_t DtypeHash(PyObject* dtype) { return MemoHash<DtypeTag>(dtype); }
 
 // Same type and (identical or __eq__). Type equality keeps 1, True and 1.0
 // apart, as three different static values.
@@ -364,8 +346,8 @@ namespace {
 
 class Builder {
  public:
-  Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out)
-      : spec_(spec), hook_(hook), out_(out) {}
+  Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out, ThreadMemos& memos)
+      : spec_(spec), hook_(hook), out_(out), memos_(memos) {}
 
   // `top` names the argument (position or keyword) for messages.
   void Flatten(PyObject* obj) {
@@ -538,7 +520,7 @@ class Builder {
 
   // Reads `obj`'s .dtype, .shape (a tuple of ints) and .weak_type into `s`.
   // False if `obj` is not array-like; nothing is recorded in `out_` either way.
-  static bool ReadArrayShape(PyObject* obj, ArrayShape& s) {
+  static bool ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& memos) {
     PyObject* dtype_raw = nullptr;
     int has = GetOptionalAttr(obj, N().dtype, &dtype_raw);
     if (has < 0) throw nb::python_error();
@@ -551,7 +533,7 @@ class Builder {
     nb::object shape = nb::steal(shape_raw);
     if (!PyTuple_Check(shape.ptr())) return false;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
-    size_t h = Mix(0x200, static_cast<size_t>(DtypeHash(s.dtype.ptr())));
+    size_t h = Mix(0x200, static_cast<size_t>(MemoHash(memos.dtype_hashes, s.dtype.ptr())));
     // Read every dimension before recording any: a symbolic or non-integer
     // dimension means "not an array leaf" and must leave no partial state.
     for (Py_ssize_t i = 0; i < ndim; ++i) {
@@ -582,59 +564,37 @@ class Builder {
   }
 
   // The last few abstract values (jax avals) this thread read, with what
-  // ReadArrayShape found in them. An aval is immutable and shared by every
-  // output array of one compiled computation, so chained calls (outputs fed
-  // back as inputs) skip re-reading dtype/shape/weak_type. Slots hold
-  // references (a remembered address cannot be reused by another object) and
-  // live as long as the thread, like MemoHash's.
-  struct AvalMemo {
-    static constexpr int kSlots = 8;
-    static constexpr int kMaxDims = 6;
-    struct Slot {
-      PyObject* aval = nullptr;   // strong
-      PyObject* dtype = nullptr;  // strong
-      int64_t dims[kMaxDims];
-      uint8_t ndim = 0;
-      bool weak = false;
-      bool pinned = false;        // dtype is interned (InternDtype)
-      size_t hash = 0;
-    };
-    Slot slots[kSlots];
-    int next = 0;
-
-    static AvalMemo& ForThread() {
-      thread_local AvalMemo memo;
-      return memo;
+  // ReadArrayShape found in them (thread_memos.h). An aval is immutable and
+  // shared by every output array of one compiled computation, so chained
+  // calls (outputs fed back as inputs) skip re-reading dtype/shape/weak_type.
+  static bool FindAval(const AvalMemo& memo, PyObject* aval, ArrayShape& s) {
+    for (const AvalMemo::Slot& slot : memo.slots) {
+      if (slot.aval != aval) continue;
+      s.dtype = slot.pinned ? PinnedRef::Pinned(slot.dtype) : PinnedRef::Owned(nb::borrow(slot.dtype));
+      for (int i = 0; i < slot.ndim; ++i) s.dims.push_back(slot.dims[i]);
+      s.weak = slot.weak;
+      s.hash = slot.hash;
+      return true;
     }
-    bool Find(PyObject* aval, ArrayShape& s) const {
-      for (const Slot& slot : slots) {
-        if (slot.aval != aval) continue;
-        s.dtype = slot.pinned ? PinnedRef::Pinned(slot.dtype) : PinnedRef::Owned(nb::borrow(slot.dtype));
-        for (int i = 0; i < slot.ndim; ++i) s.dims.push_back(slot.dims[i]);
-        s.weak = slot.weak;
-        s.hash = slot.hash;
-        return true;
-      }
-      return false;
-    }
-    void Store(PyObject* aval, const ArrayShape& s) {
-      if (s.dims.size() > static_cast<size_t>(kMaxDims)) return;
-      Slot& slot = slots[next];
-      next = (next + 1) % kSlots;
-      PyObject* old_aval = slot.aval;
-      PyObject* old_dtype = slot.dtype;
-      slot.aval = Py_NewRef(aval);
-      slot.dtype = Py_NewRef(s.dtype.ptr());
-      slot.pinned = InternDtype(s.dtype.ptr());
-      slot.ndim = static_cast<uint8_t>(s.dims.size());
-      for (size_t i = 0; i < s.dims.size(); ++i) slot.dims[i] = s.dims[i];
-      slot.weak = s.weak;
-      slot.hash = s.hash;
-      // The slot is consistent before any finaliser can run.
-      Py_XDECREF(old_aval);
-      Py_XDECREF(old_dtype);
-    }
-  };
+    return false;
+  }
+  static void StoreAval(AvalMemo& memo, PyObject* aval, const ArrayShape& s) {
+    if (s.dims.size() > static_cast<size_t>(AvalMemo::kMaxDims)) return;
+    AvalMemo::Slot& slot = memo.slots[memo.next];
+    memo.next = (memo.next + 1) % AvalMemo::kSlots;
+    PyObject* old_aval = slot.aval;
+    PyObject* old_dtype = slot.dtype;
+    slot.aval = Py_NewRef(aval);
+    slot.dtype = Py_NewRef(s.dtype.ptr());
+    slot.pinned = InternDtype(s.dtype.ptr());
+    slot.ndim = static_cast<uint8_t>(s.dims.size());
+    for (size_t i = 0; i < s.dims.size(); ++i) slot.dims[i] = s.dims[i];
+    slot.weak = s.weak;
+    slot.hash = s.hash;
+    // The slot is consistent before any finaliser can run.
+    Py_XDECREF(old_aval);
+    Py_XDECREF(old_dtype);
+  }
 
   // An array leaf: dtype, shape, weak type (and placement, for committed
   // arrays of the hook's committed_types). False, leaving `out_` untouched,
@@ -654,12 +614,11 @@ class Builder {
       // value (jax Arrays), read that value's plain attributes instead.
       nb::object aval = nb::steal(via_aval->aval.Get(obj));
       if (!aval.is_valid()) throw nb::python_error();
-      AvalMemo& memo = AvalMemo::ForThread();
-      if (!memo.Find(aval.ptr(), s)) {
-        if (!ReadArrayShape(aval.ptr(), s)) return false;
-        memo.Store(aval.ptr(), s);
+      if (!FindAval(memos_.avals, aval.ptr(), s)) {
+        if (!ReadArrayShape(aval.ptr(), s, memos_)) return false;
+        StoreAval(memos_.avals, aval.ptr(), s);
       }
-    } else if (!ReadArrayShape(obj, s)) {
+    } else if (!ReadArrayShape(obj, s, memos_)) {
       return false;
     }
     size_t h = s.hash;
@@ -678,7 +637,7 @@ class Builder {
       if (truth == 1) {
         sharding = nb::steal(PyObject_GetAttr(obj, hook_.sharding_attr));
         if (!sharding.is_valid()) throw nb::python_error();
-        h = Mix(h, static_cast<size_t>(MemoHash<ShardingTag>(sharding.ptr())));
+        h = Mix(h, static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
       }
     } else if (!via_aval && hook_.IsSpecType(Py_TYPE(obj))) {
       // A spec with a sharding stands for arrays committed to it.
@@ -686,7 +645,7 @@ class Builder {
       if (!placed.is_valid()) throw nb::python_error();
       if (!placed.is_none()) {
         sharding = std::move(placed);
-        h = Mix(h, static_cast<size_t>(MemoHash<ShardingTag>(sharding.ptr())));
+        h = Mix(h, static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
       }
     }
     for (int64_t d : s.dims) out_.dims.push_back(d);
@@ -698,34 +657,20 @@ class Builder {
   }
 
   // Whether namedtuple `type` is a custom node of the registry (see
-  // SignatureSpec::custom_namedtuple), memoised per thread: the last 32
-  // types asked (optimizer states nest many namedtuple types), held, like
-  // MemoHash's objects, for the thread's lifetime.
+  // SignatureSpec::custom_namedtuple), asked every time (registrations made
+  // at any time are seen): when the hook is a dict's __contains__ (JAX's
+  // registry), a C lookup in that dict; otherwise a call of the hook.
   bool IsCustomNamedTuple(PyTypeObject* type) {
-    if (!spec_.custom_namedtuple.is_valid()) return false;
-    constexpr int kSlots = 32;
-    thread_local PyObject* hook[kSlots] = {};
-    thread_local PyTypeObject* types[kSlots] = {};
-    thread_local bool answers[kSlots] = {};
-    thread_local int next = 0;
-    PyObject* h = spec_.custom_namedtuple.ptr();
-    for (int i = 0; i < kSlots; ++i) {
-      if (types[i] == type && hook[i] == h) return answers[i];
+    if (spec_.custom_namedtuple_dict.is_valid()) {
+      int r = PyDict_Contains(spec_.custom_namedtuple_dict.ptr(), reinterpret_cast<PyObject*>(type));
+      if (r < 0) throw nb::python_error();
+      return r == 1;
     }
-    nb::object r = nb::steal(PyObject_CallOneArg(h, reinterpret_cast<PyObject*>(type)));
+    if (!spec_.custom_namedtuple.is_valid()) return false;
+    nb::object r = nb::steal(PyObject_CallOneArg(spec_.custom_namedtuple.ptr(), reinterpret_cast<PyObject*>(type)));
     if (!r.is_valid()) throw nb::python_error();
     int truth = PyObject_IsTrue(r.ptr());
     if (truth < 0) throw nb::python_error();
-    int slot = next;
-    next = (next + 1) % kSlots;
-    PyObject* old_type = reinterpret_cast<PyObject*>(types[slot]);
-    PyObject* old_hook = hook[slot];
-    types[slot] = reinterpret_cast<PyTypeObject*>(Py_NewRef(reinterpret_cast<PyObject*>(type)));
-    hook[slot] = Py_NewRef(h);
-    answers[slot] = truth == 1;
-    // The slot is consistent before any finaliser can run.
-    Py_XDECREF(old_type);
-    Py_XDECREF(old_hook);
     return truth == 1;
   }
 
@@ -800,6 +745,7 @@ class Builder {
   const SignatureSpec& spec_;
   const ContextHook& hook_;
   CallSignature& out_;
+  ThreadMemos& memos_;
   size_t h_ = 0;
   PyObject* top_name_ = nullptr;  // borrowed
   Py_ssize_t top_position_ = -1;
@@ -841,89 +787,47 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describ
   return Mix(std::hash<const void*>()(Py_TYPE(value)), static_cast<size_t>(h));
 }
 
-// The process-wide canonical context objects. Contexts are few (one per
-// combination of config values a program uses), and every thread's memo
-// (below) settles on the canonical object equal to its context, so that a
-// signature compiled in one thread compares to another thread's by identity:
-// the hot path's Python-free probe (CallSignature::FastEquals) then decides
-// without a 46-item tuple comparison. Guarded by g_contexts_mu, a leaf
-// never held while Python runs (candidates are compared after unlocking):
-// a PyMutex on free-threaded builds (it detaches while waiting), a no-op on
-// GIL builds, where the GIL serialises these Python-free sections.
-// Bounded: past kMaxContexts a context is used as is, uninterned.
-constexpr size_t kMaxContexts = 256;
-LeafMutex g_contexts_mu;
-std::vector<std::pair<Py_hash_t, PyObject*>>& Contexts() {
-  static auto* contexts = new std::vector<std::pair<Py_hash_t, PyObject*>>();  // strong refs, process lifetime
-  return *contexts;
-}
-
-// The canonical object equal to `ctx` (hash `h`), interning `ctx` if new;
-// *interned says whether the result is in the table (alive until exit).
-// Runs __eq__ of context items (outside the lock); may throw.
-nb::object CanonicalContext(const nb::object& ctx, Py_hash_t h, bool* interned) {
-  *interned = true;
-  SmallVector<nb::object, 4> candidates;
-  size_t seen;
-  {
-    std::lock_guard<LeafMutex> lock(g_contexts_mu);
-    auto& all = Contexts();
-    seen = all.size();
-    for (auto& kv : all) {
-      if (kv.first == h) candidates.push_back(nb::borrow(kv.second));  // incref: no destruction
-    }
-  }
-  for (const nb::object& c : candidates) {
-    if (c.ptr() == ctx.ptr()) return c;
-    int r = PyObject_RichCompareBool(c.ptr(), ctx.ptr(), Py_EQ);
-    if (r < 0) throw nb::python_error();
-    if (r == 1) return c;
-  }
-  std::lock_guard<LeafMutex> lock(g_contexts_mu);
-  auto& all = Contexts();
-  // Another thread may have interned an equal context meanwhile: only those
-  // appended since are worth a look, and only by identity under the lock
-  // (no Python here); an equal duplicate is harmless, just slower to match.
-  for (size_t i = seen; i < all.size(); ++i) {
-    if (all[i].second == ctx.ptr()) return ctx;
-  }
-  if (all.size() < kMaxContexts) {
-    all.emplace_back(h, Py_NewRef(ctx.ptr()));
-  } else {
-    *interned = false;
-  }
-  return ctx;
-}
-
-// Hash of the context, memoised per thread: a context hook typically builds
-// a fresh tuple of the same config objects on every call, and hashing it is
-// the expensive part. When the items are identical to the previous context's,
-// that context object (and its hash) is reused; a new one is replaced by its
-// process-wide canonical object (see CanonicalContext), so that entries
-// compiled in any thread compare by identity. The memo's reference lives as
-// long as the thread, on purpose (see DtypeHash).
+// Hash of the call's context, and its canonical object (interned_context.h).
+// A context hook typically builds a fresh tuple of the same config objects
+// on every call, and hashing and canonicalising it is the expensive part:
+// when the items (and extras) are the very objects of this thread's last
+// context, that context's canonical object and hash are reused.
 //
 // With extras (values of the hook's extra getters), the key is one tuple of
 // the context's items (or the context itself, if not a tuple) followed by
-// the extras; `ctx` is replaced by that key's canonical object.
-Py_hash_t ContextHash(PinnedRef& ctx, PyObject* const* extras, size_t num_extras) {
-  thread_local PyObject* last = nullptr;
-  thread_local Py_hash_t last_hash = 0;
-  thread_local bool last_interned = false;
+// the extras.
+//
+// On return `ctx` borrows its canonical object from this thread's memo (or
+// owns it, past the table's bound), and no Python code may run until the
+// signature is probed or adopted (CallSignature::AdoptContext). So every
+// Python-owned temporary here (the fresh context, the extras, the key) is
+// dropped before `ctx` borrows: dropping them may run a finaliser, which may
+// call jitted functions, which may move this thread's memo on.
+Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, ContextMemo& memo) {
+  // Contexts the memo moved on from: no probe of this thread borrows them
+  // now (see above), so they may go (which may run Python).
+  if (!memo.retired.empty()) {
+    std::vector<ContextRef> old = std::move(memo.retired);
+    memo.retired.clear();
+  }
   PyObject* c = ctx.ptr();
+  size_t num_extras = extras.size();
   bool is_tuple = PyTuple_CheckExact(c);
   PyObject* const* head = is_tuple ? reinterpret_cast<PyTupleObject*>(c)->ob_item : &c;
   size_t num_head = is_tuple ? static_cast<size_t>(PyTuple_GET_SIZE(c)) : 1;
+  PyObject* last = memo.last.ptr();
   if (last && (is_tuple || num_extras > 0) && PyTuple_CheckExact(last) &&
       static_cast<size_t>(PyTuple_GET_SIZE(last)) == num_head + num_extras) {
-    // Item by item, identity only: memcmp of the item arrays.
+    // Item by item, identity only.
     PyObject* const* items = reinterpret_cast<PyTupleObject*>(last)->ob_item;
-    bool same = std::memcmp(head, items, sizeof(PyObject*) * num_head) == 0 &&
-                (num_extras == 0 ||
-                 std::memcmp(extras, items + num_head, sizeof(PyObject*) * num_extras) == 0);
+    bool same = std::memcmp(head, items, sizeof(PyObject*) * num_head) == 0;
+    for (size_t i = 0; same && i < num_extras; ++i) same = extras[i].ptr() == items[num_head + i];
     if (same) {
-      ctx = last_interned ? PinnedRef::Pinned(last) : PinnedRef::Owned(nb::borrow(last));
-      return last_hash;
+      // The fresh context and the extras hold the very objects the memo's
+      // key holds: dropping them destroys nothing, runs no Python.
+      extras.clear();
+      ctx = memo.last.interned() ? ContextRef::Borrowed(memo.last.interned()) : memo.last.CountedCopy();
+      return memo.hash;
     }
   }
   nb::object key = nb::borrow(c);
@@ -932,7 +836,7 @@ Py_hash_t ContextHash(PinnedRef& ctx, PyObject* const* extras, size_t num_extras
     if (!key.is_valid()) throw nb::python_error();
     for (size_t i = 0; i < num_head; ++i) PyTuple_SET_ITEM(key.ptr(), i, Py_NewRef(head[i]));
     for (size_t i = 0; i < num_extras; ++i) {
-      PyTuple_SET_ITEM(key.ptr(), num_head + i, Py_NewRef(extras[i]));
+      PyTuple_SET_ITEM(key.ptr(), num_head + i, Py_NewRef(extras[i].ptr()));
     }
   }
   Py_hash_t h = PyObject_Hash(key.ptr());
@@ -944,14 +848,16 @@ Py_hash_t ContextHash(PinnedRef& ctx, PyObject* const* extras, size_t num_extras
     }
     throw nb::python_error();
   }
-  bool interned = false;
-  nb::object canonical = CanonicalContext(key, h, &interned);
-  PyObject* old = last;
-  last = Py_NewRef(canonical.ptr());
-  last_hash = h;
-  last_interned = interned;
-  ctx = interned ? PinnedRef::Pinned(canonical.ptr()) : PinnedRef::Owned(std::move(canonical));
-  Py_XDECREF(old);
+  ContextRef canonical = CanonicalContext(key.ptr(), h);  // counted (or owned)
+  // Python-owned temporaries go first (see above); `canonical` is counted
+  // meanwhile, so nothing run here can free it.
+  ctx.Reset();
+  key = nb::object();
+  extras.clear();
+  memo.retired.push_back(std::move(memo.last));
+  memo.last = std::move(canonical);
+  memo.hash = h;
+  ctx = memo.last.interned() ? ContextRef::Borrowed(memo.last.interned()) : memo.last.CountedCopy();
   return h;
 }
 
@@ -973,15 +879,15 @@ void InitSignatures() {
 
 void ReinitSignatureLocksInChild() {
   ReinitInChild(g_dtypes_mu);
-  ReinitInChild(g_contexts_mu);
+  ReinitContextLockInChild();
 }
 
 void LockSignatureLocksForTest(bool lock) {
   if (lock) {
     g_dtypes_mu.lock();
-    g_contexts_mu.lock();
+    LockContextsForTest(true);
   } else {
-    g_contexts_mu.unlock();
+    LockContextsForTest(false);
     g_dtypes_mu.unlock();
   }
 }
@@ -1048,7 +954,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
   const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
   hook.CheckProbe();
   if (hook.context) {
-    out.context = PinnedRef::Owned(nb::steal(PyObject_CallNoArgs(hook.context)));
+    out.context = ContextRef::Owned(PyObject_CallNoArgs(hook.context));
     if (!out.context.is_valid()) throw nb::python_error();
     hook.CheckRequires(out.context.ptr());
   }
@@ -1058,7 +964,8 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
     extras.push_back(nb::steal(PyObject_CallOneArg(hook.extra_getters[i], hook.extra_args[i])));
     if (!extras.back().is_valid()) throw nb::python_error();
   }
-  Builder b(spec, hook, out);
+  ThreadMemos& memos = Memos();
+  Builder b(spec, hook, out, memos);
   out.num_positional = static_cast<uint32_t>(nargs);
   b.MixIn(nargs);
   for (size_t i = 0; i < nargs; ++i) {
@@ -1106,11 +1013,8 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
       b.Flatten(value);
     }
   }
-  if (out.context.is_valid()) {
-    PyObject* extra_ptrs[ContextHook::kMaxExtras];
-    for (size_t i = 0; i < extras.size(); ++i) extra_ptrs[i] = extras[i].ptr();
-    b.MixIn(static_cast<size_t>(ContextHash(out.context, extra_ptrs, extras.size())));
-  }
+  // Last: nothing may run Python after the context borrows (see ContextHash).
+  if (out.context.is_valid()) b.MixIn(static_cast<size_t>(ContextHash(out.context, extras, memos.context)));
   out.hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;
 }

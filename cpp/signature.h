@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "interned_context.h"
 #include "small_vector.h"
 
 namespace ftjit {
@@ -99,7 +100,7 @@ struct CallSignature {
   SmallVector<int64_t, 8> dims;
   SmallVector<nb::object, 2> statics;  // positional statics, then keyword ones
   SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
-  PinnedRef context;                   // from the compiler's context hook
+  ContextRef context;                  // from the compiler's context hook (interned_context.h)
   size_t hash = 0;
   bool jax_style_errors = false;       // from SignatureSpec, see there
 
@@ -116,6 +117,11 @@ struct CallSignature {
   // another type); the caller then falls back to Equals(). Never throws.
   enum class FastEq : uint8_t { kEqual, kNotEqual, kUnknown };
   FastEq FastEquals(const CallSignature& other) const noexcept;
+
+  // Counts this signature as a user of its interned context (which it may
+  // only borrow from its thread's memo until then): call before any Python
+  // code can run with it, except on the hit path (interned_context.h).
+  void AdoptContext() { context.Adopt(); }
 
   // Readable form, e.g. "f(float32[8,128], int, n=3)". May run __repr__.
   std::string ToString(const std::string& fun_name) const;
@@ -197,6 +203,7 @@ struct SignatureSpec {
   std::string fun_name;                      // qualname, for messages
   nb::object pytree_flatten;                 // optional hook, see below
   nb::object custom_namedtuple;              // optional hook, see below
+  nb::object custom_namedtuple_dict;         // the dict when that hook is a dict's __contains__
   nb::object context_fn;                     // optional hook, see below; set by SetContextFn
   ContextHook hook;                          // context_fn unpacked (borrows from it)
   nb::object fallback_types;                 // optional tuple of types, see below
@@ -274,10 +281,9 @@ struct SignatureSpec {
 //       as a custom node of pytree_flatten's registry (JAX honours such a
 //       registration over its namedtuple handling), so that its instances
 //       are flattened by pytree_flatten; otherwise (or without the hook)
-//       namedtuples are flattened as tuples keyed by their type. The
-//       answers are remembered per thread for the last 32 types asked (a
-//       registration made after a thread has remembered the type is not
-//       seen by that thread while it remembers it).
+//       namedtuples are flattened as tuples keyed by their type. Asked on
+//       every namedtuple node (a registration is seen at once): in C when the
+//       hook is a dict's bound __contains__ (JAX's registry), else by a call.
 //   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
 //       tracer inside an outer transformation) makes BuildSignature throw
 //       NeedsFallback: such calls must not be cached. Leaves whose exact type

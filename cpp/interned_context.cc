@@ -1,0 +1,183 @@
+// ftjit: canonical compiler contexts, counted by their users (see interned_context.h).
+#include "interned_context.h"
+
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "leaf_mutex.h"
+#include "small_vector.h"
+
+namespace ftjit {
+
+namespace {
+
+// Bounded: past kMaxContexts live contexts a new one is used as is,
+// uninterned (its calls then compare it with == on the slow path).
+constexpr size_t kMaxContexts = 256;
+
+// A leaf lock, taken with the thread attached; no Python code runs under it
+// (only user counts are written and pointers moved).
+LeafMutex g_contexts_mu;
+std::vector<InternedContext*>& Table() {
+  static auto* table = new std::vector<InternedContext*>();  // guarded by g_contexts_mu
+  return *table;
+}
+
+// a == b for two context objects, with a raised error taken as "not equal"
+// (see Isolation in the header). A KeyboardInterrupt is kept pending.
+bool EqualOrNot(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) {
+    bool interrupt = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
+    PyErr_Clear();
+    if (interrupt) PyErr_SetInterrupt();
+    return false;
+  }
+  return r == 1;
+}
+
+}  // namespace
+
+ContextRef ContextRef::Owned(PyObject* strong) {
+  ContextRef r;
+  r.owned_ = strong;
+  return r;
+}
+
+ContextRef ContextRef::Counted(InternedContext* c) {
+  ContextRef r;
+  r.interned_ = c;
+  r.counted_ = true;
+  return r;
+}
+
+ContextRef ContextRef::Borrowed(InternedContext* c) {
+  ContextRef r;
+  r.interned_ = c;
+  return r;
+}
+
+ContextRef& ContextRef::operator=(ContextRef&& o) noexcept {
+  if (this != &o) {
+    ContextRef old;
+    old.owned_ = owned_;
+    old.interned_ = interned_;
+    old.counted_ = counted_;
+    owned_ = o.owned_;
+    interned_ = o.interned_;
+    counted_ = o.counted_;
+    o.owned_ = nullptr;
+    o.interned_ = nullptr;
+    o.counted_ = false;
+    // `old` lets go here, after this one is consistent (it may run Python).
+  }
+  return *this;
+}
+
+void ContextRef::Adopt() {
+  if (interned_ && !counted_) {
+    interned_->users.fetch_add(1, std::memory_order_relaxed);
+    counted_ = true;
+  }
+}
+
+ContextRef ContextRef::CountedCopy() const {
+  if (interned_) {
+    interned_->users.fetch_add(1, std::memory_order_relaxed);
+    return Counted(interned_);
+  }
+  return Owned(owned_ ? Py_NewRef(owned_) : nullptr);
+}
+
+void ContextRef::Reset() {
+  PyObject* owned = owned_;
+  InternedContext* interned = counted_ ? interned_ : nullptr;
+  owned_ = nullptr;
+  interned_ = nullptr;
+  counted_ = false;
+  Py_XDECREF(owned);
+  if (interned) ReleaseContext(interned);
+}
+
+void ReleaseContext(InternedContext* c) {
+  if (c->users.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  bool dead = false;
+  {
+    // Re-checked under the lock: a lookup may have taken it up meanwhile
+    // (lookups count their candidates under this lock).
+    std::lock_guard<LeafMutex> lock(g_contexts_mu);
+    if (c->users.load(std::memory_order_acquire) == 0) {
+      auto& table = Table();
+      for (auto it = table.begin(); it != table.end(); ++it) {
+        if (*it == c) {
+          table.erase(it);
+          break;
+        }
+      }
+      dead = true;
+    }
+  }
+  if (dead) {
+    PyObject* obj = c->obj;
+    delete c;
+    Py_DECREF(obj);  // may run Python: no lock held
+  }
+}
+
+ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h) {
+  SmallVector<InternedContext*, 4> candidates;  // each counted for this lookup
+  {
+    std::lock_guard<LeafMutex> lock(g_contexts_mu);
+    auto& table = Table();
+    for (InternedContext* c : table) {
+      if (c->hash == h) {
+        c->users.fetch_add(1, std::memory_order_relaxed);
+        candidates.push_back(c);
+      }
+    }
+  }
+  InternedContext* found = nullptr;
+  for (InternedContext* c : candidates) {
+    if (!found && EqualOrNot(c->obj, ctx)) {
+      found = c;  // keeps the count taken above
+    } else {
+      ReleaseContext(c);
+    }
+  }
+  if (found) return ContextRef::Counted(found);
+  std::lock_guard<LeafMutex> lock(g_contexts_mu);
+  auto& table = Table();
+  // Another thread may have interned this very object meanwhile (identity
+  // only, under the lock: no Python here); an equal duplicate is harmless,
+  // just slower to match.
+  for (InternedContext* c : table) {
+    if (c->obj == ctx) {
+      c->users.fetch_add(1, std::memory_order_relaxed);
+      return ContextRef::Counted(c);
+    }
+  }
+  if (table.size() >= kMaxContexts) return ContextRef::Owned(Py_NewRef(ctx));
+  auto* c = new InternedContext{Py_NewRef(ctx), h};  // users == 1: the caller's
+  table.push_back(c);
+  return ContextRef::Counted(c);
+}
+
+size_t InternedContextCount() {
+  std::lock_guard<LeafMutex> lock(g_contexts_mu);
+  return Table().size();
+}
+
+void ReinitContextLockInChild() { ReinitInChild(g_contexts_mu); }
+
+void LockContextsForTest(bool lock) {
+  if (lock) {
+    g_contexts_mu.lock();
+  } else {
+    g_contexts_mu.unlock();
+  }
+}
+
+}  // namespace ftjit

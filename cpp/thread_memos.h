@@ -1,0 +1,96 @@
+// ftjit: this thread's memos of Python objects (hashes of dtypes and
+// shardings, recently read avals, the last compiler context), and their
+// release when the thread ends.
+//
+// Each thread's memos hold references (so a remembered address cannot be
+// reused by another object). They are released with the thread's Python
+// state: the first use registers a capsule in the thread state's dict, and
+// CPython clears that dict, thread attached, when the thread ends (and for
+// the main thread at interpreter shutdown), whichever thread does the
+// clearing. The memos are then empty until the thread's next use, which
+// registers again. A thread whose state is never cleared (none is, of a
+// thread the interpreter never knew) keeps its memos: C++ thread exit, which
+// runs with no thread state, only frees memory, never a Python object.
+//
+// Accessed by the owning thread only, except for the release, which runs
+// when that thread is in CPython's thread-state teardown (not in ftjit).
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "interned_context.h"
+
+namespace ftjit {
+
+// The last few (object, hash) pairs of long-lived immutable objects.
+struct HashMemo {
+  static constexpr int kSlots = 8;
+  PyObject* keys[kSlots] = {};  // strong
+  Py_hash_t values[kSlots] = {};
+  int next = 0;
+  // hash(obj), remembered; -1 with an error set on failure.
+  Py_hash_t Hash(PyObject* obj);
+  void Release();
+};
+
+// The last few abstract values (jax avals) read, with what was read from them.
+struct AvalMemo {
+  static constexpr int kSlots = 8;
+  static constexpr int kMaxDims = 6;
+  struct Slot {
+    PyObject* aval = nullptr;   // strong
+    PyObject* dtype = nullptr;  // strong
+    int64_t dims[kMaxDims];
+    uint8_t ndim = 0;
+    bool weak = false;
+    bool pinned = false;  // dtype is process-interned
+    size_t hash = 0;
+  };
+  Slot slots[kSlots];
+  int next = 0;
+  void Release();
+};
+
+// The last context this thread looked up and its canonical object (counted),
+// with its hash; and the replaced ones not yet let go (see interned_context.h).
+struct ContextMemo {
+  ContextRef last;
+  Py_hash_t hash = 0;
+  std::vector<ContextRef> retired;
+  void Release();
+};
+
+struct ThreadMemos {
+  HashMemo dtype_hashes;
+  HashMemo sharding_hashes;
+  AvalMemo avals;
+  ContextMemo context;
+  bool registered = false;  // a capsule in the thread state's dict will release these
+  void Release();
+};
+
+// A plain pointer to this thread's memos, read on every call (a trivially
+// destructible thread_local: no guard); set by MemosSlow().
+inline thread_local ThreadMemos* t_memos = nullptr;
+ThreadMemos& MemosSlow();
+
+// This thread's memos, registering their release on first use, or again
+// after a release (which may run Python; a failure to register is ignored:
+// the memos then live on).
+inline ThreadMemos& Memos() {
+  ThreadMemos* m = t_memos;
+  return m && m->registered ? *m : MemosSlow();
+}
+
+// Lets go of the contexts this thread's memo moved on from (may run Python;
+// only where no probe of this thread borrows a context: between calls).
+void ReleaseRetiredContextsSlow(ThreadMemos& m);
+inline void ReleaseRetiredContexts() {
+  ThreadMemos* m = t_memos;
+  if (m && !m->context.retired.empty()) ReleaseRetiredContextsSlow(*m);
+}
+
+}  // namespace ftjit
