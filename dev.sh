@@ -125,10 +125,10 @@ tsan_ft() {
     log "creating $tvenv with $tpy (ThreadSanitizer build)"
     "$tpy" -m venv "$tvenv"
   fi
-  if ! "$tvenv/bin/python" -c "import nanobind, scikit_build_core, pytest, pytest_timeout, numpy" 2>/dev/null; then
+  if ! "$tvenv/bin/python" -c "import nanobind, scikit_build_core, pytest, pytest_timeout, pytest_run_parallel, numpy" 2>/dev/null; then
     log "installing build and test dependencies into $tvenv (no jax: jaxlib is not instrumented)"
     "$tvenv/bin/python" -m pip install -q --only-binary=:all: "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
-      "numpy>=1.26" "pytest>=8" "pytest-timeout>=2.3"
+      "numpy>=1.26" "pytest>=8" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4"
   fi
   log "building ftjit with -fsanitize=thread"
   "$tvenv/bin/python" -m pip install -q --no-build-isolation --no-deps -e . \
@@ -137,8 +137,14 @@ tsan_ft() {
     -C cmake.define.CMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread -C cmake.define.FTJIT_STUBS=OFF
   supp=$(mktemp)
   cat "$(dirname "$tpy")/../tsan-suppressions-cpython.txt" .ci/tsan-suppressions.txt > "$supp"
-  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp"
+  # die_after_fork=0: tests/test_fork.py starts threads in forked children (TSAN refuses by default).
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$supp"
   "$tvenv/bin/python" -c "import ftjit._core as c; print('[dev] ftjit core under TSAN:', c.__file__)"
+  log "C++: map + ready table + LRU + latch with the extension's own lock (LeafMutex, a PyMutex here)"
+  "$tvenv/bin/cmake" -S cpp/tests -B build/tsan-ft-cpp -G Ninja -DCMAKE_MAKE_PROGRAM="$(realpath "$tvenv/bin/ninja")" \
+    -DCMAKE_BUILD_TYPE=Debug -DFTJIT_FT_PYTHON="$tpy" >/dev/null
+  "$tvenv/bin/cmake" --build build/tsan-ft-cpp --target test_entry_store_leafmutex
+  "$tvenv/bin/ctest" --test-dir build/tsan-ft-cpp -R leafmutex --output-on-failure --timeout 300
   log "tests that need no JAX, under ThreadSanitizer"
   "$tvenv/bin/python" -m pytest tests/test_threads.py tests/test_cache.py tests/test_signature.py \
     tests/test_fork.py tests/test_api.py tests/test_shutdown.py -q -p no:randomly --timeout=900 "$@"

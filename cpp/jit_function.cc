@@ -218,6 +218,11 @@ void CallHook(const nb::object& hook, std::initializer_list<PyObject*> args) {
   if (!r) {
     if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
       ClearErrorKeepingInterrupt();  // a Ctrl-C in a logging hook is not "unraisable"
+    } else if (PyErr_ExceptionMatches(PyExc_RecursionError)) {
+      // At the recursion limit (a deep chain of nested compiles): reporting
+      // it would run sys.unraisablehook there and fail again, printing
+      // "Exception ignored in sys.unraisablehook". The log line is lost.
+      PyErr_Clear();
     } else {
       PyErr_WriteUnraisable(hook.ptr());
     }
@@ -915,9 +920,19 @@ PyType_Slot kSlots[] = {
     {0, nullptr},
 };
 
-std::vector<int> ToIntVector(nb::handle seq) {
+std::vector<int> ToIntVector(nb::handle seq, const char* what) {
   std::vector<int> out;
-  for (nb::handle h : seq) out.push_back(nb::cast<int>(h));
+  for (nb::handle h : seq) {
+    int overflow = 0;
+    long long v = PyLong_Check(h.ptr()) ? PyLong_AsLongLongAndOverflow(h.ptr(), &overflow) : 0;
+    if (!PyLong_Check(h.ptr()) || overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+      PyErr_Clear();
+      throw nb::value_error((std::string(what) + " must hold argument positions (ints between -2**31 and "
+                             "2**31 - 1), got " + nb::cast<std::string>(nb::repr(h)))
+                                .c_str());
+    }
+    out.push_back(static_cast<int>(v));
+  }
   return out;
 }
 
@@ -934,6 +949,13 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
   if (!PyCallable_Check(compiler.ptr())) throw nb::type_error("compiler must be callable");
   if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
+  if (!nb::inst_ready(cache)) {
+    throw nb::type_error(("cache is a " + std::string(Py_TYPE(cache.ptr())->tp_name) +
+                          " (a FunctionCache subclass) whose __init__ did not call "
+                          "super().__init__(): it has no cache to use. Call "
+                          "super().__init__(capacity) in its __init__.")
+                             .c_str());
+  }
   auto st = std::make_unique<JitState>();
   st->fun = fun;
   st->compiler = compiler;
@@ -942,7 +964,7 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   st->pickle_options = pickle_options;
   st->strip_static = strip_static;
   st->spec.jax_style_errors = jax_style_errors;
-  st->spec.static_argnums = ToIntVector(static_argnums);
+  st->spec.static_argnums = ToIntVector(static_argnums, "static_argnums");
   for (nb::handle h : static_argnames) {
     if (!PyUnicode_Check(h.ptr())) throw nb::type_error("static_argnames must be str");
     PyObject* s = Py_NewRef(h.ptr());

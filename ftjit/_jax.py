@@ -279,6 +279,33 @@ def _private_custom_namedtuple() -> Callable[[type], bool] | None:
         return None
 
 
+@functools.cache
+def resolves_negative_static_argnums() -> bool:
+    """Whether the installed jax.jit takes a negative ``static_argnums`` entry
+    as a position among the function's positional parameters (jax >= 0.12:
+    -1 of ``f(x, scale=2.0)`` is ``scale``) rather than counted from the end
+    of each call's positional arguments (up to 0.11). Feature check through
+    ``jax._src.api_util.resolve_argnums``; by version where that is missing."""
+    import inspect
+
+    import jax
+
+    try:
+        from jax._src import api_util
+
+        def probe(a: Any, b: Any = None) -> None:
+            return None
+
+        nums = api_util.resolve_argnums(probe, inspect.signature(probe), None, None, (-1,), None)[2]
+        return tuple(nums) == (1,)
+    except Exception:  # noqa: BLE001 - a JAX without it: decide by version
+        parts = []
+        for part in jax.__version__.split(".")[:2]:
+            digits = "".join(ch for ch in part if ch.isdigit())
+            parts.append(int(digits or 0))
+        return tuple(parts) >= (0, 12)
+
+
 def _at_top_level(fn: Callable[[], Any]) -> Any:
     """``fn()`` run where JAX evaluates eagerly, whatever trace is active in
     this thread: in a fresh thread (JAX's trace state is per thread, and a new

@@ -162,7 +162,9 @@ def _as_tuple(value: Union[int, str, Sequence[Any], None], kind: type, what: str
     if value is None:
         return ()
     if kind is int and _as_int(value) is not None:
-        return (_as_int(value),)
+        single: tuple[Any, ...] = (_as_int(value),)
+        _check_positions(single, what)
+        return single
     if kind is str and isinstance(value, str):
         return (value,)
     try:
@@ -175,7 +177,16 @@ def _as_tuple(value: Union[int, str, Sequence[Any], None], kind: type, what: str
         if converted is None:
             raise TypeError(f"{what} must contain only {kind.__name__} values, got {item!r}")
         out.append(converted)
+    if kind is int:
+        _check_positions(tuple(out), what)
     return tuple(out)
+
+
+def _check_positions(positions: tuple[Any, ...], what: str) -> None:
+    """Argument positions must fit a C int (as in jax.jit, whose C++ takes them as such)."""
+    for p in positions:
+        if not -(2**31) <= p < 2**31:
+            raise ValueError(f"{what} must hold argument positions (ints between -2**31 and 2**31 - 1), got {p}")
 
 
 def _seconds(timeout: Any) -> float:
@@ -284,6 +295,21 @@ def _resolve_static(
         return argnums, names
     nums = tuple(i for i, p in enumerate(params) if p.kind == pos_or_kw and p.name in argnames)
     return nums, argnames
+
+
+def _jax_negative_argnums(sig: inspect.Signature | None, argnums: tuple[int, ...]) -> tuple[int, ...]:
+    """Negative static_argnums as the installed JAX reads them (see
+    _jax.resolves_negative_static_argnums): from jax 0.12 on, positions among
+    the function's positional parameters (when it has no *args), which the
+    core then keys as such; before, left negative (counted from the end of
+    each call's positional arguments, which the core does too)."""
+    if sig is None or not _jax.resolves_negative_static_argnums():
+        return argnums
+    params = list(sig.parameters.values())
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        return argnums
+    n = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
+    return tuple(i % n if i < 0 else i for i in argnums) if n > 0 else argnums
 
 
 # Code for _call_from_frame: one call expression, renamed per call site.
@@ -477,6 +503,8 @@ def jit(
     given_argnames = argnames if names_given else None
     sig = _signature_of(fun)
     argnums, argnames = _resolve_static(sig, argnums, argnames, nums_given, names_given)
+    if (compiler is None or isinstance(compiler, JaxCompiler)) and any(i < 0 for i in argnums):
+        argnums = _jax_negative_argnums(sig, argnums)
     if cache is None:
         cache = _DEFAULT_CACHE
     elif not isinstance(cache, FunctionCache):

@@ -6,6 +6,7 @@ import gc
 import inspect
 import pickle
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -702,3 +703,31 @@ def test_an_infinite_compile_timeout_waits_for_the_compile():
         assert out == [1.0, 1.0], timeout
         info = jf.cache_info()
         assert (comp.calls, info.compiles, info.waits, info.failures) == (1, 1, 1, 0)
+
+
+def test_static_argnums_out_of_c_int_range_is_a_value_error_naming_it():
+    for bad in (2**31, -(2**31) - 1, [0, 2**40]):
+        with pytest.raises(ValueError, match=r"^static_argnums must hold argument positions \(ints between -2\*\*31 "
+                                             r"and 2\*\*31 - 1\), got -?\d+$"):
+            ftjit.jit(lambda *xs: xs, static_argnums=bad, compiler=CountingCompiler())
+
+
+def test_a_function_cache_subclass_that_skipped_super_init_is_a_type_error_saying_so():
+    class MyCache(ftjit.FunctionCache):
+        def __init__(self, capacity):
+            self.wanted = capacity  # forgot super().__init__(capacity)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanobind warns of the uninitialised instance
+        with pytest.raises(TypeError, match=r"^cache is a .*MyCache \(a FunctionCache subclass\) whose __init__ did "
+                                            r"not call super\(\)\.__init__\(\): it has no cache to use\. Call "
+                                            r"super\(\)\.__init__\(capacity\) in its __init__\.$"):
+            ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=MyCache(8))
+
+    class GoodCache(ftjit.FunctionCache):
+        def __init__(self, capacity):
+            super().__init__(capacity)
+            self.wanted = capacity
+
+    jf = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=GoodCache(8))
+    assert jf(2.0) == 2.0 and jf._cache.capacity() == 8

@@ -1019,3 +1019,29 @@ def test_precompile_inside_disable_jit_says_why():
         "a JAX trace active, or jax.disable_jit() on)"
     )
     assert jf.precompile(jnp.ones(2)) is True
+
+
+def test_negative_static_argnums_follow_the_installed_jax():
+    """jax 0.12 reads static_argnums=-1 of f(x, scale=2.0) as `scale`; earlier
+    releases count from the end of each call's positional arguments. ftjit
+    follows whichever JAX is installed: same results, same error types."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, scale=2.0):
+        return x * scale
+
+    def outcomes(jit):
+        g = jit(f, static_argnums=-1)
+        out = []
+        for call in (lambda: g(jnp.ones(2)), lambda: g(3.0), lambda: g(3.0, 4.0), lambda: g(jnp.ones(2), 5.0)):
+            try:
+                out.append(np.asarray(call()).tolist())
+            except ValueError as e:  # an unhashable static (jax: ValueError; ftjit's is a ValueError too)
+                out.append(("ValueError", type(e).__name__ == "UnhashableStaticArgumentError" or "hashable" in str(e)))
+        return out
+
+    ours, theirs = outcomes(ftjit.jit), outcomes(jax.jit)
+    assert ours == theirs
+    assert ours[1:] == [6.0, 12.0, [5.0, 5.0]]
+    assert ours[0] == ([2.0, 2.0] if ftjit._jax.resolves_negative_static_argnums() else ("ValueError", True))

@@ -114,7 +114,7 @@ rm -rf "$stage"
 extra=()
 [ "$TSAN" = 1 ] && extra=(--with-thread-sanitizer)
 log "configure --disable-gil ${extra[*]} --prefix=$PREFIX"
-(cd "$srcdir" && ./configure --disable-gil "${extra[@]}" --prefix="$PREFIX" --with-ensurepip=install \
+(cd "$srcdir" && ./configure --disable-gil "${extra[@]}" --prefix="$PREFIX" --with-ensurepip=install --disable-test-modules \
    > "$work/configure.log" 2>&1) ||
   { tail -30 "$work/configure.log" >&2; die "configure failed"; }
 log "make -j$jobs (progress: one line a minute)"

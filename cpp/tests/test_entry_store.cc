@@ -12,6 +12,19 @@
 
 #include "check.h"
 
+// Built twice: with std::mutex, and (FTJIT_TEST_LEAF_MUTEX, by dev.sh
+// tsan-ft against a ThreadSanitizer-built free-threaded CPython) with the
+// extension's own lock, LeafMutex, which is a PyMutex there.
+#ifdef FTJIT_TEST_LEAF_MUTEX
+#include "leaf_mutex.h"
+#ifndef Py_GIL_DISABLED
+#error "the LeafMutex build of this test needs a free-threaded CPython's headers"
+#endif
+using TestMutex = ftjit::LeafMutex;
+#else
+using TestMutex = std::mutex;
+#endif
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -41,19 +54,19 @@ enum class FastEq { kEqual, kNotEqual, kUnknown };
 struct TestTraits {
   using Sig = TestSig;
   using Payload = TestPayload;
-  using Mutex = std::mutex;
+  using Mutex = TestMutex;
   static FastEq FastEquals(const TestSig& a, const TestSig& b) noexcept {
     return a.key == b.key ? FastEq::kEqual : FastEq::kNotEqual;
   }
   static bool Equals(const TestSig& a, const TestSig& b) { return a.key == b.key; }
-  static ftjit::EpochDomain<std::mutex>& Epochs() {
-    static auto* domain = new ftjit::EpochDomain<std::mutex>();
+  static ftjit::EpochDomain<TestMutex>& Epochs() {
+    static auto* domain = new ftjit::EpochDomain<TestMutex>();
     return *domain;
   }
-  static ftjit::EpochDomain<std::mutex>::Record* ThreadRecord() {
+  static ftjit::EpochDomain<TestMutex>::Record* ThreadRecord() {
     struct Holder {
-      ftjit::EpochDomain<std::mutex>::Record* rec = Epochs().Acquire();
-      ~Holder() { ftjit::EpochDomain<std::mutex>::Release(rec); }
+      ftjit::EpochDomain<TestMutex>::Record* rec = Epochs().Acquire();
+      ~Holder() { ftjit::EpochDomain<TestMutex>::Release(rec); }
     };
     thread_local Holder holder;
     return holder.rec;
@@ -84,7 +97,7 @@ struct Ledger {
 // result is key * 2), publishes and lists it; others wait on the latch.
 // Returns the value the call used (-1: a compile it waited for was
 // abandoned and it looked again... never here) and checks the canary.
-int CallOnce(Store& store, int key, Ledger& ledger, ftjit::EpochDomain<std::mutex>::Record* rec,
+int CallOnce(Store& store, int key, Ledger& ledger, ftjit::EpochDomain<TestMutex>::Record* rec,
              int shard) {
   TestSig sig = SigOf(key);
   if (Entry* e = store.FindReady(sig, rec, shard)) {
@@ -224,9 +237,28 @@ void TestInFlightRacesWithClears() {
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
 }
 
+#ifdef FTJIT_TEST_LEAF_MUTEX
+// The lock itself: 8 threads increment a plain counter under it; any lost
+// update or unordered access (a race TSAN would report) fails.
+void TestLeafMutexExcludes() {
+  TestMutex mu;
+  long counter = 0;  // guarded by mu
+  ftjit_test::RunThreads(8, [&](size_t) {
+    for (int i = 0; i < 20000; ++i) {
+      std::lock_guard<TestMutex> lock(mu);
+      ++counter;
+    }
+  });
+  CHECK_EQ(counter, 8L * 20000);
+}
+#endif
+
 }  // namespace
 
 int main() {
+#ifdef FTJIT_TEST_LEAF_MUTEX
+  RUN_TEST(TestLeafMutexExcludes);
+#endif
   RUN_TEST(TestCallsAgainstEvictions);
   RUN_TEST(TestCallsAgainstEvictionsAndClears);
   RUN_TEST(TestInFlightEntryOutlivesItsUnlinking);
