@@ -137,8 +137,11 @@ tsan_ft() {
     -C cmake.define.CMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread -C cmake.define.FTJIT_STUBS=OFF
   supp=$(mktemp)
   cat "$(dirname "$tpy")/../tsan-suppressions-cpython.txt" .ci/tsan-suppressions.txt > "$supp"
+  # Reports go to files (pytest captures stderr, and a halted run loses it), printed on failure.
+  reports=$(mktemp -d)
   # die_after_fork=0: tests/test_fork.py starts threads in forked children (TSAN refuses by default).
-  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$supp"
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$supp:log_path=$reports/tsan"
+  trap 'for r in "$reports"/tsan.*; do [ -e "$r" ] && { log "ThreadSanitizer report $r:"; cat "$r" >&2; }; done' EXIT
   "$tvenv/bin/python" -c "import ftjit._core as c; print('[dev] ftjit core under TSAN:', c.__file__)"
   log "C++: map + ready table + LRU + latch with the extension's own lock (LeafMutex, a PyMutex here)"
   "$tvenv/bin/cmake" -S cpp/tests -B build/tsan-ft-cpp -G Ninja -DCMAKE_MAKE_PROGRAM="$(realpath "$tvenv/bin/ninja")" \

@@ -715,7 +715,15 @@ extern "C" PyObject* JitFunction_descr_get(PyObject* self, PyObject* obj, PyObje
 extern "C" PyObject* JitFunction_repr(PyObject* self) {
   JitState& st = StateOf(self);
   if (!st.fun.is_valid()) return PyUnicode_FromString("<ftjit.JitFunction (cleared)>");
-  return PyUnicode_FromFormat("<ftjit.JitFunction of %R>", st.fun.ptr());
+  PyObject* r = PyUnicode_FromFormat("<ftjit.JitFunction of %R>", st.fun.ptr());
+  if (!r) {
+    // The function's own repr failed: a repr must not (it runs in error
+    // messages, debuggers, logging).
+    ClearErrorKeepingInterrupt();
+    if (PyErr_Occurred()) return nullptr;
+    r = PyUnicode_FromString("<ftjit.JitFunction>");
+  }
+  return r;
 }
 
 extern "C" PyObject* JitFunction_cache_info(PyObject* self, PyObject*) {
@@ -791,7 +799,7 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
   try {
     CallSignature sig;
     try {
-      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig);
+      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig, /*allow_specs=*/true);
       sig.AdoptContext();
     } catch (const NeedsFallback&) {
       RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
@@ -819,7 +827,7 @@ extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* a
   try {
     CallSignature sig;
     try {
-      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig);
+      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig, /*allow_specs=*/true);
       sig.AdoptContext();
     } catch (const NeedsFallback&) {
       return PyUnicode_FromString((st.spec.fun_name + "(<traced>)").c_str());

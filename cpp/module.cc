@@ -5,6 +5,7 @@
 #include "jit_function.h"
 #include "interned_context.h"
 #include "signature.h"
+#include "thread_memos.h"
 
 #include <nanobind/stl/string.h>
 
@@ -17,6 +18,7 @@ NB_MODULE(_core, m) {
   nb::set_leak_warnings(false);
   ftjit::InitSignatures();  // before anything can build a signature
   ftjit::InitCaches();      // before anything can make a cache
+  ftjit::InitThreadMemos();
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
   m.def(

@@ -346,8 +346,9 @@ namespace {
 
 class Builder {
  public:
-  Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out, ThreadMemos& memos)
-      : spec_(spec), hook_(hook), out_(out), memos_(memos) {}
+  Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out, ThreadMemos& memos,
+          bool allow_specs)
+      : spec_(spec), hook_(hook), out_(out), memos_(memos), allow_specs_(allow_specs) {}
 
   // `top` names the argument (position or keyword) for messages.
   void Flatten(PyObject* obj) {
@@ -465,7 +466,11 @@ class Builder {
       // jax.jit says ValueError ("Comparator raised exception while sorting
       // pytree dictionary keys."); other compilers get a TypeError.
       ThrowWithCause(spec_.jax_style_errors ? PyExc_ValueError : PyExc_TypeError,
-                     "the keys of a dict argument " + where +
+                     std::string(spec_.jax_style_errors
+                                     ? "Comparator raised exception while sorting pytree "
+                                       "dictionary keys: "
+                                     : "") +
+                         "the keys of a dict argument " + where +
                          " cannot be sorted; dict keys of a jitted function's "
                          "arguments must be mutually comparable (e.g. all str)");
     }
@@ -640,6 +645,8 @@ class Builder {
         h = Mix(h, static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
       }
     } else if (!via_aval && hook_.IsSpecType(Py_TYPE(obj))) {
+      // A spec describes an argument (precompile, warmup); it cannot be one.
+      if (!allow_specs_) NotAnArgument(obj, s);
       // A spec with a sharding stands for arrays committed to it.
       nb::object placed = nb::steal(PyObject_GetAttr(obj, N().sharding));
       if (!placed.is_valid()) throw nb::python_error();
@@ -678,6 +685,7 @@ class Builder {
     nb::object res = nb::steal(PyObject_CallOneArg(spec_.pytree_flatten.ptr(), obj));
     if (!res.is_valid()) throw nb::python_error();
     if (res.is_none()) return false;
+    if (res.ptr() == Py_False) throw NeedsFallback{};  // the compiler's own path takes this call
     if (!PyTuple_Check(res.ptr()) || PyTuple_GET_SIZE(res.ptr()) != 2) {
       PyErr_SetString(PyExc_TypeError,
                       "pytree_flatten hook must return None or (node_key, children)");
@@ -698,6 +706,34 @@ class Builder {
       path_.pop_back();
     }
     return true;
+  }
+
+  // jax.jit's TypeError for an argument spec (jax.ShapeDtypeStruct) passed
+  // in a call, in its words: "Argument 'x['a']' of shape float32[2] of type
+  // <class 'jax.ShapeDtypeStruct'> is not a valid JAX type."
+  [[noreturn]] void NotAnArgument(PyObject* obj, const ArrayShape& s) {
+    std::string shape = Str(s.dtype.ptr()) + "[";
+    for (size_t i = 0; i < s.dims.size(); ++i) shape += (i ? "," : "") + std::to_string(s.dims[i]);
+    std::string msg = "Argument " + PathText() + " of shape " + shape + "] of type " +
+                      Repr(reinterpret_cast<PyObject*>(Py_TYPE(obj))) +
+                      " is not a valid JAX type. (A jax.ShapeDtypeStruct describes an argument: "
+                      "pass it to precompile() or warmup(), and call with an array.)";
+    PyErr_SetString(PyExc_TypeError, msg.c_str());
+    throw nb::python_error();
+  }
+
+  // The argument's path, quoted: 'x', 'x['a'][0]', 'args[2]'.
+  std::string PathText() const {
+    std::string s = "'";
+    if (top_name_) {
+      s += Str(top_name_);
+    } else {
+      s += "args[" + std::to_string(top_position_) + "]";
+    }
+    for (const PathElem& p : path_) {
+      s += "[" + (p.key ? Repr(p.key) : std::to_string(p.index)) + "]";
+    }
+    return s + "'";
   }
 
   std::string Where() const {
@@ -738,6 +774,14 @@ class Builder {
                       ".dtype and .shape), numpy scalars, Python bool/int/float/complex, "
                       "None, or tuples, lists and dicts of them. To pass this value as is, "
                       "mark the argument static with static_argnums or static_argnames.";
+    if (spec_.jax_style_errors) {
+      // jax.jit's own words first (code and tests match on them), then ours.
+      std::string path = PathText();
+      path = path.substr(1, path.size() - 2);  // unquoted, as jax prints it
+      msg = "Error interpreting argument to " + spec_.fun_name + "() as an abstract array. The "
+            "problematic value is of type " + Py_TYPE(obj)->tp_name + " and was passed to the "
+            "function at path " + path + ". (ftjit: " + msg + ")";
+    }
     PyErr_SetString(Types().unsupported_argument, msg.c_str());
     throw nb::python_error();
   }
@@ -746,6 +790,7 @@ class Builder {
   const ContextHook& hook_;
   CallSignature& out_;
   ThreadMemos& memos_;
+  const bool allow_specs_;  // argument specs stand for arrays (precompile), or are refused (a call)
   size_t h_ = 0;
   PyObject* top_name_ = nullptr;  // borrowed
   Py_ssize_t top_position_ = -1;
@@ -948,7 +993,7 @@ bool SignatureSpec::IsStaticName(PyObject* name) const {
 }
 
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
-                    PyObject* kwnames, CallSignature& out) {
+                    PyObject* kwnames, CallSignature& out, bool allow_specs) {
   // The context first: a call that must defer (a JAX trace is active, jit is
   // disabled) defers before its arguments are looked at, whatever they are.
   const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
@@ -965,7 +1010,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
     if (!extras.back().is_valid()) throw nb::python_error();
   }
   ThreadMemos& memos = Memos();
-  Builder b(spec, hook, out, memos);
+  Builder b(spec, hook, out, memos, allow_specs);
   out.num_positional = static_cast<uint32_t>(nargs);
   b.MixIn(nargs);
   for (size_t i = 0; i < nargs; ++i) {

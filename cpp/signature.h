@@ -240,8 +240,10 @@ struct SignatureSpec {
 
 // Builds the signature of a vectorcall into `out` (which must be empty).
 // Hooks:
-//   pytree_flatten(obj) -> None (obj is not a pytree node) or
-//       (node_key, children): node_key hashable, children a tuple or list.
+//   pytree_flatten(obj) -> None (obj is not a pytree node), False (obj is
+//       a value the compiler alone can handle: the call throws
+//       NeedsFallback, as for fallback_types), or (node_key, children):
+//       node_key hashable, children a tuple or list.
 //       Consulted for objects that are not None/tuple/list/dict/namedtuple,
 //       exact Python scalars, numpy arrays and scalars, or of an exact type
 //       in plain_types/aval_types, before duck-typed arrays (objects with
@@ -293,8 +295,11 @@ struct SignatureSpec {
 //       `obj.aval` (one attribute lookup instead of three properties).
 // Throws nb::python_error; invalid leaves raise UnsupportedArgumentError and
 // unhashable statics UnhashableStaticArgumentError (see errors.h).
+// `allow_specs`: leaves of the hook's spec_types (jax.ShapeDtypeStruct)
+// stand for arrays of that shape (precompile, warmup); otherwise such a leaf
+// is a TypeError (a call cannot execute with one), as in jax.jit.
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
-                    size_t nargs, PyObject* kwnames, CallSignature& out);
+                    size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false);
 
 // Thrown by BuildSignature when the call must take the compiler's fallback.
 struct NeedsFallback {};

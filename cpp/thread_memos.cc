@@ -21,10 +21,15 @@ void ReleaseCapsule(PyObject* capsule) {
   delete memos;
 }
 
+// The dict key, made once at module init (InitThreadMemos): making (and so
+// interning) a key string per thread raced inside CPython 3.13.5t's string
+// interning (TSAN: immortalize_interned against a concurrent lookup).
+PyObject* g_key = nullptr;
+
 void Register(const std::shared_ptr<ThreadMemos>& memos) {
   memos->registered = true;  // tried once per registration, whatever happens
   PyObject* dict = PyThreadState_GetDict();  // borrowed; null if unavailable
-  if (!dict) return;
+  if (!dict || !g_key) return;
   auto* owner = new std::shared_ptr<ThreadMemos>(memos);
   PyObject* capsule = PyCapsule_New(owner, kCapsuleName, ReleaseCapsule);
   if (!capsule) {
@@ -32,11 +37,18 @@ void Register(const std::shared_ptr<ThreadMemos>& memos) {
     PyErr_Clear();
     return;
   }
-  if (PyDict_SetItemString(dict, kCapsuleName, capsule) != 0) PyErr_Clear();
+  if (PyDict_SetItem(dict, g_key, capsule) != 0) PyErr_Clear();
   Py_DECREF(capsule);  // the dict holds it (or, on failure, it dies: its destructor releases nothing held yet)
 }
 
 }  // namespace
+
+void InitThreadMemos() {
+  if (!g_key) {
+    g_key = PyUnicode_InternFromString(kCapsuleName);  // kept for the process's lifetime
+    if (!g_key) PyErr_Clear();  // memos then live on with their threads
+  }
+}
 
 Py_hash_t HashMemo::Hash(PyObject* obj) {
   for (int i = 0; i < kSlots; ++i) {

@@ -72,6 +72,9 @@ struct ThreadMemos {
   void Release();
 };
 
+// Module init: makes the thread-state dict key (runs Python; call once).
+void InitThreadMemos();
+
 // A plain pointer to this thread's memos, read on every call (a trivially
 // destructible thread_local: no guard); set by MemosSlow().
 inline thread_local ThreadMemos* t_memos = nullptr;

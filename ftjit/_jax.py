@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import operator
 import os
 import threading
@@ -160,11 +161,19 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     import jax
     from jax import tree_util
 
-    def pytree_flatten(obj: Any) -> tuple[Any, list[Any]] | None:
-        """One level of JAX's registry: (treedef, children), or None for a leaf."""
+    is_hijax = _hijax_check()
+    token_type = _token_type()
+
+    def pytree_flatten(obj: Any) -> tuple[Any, list[Any]] | bool | None:
+        """One level of JAX's registry: (treedef, children); None for a leaf;
+        False for a hijax value (a jax Box, a flax nnx hijax Variable), whose
+        calls go to jax.jit (it abstracts such values with their current
+        contents, which no signature of ftjit's can key)."""
         children, treedef = tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         if treedef.num_nodes == 1 and treedef.num_leaves == 1:
-            return None
+            # Tokens (jax.lax.create_token()) are valid leaves without a
+            # dtype: their calls go to jax.jit too.
+            return False if is_hijax(obj) or (token_type is not None and type(obj) is token_type) else None
         return treedef, children
 
     array_type = concrete_array_type() if "array_type" in fast else None
@@ -279,6 +288,34 @@ def _private_custom_namedtuple() -> Callable[[type], bool] | None:
         return None
 
 
+_jax_jit: Callable[..., Any] | None = None  # written once (a benign race: every writer writes the same)
+
+
+def jax_jit() -> Callable[..., Any]:
+    """JAX's own ``jit``, looked up once, where JAX defines it.
+
+    A program may rebind ``jax.jit = ftjit.jit`` (the usual way to make a
+    library use ftjit); reading ``jax.jit`` at decoration would then make
+    ftjit call itself forever.
+    """
+    global _jax_jit
+    found = _jax_jit
+    if found is None:
+        import jax
+
+        try:
+            from jax._src import api as jax_api
+
+            found = jax_api.jit
+        except Exception:  # noqa: BLE001 - a JAX that defines it elsewhere
+            found = jax.jit
+        if getattr(found, "__module__", "").split(".")[0] == "ftjit":
+            raise RuntimeError("ftjit: cannot find JAX's own jit (jax.jit is ftjit.jit, and jax._src.api.jit "
+                               "is missing): rebind jax.jit after ftjit has been used once, or not at all")
+        _jax_jit = found
+    return found
+
+
 @functools.cache
 def resolves_negative_static_argnums() -> bool:
     """Whether the installed jax.jit takes a negative ``static_argnums`` entry
@@ -334,16 +371,22 @@ def _at_top_level(fn: Callable[[], Any]) -> Any:
 def concrete_array_type() -> type | None:
     """The concrete class of jax Arrays (never a Tracer class), or None.
 
-    ``type(jnp.zeros(()))`` inside a jax.jit trace is a tracer class, so the
-    array is made at top level (see _at_top_level) and the result is checked.
+    Found by name (``jax._src.array.ArrayImpl``, behind this check), not by
+    making an array: building the hooks happens when the first function is
+    decorated, and nothing may touch a device before the first call (making
+    an array starts the XLA backend, after which ``jax_num_cpu_devices``,
+    ``jax.distributed.initialize()`` and XLA_FLAGS can no longer take effect).
     """
     import jax
 
     try:
-        array_type = type(_at_top_level(lambda: jax.device_put(np.zeros((), np.float32))))
+        from jax._src import array as jax_array
+
+        array_type = jax_array.ArrayImpl
     except Exception:  # noqa: BLE001 - a JAX without it: the slower generic path
         return None
-    if issubclass(array_type, jax.core.Tracer) or not issubclass(array_type, jax.Array):
+    if not isinstance(array_type, type) or issubclass(array_type, jax.core.Tracer) or not issubclass(
+            array_type, jax.Array):
         return None
     return array_type
 
@@ -498,36 +541,22 @@ def _public_trace_probe() -> tuple[Callable[[Any], Any] | None, Any, Any]:
 
 
 def _private_placement_attrs(array_type: type | None) -> tuple[str, str] | None:
-    """Feature check: jax Arrays' C++ ``_committed``/``_sharding`` (the
-    public ``committed``/``sharding`` are Python properties over them)."""
+    """Feature check: jax Arrays' C++ ``_committed``/``_sharding`` properties
+    (the public ``committed``/``sharding`` are Python properties over them),
+    looked up on the class (no array is made: see concrete_array_type)."""
     if array_type is None:
         return None
-    try:
-        import jax
-
-        x = _at_top_level(lambda: jax.device_put(np.zeros((2,), np.float32), jax.devices()[0]))
-        if x._committed is x.committed is True and x._sharding is x.sharding:
-            return "_committed", "_sharding"
-    except Exception:  # noqa: BLE001
-        pass
+    names = ("_committed", "_sharding", "committed", "sharding")
+    if all(inspect.isdatadescriptor(inspect.getattr_static(array_type, n, None)) for n in names):
+        return "_committed", "_sharding"
     return None
 
 
 def _has_aval(array_type: type) -> bool:
-    """Feature check: jax Arrays expose .aval with plain dtype/shape/weak_type."""
-    try:
-        import jax
-
-        x = _at_top_level(lambda: jax.numpy.zeros((2,), dtype=np.float32))
-        aval = x.aval
-        return (
-            aval.dtype == x.dtype
-            and tuple(aval.shape) == x.shape
-            and bool(aval.weak_type) == bool(x.weak_type)
-            and type(x) is array_type  # last: a checker narrows x to `object` after it
-        )
-    except Exception:  # noqa: BLE001
-        return False
+    """Feature check: jax Arrays expose ``.aval`` (with plain dtype, shape and
+    weak_type: jax's contract for an Array's abstract value), looked up on
+    the class (no array is made: see concrete_array_type)."""
+    return inspect.isdatadescriptor(inspect.getattr_static(array_type, "aval", None))
 
 
 def fast_callable(compiled: Any) -> Callable[..., Any]:
@@ -556,7 +585,16 @@ class _ThroughJaxJit:
         raise NotImplementedError
 
     def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
-        return fast_callable(self.jax_jit(fun).lower(*args, **kwargs).compile())
+        jitted = self.jax_jit(fun)
+        traced = jitted.trace(*args, **kwargs)
+        if _is_high(traced):
+            # A program with hijax state (a jax Box, flax nnx hijax Variables
+            # closed over): its lowering needs jax.jit's call path (which
+            # turns that state into plain arrays at each call; the ahead-of-
+            # time path cannot in jax 0.10), so the executable is the jax.jit
+            # itself, which compiles it once in its own cache.
+            return jitted
+        return fast_callable(traced.lower().compile())
 
     def lower(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         return self.jax_jit(fun).lower(*args, **kwargs)
@@ -564,6 +602,52 @@ class _ThroughJaxJit:
     def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
         """JAX's own path, for calls ftjit must not cache (a JAX trace is active, or jax.disable_jit())."""
         return self.jax_jit(fun)
+
+
+def _token_type() -> type | None:
+    """Feature check: the class of JAX tokens (``jax._src.core.Token``), or None."""
+    try:
+        from jax._src import core as jax_core
+
+        token = jax_core.Token
+        return token if isinstance(token, type) else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _hijax_check() -> Callable[[Any], bool]:
+    """Feature check: whether an object is a hijax value (its type registered
+    in ``jax._src.core.pytype_aval_mappings`` with a hijax abstract type,
+    ``jax._src.hijax.HiType``/``MutableHiType``). Never true without them."""
+    try:
+        from jax._src import core as jax_core
+        from jax._src import hijax
+
+        mappings = jax_core.pytype_aval_mappings
+        hi_types = tuple(t for t in (getattr(hijax, "HiType", None), getattr(hijax, "MutableHiType", None))
+                         if isinstance(t, type))
+        if not isinstance(mappings, dict) or not hi_types:
+            return lambda obj: False
+    except Exception:  # noqa: BLE001 - a JAX without hijax
+        return lambda obj: False
+
+    def is_hijax(obj: Any) -> bool:
+        to_aval = mappings.get(type(obj))
+        if to_aval is None:
+            return False
+        try:
+            return isinstance(to_aval(obj), hi_types)
+        except Exception:  # noqa: BLE001 - not ours to judge: the call reports it
+            return False
+
+    return is_hijax
+
+
+def _is_high(traced: Any) -> bool:
+    """Whether a ``jax.stages.Traced`` program uses hijax types (feature
+    check: the jaxpr's ``is_high``, absent before hijax existed)."""
+    jaxpr = getattr(getattr(traced, "jaxpr", None), "jaxpr", None)
+    return bool(getattr(jaxpr, "is_high", False))
 
 
 def _freeze(value: Any) -> Any:
@@ -607,9 +691,7 @@ class JaxCompiler(_ThroughJaxJit):
         return {"static_argnums": self.static_argnums, "static_argnames": self.static_argnames, **dict(self.jit_options)}
 
     def jax_jit(self, fun: Callable[..., Any]) -> Any:
-        import jax
-
-        return jax.jit(fun, **self.jit_kwargs())
+        return jax_jit()(fun, **self.jit_kwargs())
 
     def bind(self, fun: Callable[..., Any], jitted: Any) -> BoundJaxCompiler:
         """This compiler for ``fun`` only, compiling through ``jitted`` (its ``jax.jit``)."""

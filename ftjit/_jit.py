@@ -309,7 +309,8 @@ def _jax_negative_argnums(sig: inspect.Signature | None, argnums: tuple[int, ...
     if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
         return argnums
     n = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
-    return tuple(i % n if i < 0 else i for i in argnums) if n > 0 else argnums
+    # Out of range stays as given: jax.jit then refuses it, in its words.
+    return tuple(i + n if -n <= i < 0 else i for i in argnums) if n > 0 else argnums
 
 
 # Code for _call_from_frame: one call expression, renamed per call site.
@@ -362,15 +363,23 @@ _NOT_GIVEN: Any = _NotGiven()
 
 
 def _check_callable(fun: object) -> None:
-    if isinstance(fun, (staticmethod, classmethod)):
+    # Each message starts with jax.jit's own words, which code and tests match on.
+    if isinstance(fun, staticmethod):
         raise TypeError(
-            f"ftjit.jit got a {type(fun).__name__} object; apply @{type(fun).__name__} "
-            "on top of @ftjit.jit (outermost), not under it."
+            "staticmethod arguments are not supported: ftjit.jit got a staticmethod object; apply "
+            "@staticmethod on top of @ftjit.jit (outermost), not under it."
+        )
+    if isinstance(fun, classmethod):
+        raise TypeError(
+            "Expected a callable value, got a classmethod object: apply @classmethod on top of "
+            "@ftjit.jit (outermost), not under it."
         )
     if not callable(fun):
-        raise TypeError(f"ftjit.jit expects a callable, got {fun!r} of type {type(fun).__name__}")
+        raise TypeError(f"Expected a callable value, got {fun!r} of type {type(fun).__name__}: "
+                        "ftjit.jit wraps functions")
     if inspect.isgeneratorfunction(fun) or inspect.isasyncgenfunction(fun):
-        raise TypeError(f"ftjit.jit cannot jit a generator function: {fun!r}")
+        raise TypeError(f"Expected a function, got a generator function: ftjit.jit cannot jit {fun!r} "
+                        "(calling it returns a generator, which cannot be compiled)")
 
 
 @overload
@@ -517,11 +526,9 @@ def jit(
         if donate_argnames is not None:
             options_for_jax["donate_argnames"] = donate_argnames
         compiler = JaxCompiler(argnums, argnames, tuple(sorted(options_for_jax.items())))
-        import jax
-
         # Created here, once, like jax.jit at decoration: jax validates and
         # warns now, at the caller's line, and never again for this function.
-        jitted = _call_from_frame(sys._getframe(1), jax.jit, fun, **compiler.jit_kwargs())
+        jitted = _call_from_frame(sys._getframe(1), _jax.jax_jit(), fun, **compiler.jit_kwargs())
     else:
         if not callable(compiler):
             raise TypeError(f"compiler must be callable as compiler(fun, args, kwargs), got {compiler!r}")
@@ -730,6 +737,41 @@ for _name, _impl in (("lower", _lower), ("trace", _trace), ("eval_shape", _eval_
 del _name, _impl
 
 
+def _function_name(fun: Any) -> str:
+    """The name jax gives a function: its ``__name__``, through unnamed ``functools.partial`` layers."""
+    name = getattr(fun, "__name__", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(fun, functools.partial):
+        return _function_name(fun.func)
+    return "<unnamed function>"
+
+
+def _getstate(self: Any) -> dict[str, Any]:
+    """What jax.jit's ``__getstate__()`` reports of the function (its name), for code that reads it."""
+    return {"function_name": _function_name(self._fun)}
+
+
+_core_reduce = JitFunction.__reduce__  # the C++ method: (rebuild, (fun, options))
+
+
+def _reduce(self: Any) -> Any:
+    """Pickles by reference when this very object is reachable by its module
+    and qualified name (the decorated form, ``@ftjit.jit`` on a module-level
+    function), as ``functools.lru_cache`` wrappers do; otherwise by value:
+    the wrapped function (itself by reference) and the options, rebuilt by
+    ftjit.jit on unpickling."""
+    name = getattr(self, "__qualname__", None)
+    module = sys.modules.get(getattr(self, "__module__", None) or "")
+    if isinstance(name, str) and module is not None and "<locals>" not in name:
+        found: Any = module
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if found is self:
+            return name
+    return _core_reduce(self)
+
+
 def _copy(self: Any) -> Any:
     """A jitted function is immutable: copies are itself, as for Python functions."""
     return self
@@ -752,6 +794,8 @@ _PLAIN_METHODS: dict[str, Any] = {
     "warmup": _warmup,
     "__copy__": _copy,
     "__deepcopy__": _deepcopy,
+    "__reduce__": _reduce,
+    "__getstate__": _getstate,
     # Generic for type checkers (JitFunction[P, R], see _core.pyi); subscriptable at run time too.
     "__class_getitem__": classmethod(types.GenericAlias),
 }

@@ -316,3 +316,9 @@ class LogCapture:
                 self.logger.setLevel(entry[1])
                 del _level_users[name]
         return False
+
+
+@__import__("ftjit").jit(compiler=lambda fun, args, kwargs: fun)
+def decorated_double(x):
+    """A module-level function in its decorated form: it pickles by reference."""
+    return x * 2

@@ -731,3 +731,23 @@ def test_a_function_cache_subclass_that_skipped_super_init_is_a_type_error_sayin
 
     jf = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=GoodCache(8))
     assert jf(2.0) == 2.0 and jf._cache.capacity() == 8
+
+
+def _plain_compiler(fun, args, kwargs):
+    return fun
+
+
+def test_the_decorated_form_pickles_by_reference_as_lru_cache_does():
+    """@ftjit.jit on a module-level function: the module's name for it is the
+    jitted function itself, so it pickles by name (jax.jit cannot: pickle
+    finds the name bound to another object than the one it was given)."""
+    import helpers
+
+    data = pickle.dumps(helpers.decorated_double)
+    assert b"decorated_double" in data and len(data) < 100  # a reference, not the options
+    assert pickle.loads(data) is helpers.decorated_double
+    assert helpers.decorated_double(2.0) == 4.0
+    # Not reachable by its name (a wrapper of a module-level function): by value, rebuilt.
+    jf = ftjit.jit(_two, compiler=_plain_compiler)
+    back = pickle.loads(pickle.dumps(jf))
+    assert back is not jf and back.__wrapped__ is _two and back(1.0, 2.0) == 1.0

@@ -983,6 +983,7 @@ def test_unsortable_dict_keys_are_a_value_error_as_in_jax_jit():
     with pytest.raises(ValueError) as info:
         ftjit.jit(lambda d: d, cache=ftjit.FunctionCache())(arg)
     assert str(info.value) == (
+        "Comparator raised exception while sorting pytree dictionary keys: "  # jax.jit's words
         "the keys of a dict argument 'd' (positional argument 0) cannot be sorted; dict keys of a "
         "jitted function's arguments must be mutually comparable (e.g. all str)"
     )
@@ -1045,3 +1046,157 @@ def test_negative_static_argnums_follow_the_installed_jax():
     assert ours == theirs
     assert ours[1:] == [6.0, 12.0, [5.0, 5.0]]
     assert ours[0] == ([2.0, 2.0] if ftjit._jax.resolves_negative_static_argnums() else ("ValueError", True))
+
+
+# -- JAX drop-in: rebinding, the backend, hijax, tokens, specs, JitTest's words ------------
+
+
+def _run(code):
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
+def test_rebinding_jax_jit_to_ftjit_jit_works():
+    """`jax.jit = ftjit.jit`, the usual way to make a library use ftjit,
+    must not make ftjit call itself: it uses JAX's own jit, found where JAX
+    defines it. A functools.partial of the rebound name (chex's wrappers) too."""
+    out = _run(
+        "import functools, jax, jax.numpy as jnp, ftjit\n"
+        "jax.jit = ftjit.jit\n"
+        "f = jax.jit(lambda x: x * 2)\n"
+        "g = functools.partial(jax.jit, static_argnums=1)(lambda x, n: x * n)\n"
+        "print(float(f(1.0)), float(g(jnp.ones(()), 3)), type(f).__name__, f.cache_info().compiles)\n")
+    assert out == "2.0 3.0 JitFunction 1"
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
+def test_decorating_touches_no_device():
+    """Nothing may start the XLA backend before the first call: device
+    settings made after a module-level @ftjit.jit (jax_num_cpu_devices,
+    XLA_FLAGS, jax.distributed.initialize) must still take effect."""
+    out = _run(
+        "import os, jax, numpy as np, ftjit\n"
+        "@ftjit.jit\n"
+        "def f(x):\n"
+        "    return x * 2\n"
+        "g = ftjit.jit(lambda x, n: x * n, static_argnums=1)\n"
+        "jax.config.update('jax_num_cpu_devices', 4)\n"
+        "print(len(jax.devices()), f(np.ones(2)).tolist(), g(np.ones(2), 3).tolist())\n")
+    assert out == "4 [2.0, 2.0] [3.0, 3.0]"
+    out = _run(
+        "import os, jax, numpy as np, ftjit\n"
+        "f = ftjit.jit(lambda x: x + 1)\n"
+        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3'\n"
+        "print(len(jax.devices()), f(np.zeros(2)).tolist())\n")
+    assert out == "3 [1.0, 1.0]"
+
+
+def test_hijax_box_closed_over_and_passed_as_argument_matches_jax_jit():
+    hijax = pytest.importorskip("jax._src.hijax")
+    if not hasattr(hijax, "Box"):
+        pytest.skip("this JAX has no hijax Box")
+
+    def run(jit):
+        box = hijax.Box(jnp.ones(2))
+
+        def close(x):
+            box.set(box.get() + x)
+            return box.get() * 2
+
+        def arg(b, x):
+            b.set(b.get() + x)
+            return b.get()
+
+        f, g = jit(close), jit(arg)
+        b = hijax.Box(jnp.zeros(2))
+        return (f(jnp.ones(2)).tolist(), f(jnp.ones(2)).tolist(), box.get().tolist(),
+                g(b, jnp.ones(2)).tolist(), g(b, jnp.ones(2)).tolist(), b.get().tolist())
+
+    assert run(ftjit.jit) == run(jax.jit) == ([4.0, 4.0], [6.0, 6.0], [3.0, 3.0], [1.0, 1.0], [2.0, 2.0],
+                                              [2.0, 2.0])
+
+
+def test_tokens_pass_through_as_in_jax_jit():
+    @ftjit.jit
+    def noop(arr, token):
+        return arr, token
+
+    token = jax.lax.create_token()
+    arr, out = noop(jnp.ones(3), token)
+    assert type(out) is type(token) and out is not token
+    assert arr.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_calling_with_a_shape_dtype_struct_is_a_type_error_as_in_jax_jit():
+    spec = jax.ShapeDtypeStruct((2, 3), jnp.int32)
+    with pytest.raises(TypeError) as theirs:
+        jax.jit(lambda d: d)({"a": [1.0, spec]})
+    f = ftjit.jit(lambda d: d)
+    with pytest.raises(TypeError) as ours:
+        f({"a": [1.0, spec]})
+    assert type(ours.value) is TypeError
+    assert str(ours.value).startswith(str(theirs.value))  # jax.jit's words, then ftjit's hint
+    assert str(ours.value) == ("Argument 'd['a'][1]' of shape int32[2,3] of type <class 'jax.ShapeDtypeStruct'> is "
+                               "not a valid JAX type. (A jax.ShapeDtypeStruct describes an argument: pass it to "
+                               "precompile() or warmup(), and call with an array.)")
+    assert f.precompile({"a": [1.0, spec]}) is True  # where a spec is what is asked for
+
+
+def test_getstate_names_the_function_as_jax_jit_does():
+    def my_function():
+        return None
+
+    named = functools.partial(my_function)
+    named.__name__ = "my_partial"
+    cases = [(my_function, "my_function"), (functools.partial(my_function), "my_function"),
+             (functools.partial(functools.partial(my_function)), "my_function"), (named, "my_partial"),
+             (lambda: my_function(), "<lambda>")]
+    for fun, name in cases:
+        assert ftjit.jit(fun).__getstate__()["function_name"] == name
+        assert jax.jit(fun).__getstate__()["function_name"] == name
+
+
+@pytest.mark.parametrize("make, phrase", [
+    (lambda jit: jit(3), "Expected a callable value"),
+    (lambda jit: jit(staticmethod(lambda x: x)), "staticmethod arguments are not supported"),
+    (lambda jit: jit(static_argnums=(0,))(classmethod(lambda cls, x: x)), "Expected a callable value"),
+])
+def test_decoration_errors_carry_jax_jit_words(make, phrase):
+    for jit in (jax.jit, ftjit.jit):
+        with pytest.raises(TypeError, match=re.escape(phrase)):
+            make(jit)
+
+
+def test_a_generator_function_is_refused_in_jax_jit_words():
+    def gen(x):
+        yield x
+
+    with pytest.raises(TypeError, match=r"^Expected a function, got a generator function: ftjit\.jit cannot jit "):
+        ftjit.jit(gen)
+
+
+def test_a_bad_input_names_its_path_in_jax_jit_words_and_ftjit_words():
+    def f(x):
+        return x
+
+    with pytest.raises(TypeError, match=r"^Error interpreting argument to .* as an abstract array\. The problematic "
+                                        r"value is of type str and was passed to the function at path x\[0\]\['k'\]\. "
+                                        r"\(ftjit: argument 'x\[0\]\['k'\]' \(positional argument 0\) of .*f\(\) is of "
+                                        r"type str, which is not a valid argument type"):
+        ftjit.jit(f)([{"k": "foo"}])
+
+
+def test_repr_survives_a_function_whose_repr_raises():
+    class Callable:
+        def __call__(self):
+            return None
+
+        def __repr__(self):
+            raise ValueError("invalid repr")
+
+    jf = ftjit.jit(Callable(), compiler=lambda fun, a, k: fun)
+    assert repr(jf) == "<ftjit.JitFunction>"
+    del jf.__wrapped__
+    assert repr(jf) == "<ftjit.JitFunction>"
