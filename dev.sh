@@ -34,7 +34,7 @@ setup() {
     "$PY" -m venv "$VENV"
   fi
   # jax >= 0.10.2 as pyproject requires (the editable install uses --no-deps, so it is checked here).
-  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, numpy, jax
+  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, chex, numpy, jax
 v = tuple(int(p) for p in jax.__version__.split('.')[:3])
 assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     log "installing build and test dependencies"
@@ -44,7 +44,8 @@ assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     # try a source build (which needs gfortran, Rust...). Binary-only makes
     # it take the newest release that has one (numpy 2.4.6 on 3.13t).
     "$VPY" -m pip install -q --only-binary=:all: "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
-      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10"
+      "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10" \
+      chex  # tests/test_jax_fixes.py: what chex (a JAX user's test tool) sees of a jitted function
   fi
 }
 

@@ -826,7 +826,7 @@ def _integrate_jax() -> type:
         if _jax_guarded_type is None:
             package_dir = os.path.dirname(os.path.abspath(__file__))
             _jax_integration = _jax.integrate(package_dir, _core.clear_caches)
-            boundary = _jax_integration.api_boundary
+            boundary = api_boundary
             for method in _BOUNDARY_METHODS.values():
                 method.boundary_impl = boundary(method.impl)
             # Published last: a function of this type finds its methods' boundaries set.
@@ -836,11 +836,35 @@ def _integrate_jax() -> type:
                 {
                     "__call__": boundary(_observe.GuardedCompiler.__call__),
                     # the boundary is one more frame between the warning and its caller
-                    "warn_stacklevel": _observe.GuardedCompiler.warn_stacklevel + (boundary is not _jax._identity),
+                    "warn_stacklevel": _observe.GuardedCompiler.warn_stacklevel + (
+                        _jax_integration.api_boundary is not _jax._identity),
                     "__module__": __name__,
                 },
             )
         return _jax_guarded_type
+
+
+def api_boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as JAX's traceback-filtering boundary (jax's own ``api_boundary``,
+    behind a feature check; ``fn`` itself before JAX is integrated or without
+    it): the frames below it are filtered from tracing errors, as below
+    jax.jit's. Applied to a jitted function's compile path and to its
+    lower/trace/eval_shape/precompile methods."""
+    integration = _jax_integration
+    return integration.api_boundary(fn) if integration is not None else fn
+
+
+def _python_namespace(self: Any) -> dict[str, Any]:
+    """A jitted function's ``__globals__``: the namespace of the module that
+    defines its Python-level API (this one), as a Python wrapper function of
+    this module would have. Tools that recognise JAX-wrapped functions by the
+    ``api_boundary`` their wrappers are defined with (chex's is_traceable)
+    then see a jitted function for what it is; ``isinstance(f,
+    jax.stages.Wrapped)`` (JAX's protocol) holds too."""
+    return globals()
+
+
+JitFunction.__globals__ = property(_python_namespace)  # type: ignore[attr-defined]
 
 
 def _rebuild(fun: Callable[..., Any], options: dict) -> Any:

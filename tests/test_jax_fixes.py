@@ -1200,3 +1200,19 @@ def test_repr_survives_a_function_whose_repr_raises():
     assert repr(jf) == "<ftjit.JitFunction>"
     del jf.__wrapped__
     assert repr(jf) == "<ftjit.JitFunction>"
+
+
+def test_tools_that_ask_is_this_jitted_see_a_jitted_function():
+    """JAX's protocol for jitted functions (jax.stages.Wrapped) holds, and
+    chex's is_traceable, which recognises wrappers by the api_boundary their
+    module defines, sees one: chex.assert_max_traces then refuses the wrong
+    wrapper order, as for jax.jit."""
+    jf = ftjit.jit(lambda x: x)
+    assert isinstance(jf, jax.stages.Wrapped) and isinstance(jax.jit(lambda x: x), jax.stages.Wrapped)
+    assert "api_boundary" in jf.__globals__ and jf.__globals__["api_boundary"] is ftjit._jit.api_boundary
+    chex = pytest.importorskip("chex")
+    from chex._src import asserts_internal
+
+    assert asserts_internal.is_traceable(jf) and not asserts_internal.is_traceable(lambda x: x)
+    with pytest.raises(ValueError, match="must not wrap JAX-transformed function"):
+        chex.assert_max_traces(jf, 1)
