@@ -131,9 +131,104 @@ def jax_cases() -> list[Case]:
     ]
 
 
+def argument_kind_cases() -> list[Case]:
+    """ftjit.jit vs jax.jit by argument kind: statics, Python scalars, containers and custom pytree nodes."""
+    import collections
+    import dataclasses as dc
+
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.arange(4, dtype=jnp.float32)
+
+    class Config:
+        """A static argument of a user's own class (hash and eq by value)."""
+
+        def __init__(self, depth: int) -> None:
+            self.depth = depth
+
+        def __hash__(self) -> int:
+            return hash(self.depth)
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Config) and other.depth == self.depth
+
+    # optax.adam's state: (ScaleByAdamState(count, mu, nu), EmptyState()) over a dict of parameters.
+    ScaleByAdamState = collections.namedtuple("ScaleByAdamState", "count mu nu")
+    EmptyState = collections.namedtuple("EmptyState", "")
+    params = {f"w{i}": jnp.full((4,), float(i), jnp.float32) for i in range(4)}
+    adam = (ScaleByAdamState(jnp.zeros((), jnp.int32), params, params), EmptyState())
+
+    @jax.tree_util.register_dataclass
+    @dc.dataclass
+    class Batch:
+        x: Any
+        y: Any
+        w: Any
+        steps: int = dc.field(default=3, metadata={"static": True})
+
+    @jax.tree_util.register_pytree_with_keys_class
+    class Linear:
+        """A module-like custom node (equinox.Module, flax structs flatten alike): 4 array children."""
+
+        def __init__(self, *leaves: Any) -> None:
+            self.leaves = leaves
+
+        def tree_flatten_with_keys(self) -> Any:
+            return tuple((jax.tree_util.GetAttrKey(f"p{i}"), v) for i, v in enumerate(self.leaves)), None
+
+        @classmethod
+        def tree_unflatten(cls, aux: Any, children: Any) -> "Linear":
+            return cls(*children)
+
+    def first(a: Any, *rest: Any, **kw: Any) -> Any:
+        return a
+
+    def head(tree: Any) -> Any:
+        return jax.tree_util.tree_leaves(tree)[0]
+
+    def pair(label: str, fn: Callable[..., Any], args: tuple[Any, ...], **options: Any) -> Case:
+        return Case(f"jax: {label}", Side("ftjit.jit", ftjit.jit(fn, cache=ftjit.FunctionCache(16), **options), args),
+                    Side("jax.jit", jax.jit(fn, **options), args), target=None, scale=0.1, splits=10)
+
+    def keyword(a: Any, mode: str = "train") -> Any:
+        return a
+
+    kw_case = Case("jax: static str keyword", Side("ftjit.jit", _KwCall(ftjit.jit(keyword, static_argnames="mode",
+                                                                                   cache=ftjit.FunctionCache(16))), (x,)),
+                   Side("jax.jit", _KwCall(jax.jit(keyword, static_argnames="mode")), (x,)), target=None, scale=0.1,
+                   splits=10, note="calls f(x, mode='train') with mode static")
+    containers = 1.10
+    return [
+        kw_case,
+        pair("static int", first, (x, 3), static_argnums=1),
+        pair("Python float", first, (x, 2.5)),
+        pair("static custom object", first, (x, Config(2)), static_argnums=1),
+        dataclasses.replace(pair("dict of 8 arrays", head, ({f"k{i}": x for i in range(8)},)), target=containers,
+                            note=f"containers of arrays: target {containers:g} x jax.jit"),
+        dataclasses.replace(pair("optax adam state", head, (adam,)), target=containers,
+                            note=f"containers of arrays: target {containers:g} x jax.jit"),
+        dataclasses.replace(pair("register_dataclass node", head, (Batch(x, x, x),)), target=1.0,
+                            note="custom pytree nodes: flattened through JAX's registry in C++, target 1 x jax.jit"),
+        dataclasses.replace(pair("custom node (module-like)", head, (Linear(x, x, x, x),)), target=1.0,
+                            note="custom pytree nodes: flattened through JAX's registry in C++, target 1 x jax.jit"),
+    ]
+
+
+class _KwCall:
+    """fn(a, mode='train'): a keyword call, timed as the positional cases are."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.cache_info = getattr(fn, "cache_info", None)
+
+    def __call__(self, a: Any) -> Any:
+        return self.fn(a, mode="train")
+
+
 def default_cases(with_jax: bool = True) -> list[Case]:
     """The benchmark rows, in table order."""
     cases = [two_floats(), static_int_and_float(), dict_of_8_floats()]
     if with_jax:
-        cases += jax_cases()
+        cases += jax_cases() + argument_kind_cases()
     return cases

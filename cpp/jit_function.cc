@@ -647,6 +647,8 @@ extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) 
     Py_VISIT(st->pickle_options.ptr());
     Py_VISIT(st->spec.arg_names.ptr());
     Py_VISIT(st->spec.pytree_flatten.ptr());
+    Py_VISIT(st->spec.registry_flatten.ptr());
+    Py_VISIT(st->spec.defer_leaf.ptr());
     Py_VISIT(st->spec.custom_namedtuple.ptr());
     Py_VISIT(st->spec.custom_namedtuple_dict.ptr());
     Py_VISIT(st->spec.context_fn.ptr());
@@ -674,6 +676,8 @@ extern "C" int JitFunction_clear(PyObject* self) {
                cache = std::move(st->cache), options = std::move(st->options),
                pickle = std::move(st->pickle_options), names = std::move(st->spec.arg_names),
                flatten = std::move(st->spec.pytree_flatten),
+               registry_flatten = std::move(st->spec.registry_flatten),
+               defer_leaf = std::move(st->spec.defer_leaf),
                custom_nt = std::move(st->spec.custom_namedtuple),
                custom_nt_dict = std::move(st->spec.custom_namedtuple_dict), ctx = std::move(st->spec.context_fn),
                fb_types = std::move(st->spec.fallback_types), fb = std::move(st->fallback),
@@ -981,7 +985,17 @@ nb::object MakeJitFunction(nb::object fun, nb::object compiler, nb::object cache
   }
   st->spec.arg_names = arg_names;
   st->spec.fun_name = name;
-  if (!pytree_flatten.is_none()) st->spec.pytree_flatten = pytree_flatten;
+  if (PyTuple_Check(pytree_flatten.ptr())) {
+    if (PyTuple_GET_SIZE(pytree_flatten.ptr()) != 2 ||
+        !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0)) ||
+        !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1))) {
+      throw nb::type_error("pytree_flatten must be a callable or a pair (flatten_one_level, defer_leaf)");
+    }
+    st->spec.registry_flatten = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0));
+    st->spec.defer_leaf = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1));
+  } else if (!pytree_flatten.is_none()) {
+    st->spec.pytree_flatten = pytree_flatten;
+  }
   if (!custom_namedtuple.is_none()) {
     if (!PyCallable_Check(custom_namedtuple.ptr())) {
       throw nb::type_error("custom_namedtuple must be callable");

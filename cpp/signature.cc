@@ -413,7 +413,7 @@ class Builder {
       if (r < 0) throw nb::python_error();
       if (r == 1) throw NeedsFallback{};
     }
-    if (spec_.pytree_flatten.is_valid() && TryCustom(obj)) return;
+    if ((spec_.pytree_flatten.is_valid() || spec_.registry_flatten.is_valid()) && TryCustom(obj)) return;
     if (TryArray(obj)) return;
     if (PyLong_Check(obj)) return Scalar(LeafKind::kInt);  // bool cannot be subclassed
     if (PyFloat_Check(obj)) return Scalar(LeafKind::kFloat);
@@ -681,7 +681,47 @@ class Builder {
     return truth == 1;
   }
 
+  // One level of a registry's flattening, called in C (JAX's
+  // PyTreeRegistry.flatten_one_level): None for a leaf, (children, node
+  // data) for a node, keyed by (type, node data) as jax keys its treedefs
+  // (node data compared with ==; its hash when it has one, as jax's treedef
+  // hash leaves node data out).
+  bool TryRegistry(PyObject* obj) {
+    nb::object res = nb::steal(PyObject_CallOneArg(spec_.registry_flatten.ptr(), obj));
+    if (!res.is_valid()) throw nb::python_error();
+    if (res.is_none()) return false;
+    if (!PyTuple_Check(res.ptr()) || PyTuple_GET_SIZE(res.ptr()) != 2) {
+      PyErr_SetString(PyExc_TypeError, "a registry's flatten_one_level must return None or (children, node data)");
+      throw nb::python_error();
+    }
+    nb::object children = nb::steal(PySequence_Fast(PyTuple_GET_ITEM(res.ptr(), 0),
+                                                    "flatten_one_level's children must be a sequence"));
+    if (!children.is_valid()) throw nb::python_error();
+    nb::object key = nb::steal(PyTuple_Pack(2, reinterpret_cast<PyObject*>(Py_TYPE(obj)),
+                                            PyTuple_GET_ITEM(res.ptr(), 1)));
+    if (!key.is_valid()) throw nb::python_error();
+    Py_hash_t kh = PyObject_Hash(PyTuple_GET_ITEM(res.ptr(), 1));
+    if (kh == -1) {
+      if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw nb::python_error();
+      PyErr_Clear();  // unhashable node data: compared with == alone
+      kh = 0;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(children.ptr());
+    out_.tree.push_back(Token(NodeKind::kRegistered, n));
+    out_.aux.push_back(std::move(key));
+    h_ = Mix(Mix(Mix(h_, Token(NodeKind::kRegistered, n)), std::hash<const void*>()(Py_TYPE(obj))),
+             static_cast<size_t>(kh));
+    PyObject** items = PySequence_Fast_ITEMS(children.ptr());  // our own list or tuple
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      path_.push_back(PathElem{nullptr, i});
+      Flatten(items[i]);
+      path_.pop_back();
+    }
+    return true;
+  }
+
   bool TryCustom(PyObject* obj) {
+    if (spec_.registry_flatten.is_valid()) return TryRegistry(obj);
     nb::object res = nb::steal(PyObject_CallOneArg(spec_.pytree_flatten.ptr(), obj));
     if (!res.is_valid()) throw nb::python_error();
     if (res.is_none()) return false;
@@ -752,6 +792,14 @@ class Builder {
   }
 
   [[noreturn]] void Unsupported(PyObject* obj) {
+    if (spec_.defer_leaf.is_valid()) {
+      // A leaf only the compiler's own path handles (JAX: a hijax value, a token)?
+      nb::object r = nb::steal(PyObject_CallOneArg(spec_.defer_leaf.ptr(), obj));
+      if (!r.is_valid()) throw nb::python_error();
+      int truth = PyObject_IsTrue(r.ptr());
+      if (truth < 0) throw nb::python_error();
+      if (truth) throw NeedsFallback{};
+    }
     if (spec_.jax_style_errors) {
       // jax.jit no longer converts objects through __jax_array__ and says so
       // with a ValueError; so does ftjit, naming the argument.
@@ -1245,6 +1293,16 @@ class Printer {
       case NodeKind::kNamedTuple: {
         PyObject* type = s_.aux[a_++].ptr();
         return Children(std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "(", n, ")");
+      }
+      case NodeKind::kRegistered: {
+        // As jax prints a one-level treedef: PyTreeDef(CustomNode(T[data], [*, *]))
+        PyObject* key = s_.aux[a_++].ptr();
+        PyObject* type = PyTuple_GET_ITEM(key, 0);
+        std::string head = "PyTreeDef(CustomNode(" +
+                           std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "[" +
+                           Str(PyTuple_GET_ITEM(key, 1)) + "], [";
+        for (size_t i = 0; i < n; ++i) head += i ? ", *" : "*";
+        return Children(head + "]))(", n, ")");
       }
       case NodeKind::kCustom: {
         std::string head = Repr(s_.aux[a_++].ptr());

@@ -83,6 +83,7 @@ enum class NodeKind : uint8_t {
   kDict,        // `arity` keys in `aux`, sorted; then the values
   kNamedTuple,  // the type in `aux`; then the fields
   kCustom,      // the hook's node key in `aux`; then the children
+  kRegistered,  // (type, node data) in `aux`, from a registry's flatten_one_level; then the children
   kStatic,      // a static argument: one entry in `statics`
 };
 
@@ -94,10 +95,12 @@ struct CallSignature {
   CallSignature& operator=(CallSignature&&) = default;
 
   uint32_t num_positional = 0;        // positional arguments of the call
-  SmallVector<uint32_t, 8> tree;      // see NodeKind
-  SmallVector<nb::object, 2> aux;     // dict keys, namedtuple types, node keys
-  SmallVector<LeafSignature, 4> leaves;
-  SmallVector<int64_t, 8> dims;
+  // Inline sizes fit a call of a dozen leaves in a container or two (an
+  // optimizer state, a dict of parameters) without a heap allocation.
+  SmallVector<uint32_t, 24> tree;     // see NodeKind
+  SmallVector<nb::object, 8> aux;     // dict keys, namedtuple types, node keys
+  SmallVector<LeafSignature, 12> leaves;
+  SmallVector<int64_t, 16> dims;
   SmallVector<nb::object, 2> statics;  // positional statics, then keyword ones
   SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
   ContextRef context;                  // from the compiler's context hook (interned_context.h)
@@ -202,6 +205,8 @@ struct SignatureSpec {
   nb::object arg_names;                      // tuple of str (may be empty)
   std::string fun_name;                      // qualname, for messages
   nb::object pytree_flatten;                 // optional hook, see below
+  nb::object registry_flatten;               // optional, instead: a registry's flatten_one_level
+  nb::object defer_leaf;                     // optional: defer_leaf(leaf) -> the call takes the fallback
   nb::object custom_namedtuple;              // optional hook, see below
   nb::object custom_namedtuple_dict;         // the dict when that hook is a dict's __contains__
   nb::object context_fn;                     // optional hook, see below; set by SetContextFn
@@ -244,6 +249,12 @@ struct SignatureSpec {
 //       a value the compiler alone can handle: the call throws
 //       NeedsFallback, as for fallback_types), or (node_key, children):
 //       node_key hashable, children a tuple or list.
+//     pytree_flatten may instead be a pair (flatten_one_level, defer_leaf)
+//       (the JAX compiler's): flatten_one_level(obj) -> None (a leaf) or
+//       (children, node data), a registry's C++ method called directly, each
+//       node keyed by (type(obj), node data); defer_leaf(leaf) -> true when a
+//       leaf that is no array (a hijax value, a token) must take the
+//       fallback (asked only before reporting it unsupported).
 //       Consulted for objects that are not None/tuple/list/dict/namedtuple,
 //       exact Python scalars, numpy arrays and scalars, or of an exact type
 //       in plain_types/aval_types, before duck-typed arrays (objects with

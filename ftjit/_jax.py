@@ -212,7 +212,10 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
             extras,
             (jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
         ),
-        "pytree_flatten": pytree_flatten,
+        # With the registry's own one-level flatten (C++, called directly by
+        # the core), a custom node costs what it costs jax.jit; the hook above
+        # is the public fallback.
+        "pytree_flatten": _pytree_hook(fast, pytree_flatten, is_hijax, token_type),
         "redo_types": _debug_nans_error(),
         "custom_namedtuple": (_private_custom_namedtuple() if "registry" in fast else None) or _every_namedtuple,
         "fallback_types": (jax.core.Tracer,),
@@ -602,6 +605,28 @@ class _ThroughJaxJit:
     def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
         """JAX's own path, for calls ftjit must not cache (a JAX trace is active, or jax.disable_jit())."""
         return self.jax_jit(fun)
+
+
+def _pytree_hook(fast: frozenset[str], public: Callable[[Any], Any], is_hijax: Callable[[Any], bool],
+                 token_type: type | None) -> Any:
+    """The core's pytree hook: with the "registry" fast path, the pair
+    (JAX's ``default_registry.flatten_one_level``, which the core calls in C
+    for each node that is not a builtin container, and a predicate for leaves
+    that only jax.jit takes: hijax values and tokens); else the public
+    Python hook ``public``."""
+    if "registry" in fast:
+        try:
+            from jax import tree_util
+
+            flatten_one_level = tree_util.default_registry.flatten_one_level
+            if flatten_one_level(1.0) is None and flatten_one_level({"a": 1})[0] == (1,):
+                def defer(leaf: Any) -> bool:
+                    return is_hijax(leaf) or (token_type is not None and type(leaf) is token_type)
+
+                return flatten_one_level, defer
+        except Exception:  # noqa: BLE001 - a JAX without it: the public hook
+            pass
+    return public
 
 
 def _token_type() -> type | None:

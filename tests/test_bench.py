@@ -34,6 +34,14 @@ ROWS = [
     ("jax: x+y, 2 f32[4] jax Arrays", "jax.jit", 1.0 if FT else 1.15),
     ("jax: x+y, 2 f32[4] numpy arrays", "jax.jit", None),
     ("jax: dict pytree, 8 f32[4] leaves", "jax.jit", None),
+    ("jax: static str keyword", "jax.jit", None),
+    ("jax: static int", "jax.jit", None),
+    ("jax: Python float", "jax.jit", None),
+    ("jax: static custom object", "jax.jit", None),
+    ("jax: dict of 8 arrays", "jax.jit", 1.10),
+    ("jax: optax adam state", "jax.jit", 1.10),
+    ("jax: register_dataclass node", "jax.jit", 1.0),
+    ("jax: custom node (module-like)", "jax.jit", 1.0),
 ]
 WARMUP = ("jax: warmup 2 signatures, 2 workers", "workers=1 (loop)", 1.0)
 MISSES = ("miss with 4000 signatures cached", "10 signatures", 1.25)
