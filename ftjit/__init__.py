@@ -4,6 +4,40 @@
 (other threads wait with the GIL released) and calls the executable.
 """
 
+import os as _os
+import sys as _sys
+
+
+def _core_not_loaded(error: ImportError) -> ImportError:
+    """The ImportError to raise when ftjit's C++ core cannot be imported:
+    what to run instead of "cannot import name '_core' from partially
+    initialized module" (which is what an unbuilt source tree gives)."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    root = _os.path.dirname(here)
+    interpreter = f"{_sys.executable} (Python {_sys.version.split()[0]}{'t' if 'free-threading' in _sys.version else ''})"
+    if getattr(error, "name", None) != "ftjit._core":
+        return ImportError(f"ftjit's C++ core (ftjit._core) failed to load in {interpreter}: {error}")
+    if _os.path.exists(_os.path.join(root, "pyproject.toml")) and _os.path.exists(_os.path.join(root, "dev.sh")):
+        return ImportError(
+            f"ftjit's C++ core (ftjit._core) is not built for {interpreter}. This ftjit is the source tree "
+            f"at {root}, which has no built core for this interpreter. Either build it and use the project's "
+            f"environment: `bash dev.sh build`, then run with `.venv/bin/python` (or `source .venv/bin/activate` "
+            f"first); or install ftjit into this interpreter's environment: `{_sys.executable} -m pip install "
+            f"{root}`, and run from outside the source tree (the ftjit/ here shadows an installed one)."
+        )
+    return ImportError(
+        f"ftjit's C++ core (ftjit._core) is missing from {here} for {interpreter}: reinstall ftjit "
+        "(`pip install --force-reinstall ftjit`, or from its source: `pip install <path to ftjit>`)."
+    )
+
+
+try:
+    from ._core import clear_caches as _  # noqa: F401 - the C++ core: everything below needs it
+except ImportError as _error:
+    # A missing core is said in full above; a core that failed to load keeps its cause.
+    raise _core_not_loaded(_error) from (None if getattr(_error, "name", None) == "ftjit._core" else _error)
+del _, _core_not_loaded, _os, _sys
+
 from . import errors
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit

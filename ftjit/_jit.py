@@ -1,26 +1,54 @@
-"""ftjit.jit(): option checking and name/position resolution around the C++ core."""
+"""ftjit.jit() and the Python side of JitFunction, around the C++ core.
+
+jit() checks and resolves its options (ftjit/_options.py), picks the
+compiler (_choose_compiler) and builds the core object (_construct); below
+it, the methods that JitFunction gets from Python (lower, warmup,
+signatures, pickling...), and clear_caches/disable_jit.
+
+Shared state: _DEFAULT_CACHE (a FunctionCache: its own locks, see
+cpp/function_cache.h) and _jax_integration, written once under _jax_lock
+(the only lock taken here, and never while calling into the core or JAX
+beyond the one-time integration). Everything else is per call.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import functools
-import inspect
-import math
-import numbers
-import operator
 import os
 import sys
 import threading
 import types
 import weakref
-from typing import Any, Callable, Iterator, NamedTuple, ParamSpec, Sequence, TextIO, TypeVar, Union, overload
+from typing import Any, Callable, Iterator, NamedTuple, ParamSpec, Sequence, TextIO, TypeVar, overload
 
 import numpy as np
 
-from . import _core, _jax, _observe
-from . import errors
-from ._jax import JaxCompiler
+# Names from the submodules themselves, never from ftjit/__init__.py (which imports this module).
+from ._options import (
+    StaticArgs,
+    adopt_jax_compiler,
+    as_tuple,
+    check_callable,
+    check_guard_options,
+    check_static,
+    name_of,
+    seconds,
+    static_args,
+)
+from ._core import _after_fork_in_child, _disable_jit_enter, _disable_jit_exit, _make_jit_function, _set_python_types
+from ._core import clear_caches as _core_clear_caches
+from ._jax import BoundJaxCompiler, JaxCompiler, JaxIntegration, integrate as _integrate_with_jax, jax_jit
+from ._jax import _identity
+from ._observe import Describer, GuardedCompiler, compiling_ahead, on_compile, on_wait, placement_label
+from .errors import (
+    CompileCycleError,
+    CompileTimeoutError,
+    RecursiveCompileError,
+    UnhashableStaticArgumentError,
+    UnsupportedArgumentError,
+)
 from ._warmup import warmup as _warmup_impl
 
 __all__ = ["jit", "JitFunction", "FunctionCache", "CacheInfo", "clear_caches", "disable_jit"]
@@ -33,7 +61,7 @@ from ._core import FunctionCache, JitFunction  # noqa: E402 - classes (types for
 # In a forked child, compiles that the parent's other threads had in flight
 # are compiled afresh instead of waited for forever (see cpp/compile_latch.h).
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_core._after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class CacheInfo(NamedTuple):
@@ -148,171 +176,6 @@ def _compiler_key(compiler: Any) -> object:
     return compiler
 
 
-def _as_int(value: Any) -> int | None:
-    """``operator.index(value)`` (so numpy integers count, as in jax.jit), or None; bools are not positions."""
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
-def _as_tuple(value: Union[int, str, Sequence[Any], None], kind: type, what: str) -> tuple:
-    if value is None:
-        return ()
-    if kind is int and _as_int(value) is not None:
-        single: tuple[Any, ...] = (_as_int(value),)
-        _check_positions(single, what)
-        return single
-    if kind is str and isinstance(value, str):
-        return (value,)
-    try:
-        items = tuple(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{what} must be {kind.__name__} or a sequence of {kind.__name__}, got {value!r}") from None
-    out = []
-    for item in items:
-        converted = _as_int(item) if kind is int else item if isinstance(item, str) else None
-        if converted is None:
-            raise TypeError(f"{what} must contain only {kind.__name__} values, got {item!r}")
-        out.append(converted)
-    if kind is int:
-        _check_positions(tuple(out), what)
-    return tuple(out)
-
-
-def _check_positions(positions: tuple[Any, ...], what: str) -> None:
-    """Argument positions must fit a C int (as in jax.jit, whose C++ takes them as such)."""
-    for p in positions:
-        if not -(2**31) <= p < 2**31:
-            raise ValueError(f"{what} must hold argument positions (ints between -2**31 and 2**31 - 1), got {p}")
-
-
-def _seconds(timeout: Any) -> float:
-    """compile_timeout for the core: 0.0 for none; beyond a float (10**400) is forever too."""
-    if timeout is None:
-        return 0.0
-    try:
-        return float(timeout)
-    except OverflowError:
-        return math.inf
-
-
-def _check_static(sig: inspect.Signature | None, name: str, argnums: tuple[int, ...], argnames: tuple[str, ...]) -> None:
-    """jax.jit's checks of the static options against the signature (for
-    custom compilers; on the JAX path jax.jit itself makes them)."""
-    if sig is None:
-        return
-    params = list(sig.parameters.values())
-    kinds = {p.kind for p in params}
-    if inspect.Parameter.VAR_POSITIONAL not in kinds:
-        n = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
-        if any(not -n <= i < n for i in argnums):
-            raise ValueError(f"ftjit.jit: {name}() has static_argnums={argnums}, but only accepts {n} positional "
-                             "arguments.")
-    # Names that cannot be passed by keyword: positional-only ones and *args.
-    positional = sorted(set(argnames) & {p.name for p in params if p.kind in (
-        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)})
-    if positional:
-        raise ValueError(f"ftjit.jit: {name}() has invalid argnames {positional} in static_argnames: these are "
-                         "positional-only.")
-    if inspect.Parameter.VAR_KEYWORD not in kinds:
-        named = {p.name for p in params if p.kind in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-        unknown = sorted(set(argnames) - named)
-        if unknown:
-            raise ValueError(f"ftjit.jit: {name}() has invalid argnames {unknown} in static_argnames: it does not "
-                             "take these arguments by keyword.")
-
-
-def _adopt_jax_compiler(
-    compiler: JaxCompiler,
-    static_argnums: Any,
-    static_argnames: Any,
-    donate_argnums: Any,
-    donate_argnames: Any,
-    jax_options: dict[str, Any],
-) -> tuple[JaxCompiler | None, Any, Any, dict[str, Any]]:
-    """An explicit ``compiler=JaxCompiler(...)``: its statics and jax.jit
-    options are the function's (the core strips exactly the statics that
-    its jax.jit treats as static, so the two can never differ).
-
-    A plain JaxCompiler becomes the default path with the options of both
-    (returned compiler None); a subclass (which may override ``__call__``)
-    is kept, and options given to ftjit.jit must then equal its own. Either
-    way, a value given to both that differs is a ValueError.
-    """
-
-    plain = type(compiler) is JaxCompiler
-
-    def merged(what: str, given: Any, own: tuple) -> Any:
-        if own == () and plain:
-            return given  # the plain compiler's default: not given (None lets jit infer it from the other)
-        if given is None:
-            return own  # as its jax.jit gets them (an explicit () infers nothing there either)
-        if given != own:  # both tuples: jit() normalised `given` on entry
-            raise ValueError(
-                f"ftjit.jit: {what}={given!r} differs from the compiler's {what}={own!r}; "
-                f"give it to one of them (ftjit.jit(..., {what}=...) or JaxCompiler({what}=...))"
-            )
-        return given
-
-    static_argnums = merged("static_argnums", static_argnums, compiler.static_argnums)
-    static_argnames = merged("static_argnames", static_argnames, compiler.static_argnames)
-    own = dict(compiler.jit_options)
-    given = dict(jax_options)
-    if donate_argnums is not None:
-        given["donate_argnums"] = donate_argnums
-    if donate_argnames is not None:
-        given["donate_argnames"] = donate_argnames
-    for key, value in given.items():
-        if key in own and own[key] != value:
-            raise ValueError(
-                f"ftjit.jit: {key}={value!r} differs from the compiler's {key}={own[key]!r}; give it to one of them"
-            )
-    if plain:
-        return None, static_argnums, static_argnames, {**own, **given}
-    if any(key not in own for key in given):
-        extra = ", ".join(sorted(key for key in given if key not in own))
-        raise TypeError(
-            f"ftjit.jit: {extra} cannot be added to a {type(compiler).__name__} (a JaxCompiler subclass): "
-            "pass them to its JaxCompiler constructor (jit_options)"
-        )
-    return compiler, static_argnums, static_argnames, {}
-
-
-def _resolve_static(
-    sig: inspect.Signature | None, argnums: tuple[int, ...], argnames: tuple[str, ...], nums_given: bool, names_given: bool
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Resolves static names <-> positions through the signature, as jax.jit does."""
-    if sig is None or (nums_given and names_given) or not (nums_given or names_given):
-        return argnums, argnames
-    params = list(sig.parameters.values())
-    pos_or_kw = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    if nums_given:
-        names = tuple(p.name for i, p in enumerate(params) if p.kind == pos_or_kw and i in argnums)
-        return argnums, names
-    nums = tuple(i for i, p in enumerate(params) if p.kind == pos_or_kw and p.name in argnames)
-    return nums, argnames
-
-
-def _jax_negative_argnums(sig: inspect.Signature | None, argnums: tuple[int, ...]) -> tuple[int, ...]:
-    """Negative static_argnums as the installed JAX reads them (see
-    _jax.resolves_negative_static_argnums): from jax 0.12 on, positions among
-    the function's positional parameters (when it has no *args), which the
-    core then keys as such; before, left negative (counted from the end of
-    each call's positional arguments, which the core does too)."""
-    if sig is None or not _jax.resolves_negative_static_argnums():
-        return argnums
-    params = list(sig.parameters.values())
-    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
-        return argnums
-    n = sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)
-    # Out of range stays as given: jax.jit then refuses it, in its words.
-    return tuple(i + n if -n <= i < 0 else i for i in argnums) if n > 0 else argnums
-
-
 # Code for _call_from_frame: one call expression, renamed per call site.
 _CALL_CODE = compile("_ftjit_fn(*_ftjit_args, **_ftjit_kwargs)", "<ftjit>", "eval")
 
@@ -333,21 +196,6 @@ def _call_from_frame(frame: Any, fn: Callable[..., Any], *args: Any, **kwargs: A
     return eval(code, frame.f_globals, {"_ftjit_fn": fn, "_ftjit_args": args, "_ftjit_kwargs": kwargs})
 
 
-def _signature_of(fun: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fun)
-    except (TypeError, ValueError):
-        return None
-
-
-def _name_of(fun: Callable[..., Any]) -> str:
-    for attr in ("__qualname__", "__name__"):
-        name = getattr(fun, attr, None)
-        if isinstance(name, str):
-            return name
-    return type(fun).__name__
-
-
 class _NotGiven:
     """The default of jit's ``fun``: ``jit(static_argnums=1)`` is the
     decorator factory, while ``jit(None)`` is a non-callable (a TypeError,
@@ -360,26 +208,6 @@ class _NotGiven:
 
 
 _NOT_GIVEN: Any = _NotGiven()
-
-
-def _check_callable(fun: object) -> None:
-    # Each message starts with jax.jit's own words, which code and tests match on.
-    if isinstance(fun, staticmethod):
-        raise TypeError(
-            "staticmethod arguments are not supported: ftjit.jit got a staticmethod object; apply "
-            "@staticmethod on top of @ftjit.jit (outermost), not under it."
-        )
-    if isinstance(fun, classmethod):
-        raise TypeError(
-            "Expected a callable value, got a classmethod object: apply @classmethod on top of "
-            "@ftjit.jit (outermost), not under it."
-        )
-    if not callable(fun):
-        raise TypeError(f"Expected a callable value, got {fun!r} of type {type(fun).__name__}: "
-                        "ftjit.jit wraps functions")
-    if inspect.isgeneratorfunction(fun) or inspect.isasyncgenfunction(fun):
-        raise TypeError(f"Expected a function, got a generator function: ftjit.jit cannot jit {fun!r} "
-                        "(calling it returns a generator, which cannot be compiled)")
 
 
 @overload
@@ -461,9 +289,9 @@ def jit(
     # Plain tuples at once (None stays "not given"): an iterator must not be
     # used up by a check, by a decorator factory's first use, or by pickling.
     if static_argnums is not None:
-        static_argnums = _as_tuple(static_argnums, int, "static_argnums")
+        static_argnums = as_tuple(static_argnums, int, "static_argnums")
     if static_argnames is not None:
-        static_argnames = _as_tuple(static_argnames, str, "static_argnames")
+        static_argnames = as_tuple(static_argnames, str, "static_argnames")
     if fun is _NOT_GIVEN:
         return functools.partial(
             jit,
@@ -479,69 +307,78 @@ def jit(
             explain_misses=explain_misses,
             **jax_options,
         )
-    _check_callable(fun)
-    if compile_timeout is not None:
-        if isinstance(compile_timeout, (bool, np.bool_)) or not isinstance(compile_timeout, numbers.Real):
-            raise TypeError(f"compile_timeout must be a number of seconds or None, got {compile_timeout!r}")
-        if not compile_timeout > 0:  # NaN too
-            raise ValueError(f"compile_timeout must be a positive number of seconds or None, got {compile_timeout!r}")
-    if max_signatures is not None:
-        if isinstance(max_signatures, bool) or _as_int(max_signatures) is None:
-            raise TypeError(f"max_signatures must be an int or None, got {max_signatures!r}")
-        max_signatures = _as_int(max_signatures)
-        if max_signatures < 1:  # type: ignore[operator]
-            raise ValueError(f"max_signatures must be a positive int or None, got {max_signatures!r}")
-    if on_excess not in ("warn", "raise"):
-        raise ValueError(f'on_excess must be "warn" or "raise", got {on_excess!r}')
-    if explain_misses is not None and not isinstance(explain_misses, bool):
-        raise TypeError(f"explain_misses must be a bool or None, got {explain_misses!r}")
+    check_callable(fun)
+    max_signatures = check_guard_options(compile_timeout, max_signatures, on_excess, explain_misses)
     user_compiler = compiler
     if isinstance(compiler, JaxCompiler):
-        compiler, static_argnums, static_argnames, jax_options = _adopt_jax_compiler(
+        compiler, static_argnums, static_argnames, jax_options = adopt_jax_compiler(
             compiler, static_argnums, static_argnames, donate_argnums, donate_argnames, jax_options)
         donate_argnums = donate_argnames = None  # now in jax_options (or equal to the subclass's own)
-    # As jax.jit: an explicit empty value counts as given (nothing is then
-    # inferred from the other through the signature); only None is "not given".
-    nums_given = static_argnums is not None
-    names_given = static_argnames is not None
-    argnums = _as_tuple(static_argnums, int, "static_argnums")
-    argnames = _as_tuple(static_argnames, str, "static_argnames")
-    # As given (None stays "not given"), but as plain tuples: an iterator or
-    # a numpy array would pickle differently from what it meant here.
-    given_argnums = argnums if nums_given else None
-    given_argnames = argnames if names_given else None
-    sig = _signature_of(fun)
-    argnums, argnames = _resolve_static(sig, argnums, argnames, nums_given, names_given)
-    if (compiler is None or isinstance(compiler, JaxCompiler)) and any(i < 0 for i in argnums):
-        argnums = _jax_negative_argnums(sig, argnums)
+    static = static_args(
+        fun, static_argnums, static_argnames, jax_compiled=compiler is None or isinstance(compiler, JaxCompiler))
     if cache is None:
         cache = _DEFAULT_CACHE
     elif not isinstance(cache, FunctionCache):
         raise TypeError(f"cache must be an ftjit.FunctionCache, got {type(cache).__name__}")
-    jitted = None  # the JAX compiler's one jax.jit object for `fun`
+    donate = {"donate_argnums": donate_argnums, "donate_argnames": donate_argnames}
+    compiler, jitted = _choose_compiler(fun, compiler, static, donate, jax_options, sys._getframe(1))
+    pickle_options = {
+        "static_argnums": static.given_argnums,
+        "static_argnames": static.given_argnames,
+        "compiler": user_compiler,
+        **donate,
+        "compile_timeout": compile_timeout,
+        "max_signatures": max_signatures,
+        "on_excess": on_excess,
+        "explain_misses": explain_misses,
+        **jax_options,
+    }
+    return _construct(fun, compiler, jitted, cache, static, compile_timeout, max_signatures, on_excess,
+                      explain_misses, pickle_options)
+
+
+def _choose_compiler(
+    fun: Callable[..., Any],
+    compiler: Any,
+    static: StaticArgs,
+    donate: dict[str, Any],
+    jax_options: dict[str, Any],
+    caller: Any,
+) -> tuple[Any, Any]:
+    """The compiler to use, and (for the default JAX compiler) its one
+    jax.jit object for ``fun``, created as if from ``caller``'s line."""
     if compiler is None:
         options_for_jax = dict(jax_options)
-        if donate_argnums is not None:
-            options_for_jax["donate_argnums"] = donate_argnums
-        if donate_argnames is not None:
-            options_for_jax["donate_argnames"] = donate_argnames
-        compiler = JaxCompiler(argnums, argnames, tuple(sorted(options_for_jax.items())))
+        options_for_jax.update((key, value) for key, value in donate.items() if value is not None)
+        compiler = JaxCompiler(static.argnums, static.argnames, tuple(sorted(options_for_jax.items())))
         # Created here, once, like jax.jit at decoration: jax validates and
         # warns now, at the caller's line, and never again for this function.
-        jitted = _call_from_frame(sys._getframe(1), _jax.jax_jit(), fun, **compiler.jit_kwargs())
-    else:
-        if not callable(compiler):
-            raise TypeError(f"compiler must be callable as compiler(fun, args, kwargs), got {compiler!r}")
-        extra = sorted(jax_options) + (["donate_argnums"] if donate_argnums is not None else [])
-        extra += ["donate_argnames"] if donate_argnames is not None else []
-        if extra:
-            raise TypeError(f"ftjit.jit: {', '.join(extra)} only apply to the default (JAX) compiler")
-        if not isinstance(compiler, JaxCompiler):
-            _check_static(sig, _name_of(fun), argnums, argnames)
-    arg_names: tuple[str, ...] = ()
-    if sig is not None:
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        arg_names = tuple(p.name for p in sig.parameters.values() if p.kind in kinds)
+        return compiler, _call_from_frame(caller, jax_jit(), fun, **compiler.jit_kwargs())
+    if not callable(compiler):
+        raise TypeError(f"compiler must be callable as compiler(fun, args, kwargs), got {compiler!r}")
+    extra = sorted(jax_options) + [key for key, value in donate.items() if value is not None]
+    if extra:
+        raise TypeError(f"ftjit.jit: {', '.join(extra)} only apply to the default (JAX) compiler")
+    if not isinstance(compiler, JaxCompiler):
+        check_static(static.sig, name_of(fun), static.argnums, static.argnames)
+    return compiler, None
+
+
+def _construct(
+    fun: Callable[..., Any],
+    compiler: Any,
+    jitted: Any,
+    cache: FunctionCache,
+    static: StaticArgs,
+    compile_timeout: float | None,
+    max_signatures: int | None,
+    on_excess: str,
+    explain_misses: bool | None,
+    pickle_options: dict[str, Any],
+) -> Any:
+    """Builds the JitFunction: the compiler behind its guards, the core
+    object with the compiler protocol's hooks, and the wrapper attributes."""
+    argnums, argnames = static.argnums, static.argnames
     compiler_key = _compiler_key(compiler)
     options = (
         tuple(sorted(set(argnums))),
@@ -550,20 +387,8 @@ def jit(
         max_signatures,
         on_excess if max_signatures is not None else None,
     )
-    pickle_options = {
-        "static_argnums": given_argnums,
-        "static_argnames": given_argnames,
-        "compiler": user_compiler,
-        "donate_argnums": donate_argnums,
-        "donate_argnames": donate_argnames,
-        "compile_timeout": compile_timeout,
-        "max_signatures": max_signatures,
-        "on_excess": on_excess,
-        "explain_misses": explain_misses,
-        **jax_options,
-    }
-    name = _name_of(fun)
-    describer = _observe.Describer(argnums, argnames, arg_names, use_jax=isinstance(compiler, JaxCompiler))
+    name = name_of(fun)
+    describer = Describer(argnums, argnames, static.arg_names, use_jax=isinstance(compiler, JaxCompiler))
     context_fn = getattr(compiler, "context", None)
     describer.context = context_fn if callable(context_fn) else None
     describer.context_names = getattr(compiler, "context_names", None) if describer.context is not None else None
@@ -572,7 +397,7 @@ def jit(
     # on their placement (see cpp/signature.h).
     core_context = getattr(compiler, "signature_hooks", None) or context_fn
     # JAX compilers run under jax's traceback boundary (see _integrate_jax).
-    guarded_type = _integrate_jax() if isinstance(compiler, JaxCompiler) else _observe.GuardedCompiler
+    guarded_type = _integrate_jax() if isinstance(compiler, JaxCompiler) else GuardedCompiler
     guarded = guarded_type(
         compiler.bind(fun, jitted) if jitted is not None and isinstance(compiler, JaxCompiler) else compiler,
         name,
@@ -583,13 +408,13 @@ def jit(
     )
     # The optional compiler protocol (see JaxCompiler): hooks the core uses.
     fallback_maker = getattr(compiler, "fallback", None)
-    jf: JitFunction[Any, Any] = _core._make_jit_function(  # type: ignore[assignment]
+    jf: JitFunction[Any, Any] = _make_jit_function(  # type: ignore[assignment]
         fun=fun,
         compiler=guarded,
         cache=cache,
         static_argnums=argnums,
         static_argnames=argnames,
-        arg_names=arg_names,
+        arg_names=static.arg_names,
         name=name,
         options=options,
         pickle_options=pickle_options,
@@ -603,9 +428,9 @@ def jit(
         fallback_types=getattr(compiler, "fallback_types", None),
         plain_types=getattr(compiler, "plain_types", None),
         aval_types=getattr(compiler, "aval_types", None),
-        compile_timeout=_seconds(compile_timeout),
-        on_compile=_observe.on_compile,
-        on_wait=_observe.on_wait,
+        compile_timeout=seconds(compile_timeout),
+        on_compile=on_compile,
+        on_wait=on_wait,
     )
     # Wrappers of one function with equal options share its entries, so the
     # guard counts for all of them (the first wrapper's state while it lives).
@@ -615,10 +440,10 @@ def jit(
     if isinstance(compiler_key, _IdentityKey):
         compiler_key.when_dead(jf._entries_forgetter())
     functools.update_wrapper(jf, fun)
-    if sig is not None:
+    if static.sig is not None:
         # As on a jax.jit function: the attribute itself, not only what
         # inspect.signature() derives through __wrapped__.
-        jf.__signature__ = sig
+        jf.__signature__ = static.sig
     return jf
 
 
@@ -660,9 +485,11 @@ def _precompile(self: Any, *args: Any, **kwargs: Any) -> bool:
     Arguments may be concrete values or ``jax.ShapeDtypeStruct`` (anything
     with ``.dtype``/``.shape``). Returns True if this call compiled it, False
     if it was cached already (or compiled meanwhile by another thread, which
-    this call then waited for). Thread-safe; compile-once holds.
+    this call then waited for). Thread-safe; compile-once holds. A compile
+    asked for ahead of traffic is not logged as a miss (explain_misses).
     """
-    return self._precompile(*args, **kwargs)
+    with compiling_ahead():
+        return self._precompile(*args, **kwargs)
 
 
 class SignatureInfo(NamedTuple):
@@ -676,7 +503,9 @@ class SignatureInfo(NamedTuple):
 def _signatures(self: Any) -> list[SignatureInfo]:
     """The compiled signatures now cached for this function, readable, with hits and compile time.
 
-    A snapshot; entries may be added or evicted concurrently.
+    Newest first: ordered by when each compile finished, the latest first
+    (hits do not reorder them). A snapshot; entries may be added or evicted
+    concurrently.
     """
     return [SignatureInfo(*row) for row in self._cached_signatures()]
 
@@ -701,7 +530,7 @@ def _clear_cache(self: Any) -> None:
     # jax's trace caches first: a compile racing with this call then either
     # finds its entry dropped below or traces afresh, never re-caches a stale trace.
     inner = getattr(self._compiler, "inner", None)
-    if isinstance(inner, _jax.BoundJaxCompiler):  # other compilers may be shared by many functions
+    if isinstance(inner, BoundJaxCompiler):  # other compilers may be shared by many functions
         inner.clear_cache()
     _core_clear_cache(self)
 
@@ -806,12 +635,12 @@ del _name, _method
 
 _jax_lock = threading.Lock()
 _jax_guarded_type: type | None = None  # written once under _jax_lock, then read without it
-_jax_integration: _jax.JaxIntegration | None = None  # written once under _jax_lock; keeps the clear_caches hook alive
+_jax_integration: JaxIntegration | None = None  # written once under _jax_lock; keeps the clear_caches hook alive
 
 
 def _integrate_jax() -> type:
     """Once per process, at the first JAX-compiled jit(): hooks ftjit into
-    JAX (see ``_jax.integrate``) and returns the GuardedCompiler type to use.
+    JAX (see ``_integrate_with_jax``) and returns the GuardedCompiler type to use.
 
     Tracing errors then show the frames jax.jit's show: ftjit's files are
     excluded like jax's, and ftjit's topmost frames (the compiler the core
@@ -825,19 +654,19 @@ def _integrate_jax() -> type:
     with _jax_lock:
         if _jax_guarded_type is None:
             package_dir = os.path.dirname(os.path.abspath(__file__))
-            _jax_integration = _jax.integrate(package_dir, _core.clear_caches)
+            _jax_integration = _integrate_with_jax(package_dir, _core_clear_caches)
             boundary = api_boundary
             for method in _BOUNDARY_METHODS.values():
                 method.boundary_impl = boundary(method.impl)
             # Published last: a function of this type finds its methods' boundaries set.
             _jax_guarded_type = type(
                 "JaxGuardedCompiler",
-                (_observe.GuardedCompiler,),
+                (GuardedCompiler,),
                 {
-                    "__call__": boundary(_observe.GuardedCompiler.__call__),
+                    "__call__": boundary(GuardedCompiler.__call__),
                     # the boundary is one more frame between the warning and its caller
-                    "warn_stacklevel": _observe.GuardedCompiler.warn_stacklevel + (
-                        _jax_integration.api_boundary is not _jax._identity),
+                    "warn_stacklevel": GuardedCompiler.warn_stacklevel + (
+                        _jax_integration.api_boundary is not _identity),
                     "__module__": __name__,
                 },
             )
@@ -878,7 +707,7 @@ def clear_caches() -> None:
     Thread-safe; compiles in progress finish and serve their waiters, but
     their entries are not kept.
     """
-    _core.clear_caches()
+    _core_clear_caches()
 
 
 @contextlib.contextmanager
@@ -888,23 +717,23 @@ def disable_jit() -> Iterator[None]:
     Affects the current thread only: other threads keep dispatching through
     their caches. Nestable.
     """
-    _core._disable_jit_enter()
+    _disable_jit_enter()
     try:
         yield
     finally:
-        _core._disable_jit_exit()
+        _disable_jit_exit()
 
 
-_core._set_python_types(
-    errors.UnhashableStaticArgumentError,
-    errors.UnsupportedArgumentError,
-    errors.RecursiveCompileError,
-    errors.CompileCycleError,
-    errors.CompileTimeoutError,
+_set_python_types(
+    UnhashableStaticArgumentError,
+    UnsupportedArgumentError,
+    RecursiveCompileError,
+    CompileCycleError,
+    CompileTimeoutError,
     CacheInfo,
     _rebuild,
     copy.copy,
     np.ndarray,
     np.generic,
-    _observe.placement_label,
+    placement_label,
 )

@@ -5,6 +5,7 @@ Everything here runs on the miss path (or on demand), never on a cache hit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -12,12 +13,17 @@ import re
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
-from . import _core
+from ._core import _live_functions
 from .errors import RecompileLimitError
 
 logger = logging.getLogger("ftjit")
+#: Miss explanations, at WARNING: asked for explicitly (explain_misses=True,
+#: set_explain_misses, FTJIT_EXPLAIN_MISSES=1), they show with Python's
+#: default logging setup (stderr), as jax's explain_cache_misses do. A
+#: logger of their own, so that they can be routed or silenced apart.
+miss_logger = logging.getLogger("ftjit.misses")
 
 # The global switch for miss explanations (jit(explain_misses=None) follows it).
 _explain_all = os.environ.get("FTJIT_EXPLAIN_MISSES", "") not in ("", "0")
@@ -37,6 +43,24 @@ def set_explain_misses(enabled: bool) -> None:
 
 def explain_misses_enabled() -> bool:
     return _explain_all
+
+
+# Compiles asked for ahead of traffic (precompile, warmup) are not misses to
+# explain: this thread's count of such requests in progress.
+_ahead = threading.local()
+
+
+@contextlib.contextmanager
+def compiling_ahead() -> Iterator[None]:
+    """Marks this thread's compiles as requested ahead of traffic
+    (``precompile``/``warmup``): they are not explained as misses (the
+    ``max_signatures`` guard still counts them)."""
+    depth = getattr(_ahead, "depth", 0)
+    _ahead.depth = depth + 1
+    try:
+        yield
+    finally:
+        _ahead.depth = depth
 
 
 # --- logging hooks (called by the C++ core after each compile / wait) --------
@@ -576,6 +600,8 @@ class GuardedCompiler:
         self.state.warned = value
 
     def _explaining(self) -> bool:
+        if getattr(_ahead, "depth", 0):
+            return False
         return _explain_all if self.explain_misses is None else self.explain_misses
 
     def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -618,7 +644,7 @@ class GuardedCompiler:
                 # or in the limit's warning or error. Known keys are explained
                 # too when over the limit: the cache's exact count can exceed
                 # it where the remembered keys collide.
-                logging_it = explaining and logger.isEnabledFor(logging.INFO)
+                logging_it = explaining and miss_logger.isEnabledFor(logging.WARNING)
                 wanted = (not known or excess) and (
                     logging_it or (excess and (warn_now or self.on_excess == "raise")))
                 cached = state.candidates(desc) if wanted else []
@@ -635,7 +661,7 @@ class GuardedCompiler:
                     names = names()
                 why = explain(cached, desc, names)
             if logging_it and why is not None:
-                logger.info("cache miss of %s: %s", self.name, why)
+                miss_logger.warning("cache miss of %s: %s", self.name, why)
             if excess:
                 raising = self.on_excess == "raise"
                 message = (
@@ -729,10 +755,10 @@ def stats() -> Stats:
     share it). Each function's counters are read atomically; the whole is not a
     consistent cut across functions under concurrent calls.
     """
-    funcs = [FunctionStats(name, *info) for name, info in _core._live_functions()]
+    funcs = [FunctionStats(name, *info) for name, info in _live_functions()]
     funcs.sort(key=lambda f: f.compile_seconds, reverse=True)
     total = FunctionStats(
-        f"TOTAL ({len(funcs)} functions)",
+        f"TOTAL ({len(funcs)} function{'' if len(funcs) == 1 else 's'})",
         *(sum(getattr(f, field) for f in funcs) for field in FunctionStats._fields[1:]),
     )
     return Stats(tuple(funcs), total)

@@ -1,0 +1,92 @@
+"""The package as a newcomer meets it: an unbuilt source tree says how to
+build it, and the import graph has no circle through ftjit/__init__.py."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import ftjit
+
+PACKAGE = pathlib.Path(ftjit.__file__).resolve().parent
+
+
+def _import_in(cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    # -I -S: no PYTHONPATH, no site-packages (so not the editable install's
+    # finder, which maps ftjit to the built tree wherever one runs): the
+    # copy in cwd is the ftjit found. Its core is imported before anything else.
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", "import sys; sys.path.insert(0, ''); import ftjit"],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+    )
+
+
+def _copy_sources(to: pathlib.Path) -> None:
+    (to / "ftjit").mkdir()
+    for py in PACKAGE.glob("*.py"):
+        shutil.copy(py, to / "ftjit" / py.name)
+
+
+def test_unbuilt_source_tree_says_how_to_build(tmp_path):
+    """The in-tree ftjit/ without its C++ core, first on sys.path (as with
+    `python -m stress` from the repository root): one ImportError that names
+    `bash dev.sh build`, the project's .venv and `pip install <root>`; not
+    "cannot import name '_core' from partially initialized module"."""
+    _copy_sources(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'ftjit'\n")
+    (tmp_path / "dev.sh").write_text("")
+    done = _import_in(tmp_path)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ftjit's C++ core (ftjit._core) is not built for "), done.stderr
+    assert f"This ftjit is the source tree at {tmp_path.resolve()}" in last
+    assert "`bash dev.sh build`, then run with `.venv/bin/python`" in last
+    assert f"-m pip install {tmp_path.resolve()}`" in last
+    assert "partially initialized" not in done.stderr  # the misleading cause is not chained
+
+
+def test_installed_package_missing_its_core_says_reinstall(tmp_path):
+    """Outside a source tree (no pyproject.toml beside it), a missing core
+    means a broken install: the message says to reinstall."""
+    _copy_sources(tmp_path)
+    done = _import_in(tmp_path)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ftjit's C++ core (ftjit._core) is missing from "), done.stderr
+    assert "reinstall ftjit" in last
+
+
+def _package_level_imports(path: pathlib.Path) -> list[str]:
+    """Imports in `path` that go through the package's __init__ rather
+    than naming a submodule: `from . import x`, `import ftjit`, `from ftjit import x`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if (node.level == 1 and node.module is None) or (node.level == 0 and node.module == "ftjit"):
+                found.append(f"{path.name}:{node.lineno}: from {'.' * node.level}{node.module or ''} import ...")
+        elif isinstance(node, ast.Import):
+            found += [f"{path.name}:{node.lineno}: import {a.name}" for a in node.names if a.name == "ftjit"]
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"))
+def test_no_module_imports_from_the_package_init(module):
+    """Only ftjit/__init__.py imports the package's modules; they import
+    names from each other's modules, never from the package (a circle)."""
+    assert _package_level_imports(PACKAGE / module) == []
+
+
+def test_the_import_check_finds_package_level_imports(tmp_path):
+    """The check above can fail: it finds each form of a package-level import."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from . import _core\nimport ftjit\nfrom ftjit import jit\nfrom ._core import x\n")
+    assert _package_level_imports(bad) == [
+        "bad.py:1: from . import ...",
+        "bad.py:2: import ftjit",
+        "bad.py:3: from ftjit import ...",
+    ]
