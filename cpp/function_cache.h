@@ -51,7 +51,11 @@ struct CompiledPayload {
   nb::object executable;
   nb::object error;            // the compile's exception, when it failed
   double compile_seconds = 0;  // written with `executable`
+  uint64_t compiled_order = 0;  // written with `executable`: g_compile_order's count then
 };
+
+// Finished compiles, process-wide: orders signatures() newest first.
+inline std::atomic<uint64_t> g_compile_order{0};
 
 // The process-wide epoch domain of every entry store (made at module init;
 // process lifetime).

@@ -16,6 +16,7 @@
 #include <structmember.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <chrono>
 #ifdef __GLIBCXX__
 #include <cxxabi.h>  // abi::__forced_unwind
@@ -378,6 +379,7 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   uint64_t nanos = NanosSince(t0);
   e->payload.executable = std::move(exe);
   e->payload.compile_seconds = static_cast<double>(nanos) * 1e-9;
+  e->payload.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;
   c.compiles.fetch_add(1, std::memory_order_relaxed);
   c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
   publisher.done = true;
@@ -766,9 +768,18 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
   JitState& st = StateOf(self);
   try {
     std::vector<EntryPtr> entries = st.entries->Entries();
+    // Ready ones only (the payload is read after the latch's acquire), the
+    // latest compile first.
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const EntryPtr& e) {
+                                   return e->latch.state() != CompileLatch::State::kReady;
+                                 }),
+                  entries.end());
+    std::sort(entries.begin(), entries.end(), [](const EntryPtr& a, const EntryPtr& b) {
+      return a->payload.compiled_order > b->payload.compiled_order;
+    });
     nb::list out;
     for (const EntryPtr& e : entries) {
-      if (e->latch.state() != CompileLatch::State::kReady) continue;
       out.append(nb::make_tuple(e->sig->ToString(st.spec.fun_name),
                                 e->Hits(), e->payload.compile_seconds));
     }

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TextIO
 
 logger = logging.getLogger("ftjit")
 
@@ -56,6 +56,18 @@ class WarmupReport:
     results: tuple[WarmupResult, ...]
     wall_seconds: float
     workers: int
+
+    def __len__(self) -> int:
+        """The number of specs warmed up (one result each)."""
+        return len(self.results)
+
+    def __iter__(self) -> Iterator[WarmupResult]:
+        """The results, in the order of the specs."""
+        return iter(self.results)
+
+    def __getitem__(self, index: int) -> WarmupResult:
+        """The result of the spec at ``index``."""
+        return self.results[index]
 
     @property
     def ok(self) -> bool:

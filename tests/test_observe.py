@@ -12,6 +12,8 @@ import gc
 import json
 import logging
 import re
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -39,6 +41,7 @@ from helpers import (
 pytestmark = pytest.mark.timeout(120)
 
 INFO = logging.INFO
+WARNING = logging.WARNING
 DEBUG = logging.DEBUG
 
 
@@ -161,6 +164,21 @@ def test_signatures_module_level_function_exact_string():
     assert [(s.signature, s.hits) for s in jf.signatures()] == [("f(float32[8,128], n=3)", 2)]
 
 
+def test_signatures_newest_compile_first():
+    """signatures() lists the latest compile first; hits do not reorder it
+    (40 signatures: more than a hash table's iteration order keeps by luck)."""
+    def g(x):
+        return x
+
+    jf = ftjit.jit(g, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    for n in range(1, 41):
+        jf(z(n))
+    jf(z(1))  # a hit on the oldest
+    q = g.__qualname__
+    assert [s.signature for s in jf.signatures()] == [f"{q}(float32[{n}])" for n in range(40, 0, -1)]
+    assert [s.hits for s in jf.signatures()] == [0] * 39 + [1]
+
+
 def test_signatures_use_qualname_and_print_scalars():
     def g(x, n):
         return x
@@ -240,11 +258,32 @@ def test_stats_row_matches_cache_info_and_is_consistent():
     # Totals over the same snapshot.
     t = s.totals
     assert isinstance(t, ftjit.FunctionStats)
-    assert t.name == f"TOTAL ({len(s.functions)} functions)"
+    assert t.name == f"TOTAL ({len(s.functions)} function{'' if len(s.functions) == 1 else 's'})"
     for field in ("hits", "misses", "compiles", "waits", "evictions", "size", "failures"):
         assert getattr(t, field) == sum(getattr(r, field) for r in s.functions), field
     assert t.compile_seconds == pytest.approx(sum(r.compile_seconds for r in s.functions))
     assert t.compile_seconds >= row.compile_seconds
+
+
+def test_stats_total_row_counts_functions_in_words():
+    """The totals row says "1 function", "2 functions", "0 functions": run
+    in a fresh interpreter, where no other test's functions are alive."""
+    code = """
+import ftjit
+def names():
+    return ftjit.stats().totals.name
+out = [names()]
+f = ftjit.jit(lambda x: x, compiler=lambda fun, a, k: fun)
+f(1)
+out.append(names())
+g = ftjit.jit(lambda x: x + 1, compiler=lambda fun, a, k: fun)
+g(1)
+out.append(names())
+print(out)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(["TOTAL (0 functions)", "TOTAL (1 function)", "TOTAL (2 functions)"])
 
 
 def test_stats_as_dict_is_json_serializable():
@@ -275,13 +314,13 @@ def test_stats_str_table_contains_names():
     for r in s.top(10):
         assert r.name in text
     # A table of just this function's row.
-    mine = ftjit.Stats((row,), row._replace(name="TOTAL (1 functions)"))
+    mine = ftjit.Stats((row,), row._replace(name="TOTAL (1 function)"))
     lines = str(mine).splitlines()
     assert lines[0].split()[0] == "function"
     body = [ln for ln in lines if ln.startswith(name)]
     assert len(body) == 1
     assert body[0].split()[:8] == [name, "1", "1", "1", "0", "0", "1", "0"]
-    assert "TOTAL (1 functions)" in lines[-1]
+    assert "TOTAL (1 function)" in lines[-1]
 
 
 def test_stats_str_lists_the_top_10_by_compile_time():
@@ -391,7 +430,30 @@ def test_waiter_logs_debug_waited_record():
 
 def _explanations(cap, name):
     prefix = f"cache miss of {name}: "
-    return [m[len(prefix):] for m in cap.messages(INFO) if m.startswith(prefix)]
+    return [m[len(prefix):] for m in cap.messages(WARNING) if m.startswith(prefix)]
+
+
+def test_explanations_show_with_default_logging():
+    """explain_misses=True is a request to see them: with logging never
+    configured (a fresh interpreter), they reach stderr; the logger is
+    "ftjit.misses", at WARNING."""
+    code = """
+import logging, ftjit
+seen = []
+class Spy(logging.Handler):
+    def emit(self, record):
+        seen.append((record.name, record.levelname))
+f = ftjit.jit(lambda x: x, compiler=lambda fun, a, k: fun, explain_misses=True)
+f(1)
+f(1.5)
+logging.getLogger("ftjit.misses").addHandler(Spy())
+f(1j)
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["cache miss of <lambda>: argument 'x': int -> float"]
+    assert done.stdout.strip() == str([("ftjit.misses", "WARNING")])
 
 
 def test_explain_shape_dtype_static_tree_changes():
@@ -421,6 +483,27 @@ def test_explain_shape_dtype_static_tree_changes():
         assert "->" in last
         jf(z(8), n=3)  # cached: no explanation
     assert len(_explanations(cap, name)) == 4
+
+
+def test_warmup_and_precompile_are_not_explained_as_misses():
+    """Compiles asked for ahead of traffic are no misses to explain; a real
+    miss afterwards is explained against what they compiled."""
+    name = unique_name("explain_ahead")
+
+    def fun(x):
+        return x
+
+    named(fun, name)
+    comp = CountingCompiler()
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=True)
+    with LogCapture(name) as cap:
+        report = jf.warmup([(z(1),), (z(2),), (z(4),)], workers=2)
+        assert report.ok
+        assert jf.precompile(z(8)) is True
+        assert _explanations(cap, name) == []
+        jf(z(4, dtype=np.int32))  # closest to the warmed-up float32[4]: same shape
+        assert _explanations(cap, name) == ["argument 'x': float32[4] -> int32[4]"]
+    assert comp.calls == 5
 
 
 def test_explain_names_path_inside_pytree():
@@ -530,7 +613,7 @@ def test_global_explain_switch():
             ftjit.set_explain_misses(False)  # read at each miss
             jf(z(3))
             assert len(_explanations(cap, name)) == 1
-            assert len(cap.messages(INFO)) == 4  # 3 compiles + 1 explanation
+            assert (len(cap.messages(INFO)), len(cap.messages(WARNING))) == (3, 1)  # 3 compiles, 1 explanation
     finally:
         ftjit.set_explain_misses(saved)
 
@@ -991,6 +1074,10 @@ def test_warmup_results_in_order_then_hits():
     ]
     assert all(isinstance(r, ftjit.WarmupResult) for r in report.results)
     assert all(r.compiled and r.error is None and r.seconds >= 0.02 for r in report.results)
+    # A report is the sequence of its results: len, iteration and indexing.
+    assert len(report) == 4
+    assert list(report) == list(report.results)
+    assert report[0] is report.results[0] and report[-1].signature == f"{name}(float, 2)"
     assert comp.calls == 4
     assert comp.exec_calls == 0  # nothing executed
     info = jf.cache_info()
