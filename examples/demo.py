@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
@@ -26,6 +27,11 @@ if __package__ in (None, ""):  # run as a script: make the ``examples`` package 
 
 from examples.load import fetch_json, format_rows, run_load
 from examples.serve import DEFAULT_MAX_BATCH, Model, mlp, serve_in_thread
+
+
+def _say(message: str) -> None:
+    """A progress line on stderr (the summary table goes to stdout)."""
+    print(f"demo: {message}", file=sys.stderr, flush=True)
 
 
 def _fresh_mlp(name: str) -> Any:
@@ -60,12 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-workers", type=int, default=4, help="warmup compile threads (default: 4)")
     args = parser.parse_args(argv)
 
+    t0 = time.monotonic()
+    _say(f"starting the server: compiling every batch bucket up to {args.max_batch} "
+         f"with {args.warmup_workers} warm-up worker(s)")
     try:
         running = serve_in_thread(max_batch=args.max_batch, warmup_workers=args.warmup_workers)
     except ValueError as exc:
         parser.error(str(exc))
     try:
         compiles_after_warmup = running.model.fn.cache_info().compiles
+        _say(f"server ready on 127.0.0.1:{running.port} after {time.monotonic() - t0:.1f} s; "
+             f"loading it from {args.threads} threads ({args.requests} requests or {args.seconds:g} s)")
         try:
             report = run_load(running.port, args.threads, args.requests, args.seconds, args.seed, args.max_batch)
         except ValueError as exc:
@@ -80,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if status != 200:
         print(f"FAIL: GET /stats answered HTTP {status}")
         return 1
+    _say(f"server stopped; timing warm-up with 1 and {args.warmup_workers} worker(s) on fresh copies of the model")
     loop_seconds, parallel_seconds = compare_warmup(args.max_batch, args.warmup_workers)
+    _say(f"done in {time.monotonic() - t0:.1f} s")
 
     info = stats["function"]["cache_info"]
     buckets = stats["buckets"]

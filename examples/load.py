@@ -98,24 +98,48 @@ def make_request(seed: int, index: int, max_batch: int) -> np.ndarray:
 
 
 class _Progress:
-    """A one-line ``done/total`` counter on stderr, redrawn at most every 0.1 s."""
+    """Progress of a load run on a stream (stderr by default).
 
-    def __init__(self, total: int | None, enabled: bool):
+    On a terminal, a ``done/total`` counter redrawn in place at most every
+    0.1 s; elsewhere (a pipe, a CI log), a plain line at most every
+    ``LINE_INTERVAL`` seconds, so long runs are not silent. Both end with a
+    final line. Thread-safe.
+    """
+
+    LINE_INTERVAL = 2.0
+
+    def __init__(self, total: int | None, enabled: bool, stream: Any = None, tty: bool | None = None):
         self.total = total
         self.enabled = enabled
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = _isatty(self.stream) if tty is None else tty
         self._lock = threading.Lock()  # guards _last and the drawing
-        self._last = 0.0
+        self._t0 = time.monotonic()
+        self._last = self._t0 if not self.tty else 0.0  # off a TTY, the first line comes one interval in
 
     def update(self, done: int, final: bool = False) -> None:
         if not self.enabled:
             return
         with self._lock:
             now = time.monotonic()
-            if final or now - self._last >= 0.1:
-                self._last = now
-                total = "" if self.total is None else f"/{self.total}"
-                sys.stderr.write(f"\rload: {done}{total} requests" + ("\n" if final else ""))
-                sys.stderr.flush()
+            interval = 0.1 if self.tty else self.LINE_INTERVAL
+            if not (final or now - self._last >= interval):
+                return
+            self._last = now
+            total = "" if self.total is None else f"/{self.total}"
+            text = f"load: {done}{total} requests, {now - self._t0:.1f} s"
+            if self.tty:
+                self.stream.write(f"\r{text}" + ("\n" if final else ""))
+            else:
+                self.stream.write(text + ("" if not final else " (done)") + "\n")
+            self.stream.flush()
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 class _Run:
@@ -232,7 +256,8 @@ def run_load(
     """Loads ``host:port`` from ``threads`` threads until ``requests`` were sent or ``seconds`` passed.
 
     At least one of ``requests`` and ``seconds`` must be given. ``progress``
-    draws a counter on stderr (None: when stderr is a terminal).
+    reports on stderr: None or True, a counter on a terminal and a plain
+    line every 2 s elsewhere; False, nothing.
     ``weights_seed`` must match the server's weights for answers to check out.
     Raises ValueError for a non-loopback host or bad limits.
     """
@@ -246,7 +271,7 @@ def run_load(
     if seconds is not None and seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
     weights = make_weights(weights_seed)
-    bar = _Progress(requests, sys.stderr.isatty() if progress is None else progress)
+    bar = _Progress(requests, progress is None or bool(progress))
     t0 = time.monotonic()
     run = _Run(requests, None if seconds is None else t0 + seconds, bar)
     workers = [
