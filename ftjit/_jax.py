@@ -10,6 +10,17 @@ changes tracing is part of the signature; a call made while a JAX trace is
 active or while ``jax.disable_jit()`` is on goes to jax.jit itself, uncached;
 a committed jax Array's placement is part of its leaf signature. Each private
 API they use sits behind a feature check with a public fallback.
+
+Shared state and what guards it:
+
+| _hooks      | built once under _hooks_lock, then only read                   |
+| _jax_jit    | JAX's own jit, looked up once; a racing second lookup writes   |
+|             | the same object (benign)                                       |
+| resolves_negative_static_argnums | functools.cache: computed once        |
+| JaxCompiler | immutable after construction                                   |
+
+Lock order: _hooks_lock is taken before the import lock (building the hooks
+imports jax) and never while holding any other lock of ftjit's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,22 @@
 """Observability and guards: compile logging, miss explanations, recompile limits, stats().
 
 Everything here runs on the miss path (or on demand), never on a cache hit.
+Read top to bottom: the explanation switch, the core's logging hooks, how a
+call is described (Describer, CallDescription), how two descriptions are
+compared (explain), the guard (GuardState, GuardedCompiler), stats().
+
+Shared state and what guards it:
+
+| _explain_all          | a bool rebound whole (set_explain_misses): atomic  |
+| _ahead                | threading.local: this thread's only                |
+| GuardState (one per function and options, shared by its wrappers):       |
+|   seen, running, compiled, warned, by_structure, recent | GuardState.lock  |
+| GuardedCompiler.state | rebound once (share_state) before any call         |
+
+Lock order: GuardState.lock is a leaf. Only dict/set operations on keys
+(strings, hashes, weak references) run under it; the compile, describing a
+call, logging and warnings run outside it, and it is never held while
+calling into the core.
 """
 
 from __future__ import annotations

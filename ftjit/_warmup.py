@@ -1,4 +1,15 @@
-"""fn.warmup(specs, workers=N): compile many signatures in parallel threads, before traffic arrives."""
+"""fn.warmup(specs, workers=N): compile many signatures in parallel threads, before traffic arrives.
+
+Read top to bottom: the spec and report types, the progress bar, warmup()
+itself, and the check that worker threads would compile the same
+signatures as the calling thread (thread-local JAX config).
+
+Shared state: none at module level. Within one warmup(), the worker threads
+share the progress bar, whose counter and drawing are guarded by its
+_lock (a leaf: only the stream write runs under it); results come back
+through the executor. Each spec compiles through fn.precompile, so
+compile-once against live traffic is the core's to keep.
+"""
 
 from __future__ import annotations
 

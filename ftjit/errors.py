@@ -1,4 +1,7 @@
-"""ftjit's error classes. Each subclasses the builtin a caller would catch."""
+"""ftjit's error classes. Each subclasses the builtin a caller would catch.
+
+No shared state; no locks.
+"""
 
 from __future__ import annotations
 
