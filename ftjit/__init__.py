@@ -4,14 +4,14 @@
 (other threads wait with the GIL released) and calls the executable.
 """
 
-import os as _os
-import sys as _sys
-
 
 def _core_not_loaded(error: ImportError) -> ImportError:
     """The ImportError to raise when ftjit's C++ core cannot be imported:
     what to run instead of "cannot import name '_core' from partially
     initialized module" (which is what an unbuilt source tree gives)."""
+    import os as _os
+    import sys as _sys
+
     here = _os.path.dirname(_os.path.abspath(__file__))
     root = _os.path.dirname(here)
     interpreter = f"{_sys.executable} (Python {_sys.version.split()[0]}{'t' if 'free-threading' in _sys.version else ''})"
@@ -36,7 +36,7 @@ try:
 except ImportError as _error:
     # A missing core is said in full above; a core that failed to load keeps its cause.
     raise _core_not_loaded(_error) from (None if getattr(_error, "name", None) == "ftjit._core" else _error)
-del _, _core_not_loaded, _os, _sys
+del _, _core_not_loaded
 
 from . import errors
 from ._jax import JaxCompiler
