@@ -209,7 +209,11 @@ def test_measure_interleaves_takes_overhead_out_and_runs_in_the_thread_asked(thr
                           make_timer=lambda side: FakeTimer(side.label), time_calls=fake_ns_per_call,
                           thread=thread)
     assert m.thread == thread
-    assert all((t is threading.main_thread()) == (thread == "main") for _, _, t in calls)
+    # "main" times right here, in the calling thread (the main thread when the
+    # bench runs; a pytest-run-parallel worker here); "worker" in a fresh thread.
+    here = threading.current_thread()
+    assert all((t is here) == (thread == "main") for _, _, t in calls)
+    assert len({id(t) for _, _, t in calls}) == 1  # one thread for every timing
     # 3 repeats x 4 splits = 12 pairs of 2000 * 0.1 / 4 = 50 calls per side, order alternating.
     assert [n for _, n, _ in calls] == [50] * 24
     firsts = [calls[2 * i][0] for i in range(12)]
