@@ -7,12 +7,17 @@ server accepts a connection.
 
 The application is one transport-independent core, ``App.handle(method,
 path, headers, read_body) -> Response``, also exposed as a WSGI callable
-(``App.__call__``). ``InferenceServer`` carries it: an
-``http.server.HTTPServer`` with a bounded pool of connection threads
-(``--max-connections``; a connection over the limit is answered 503 and
-closed), a listen backlog of 128, a deadline for each request to arrive
-(``--request-timeout``, answered 408) and an idle keep-alive timeout
-(``--idle-timeout``).
+(``App.__call__``). Two servers carry it:
+
+* ``--server stdlib`` (the default): ``InferenceServer``, an
+  ``http.server.HTTPServer`` with a bounded pool of connection threads
+  (``--max-connections``; a connection over the limit is answered 503 and
+  closed), a listen backlog of 128, a deadline for each request to arrive
+  (``--request-timeout``, answered 408) and an idle keep-alive timeout
+  (``--idle-timeout``).
+* ``--server waitress``: the same ``App`` as a WSGI application under
+  waitress (``pip install 'ftjit[serve]'`` or ``pip install waitress``), with
+  ``--threads`` worker threads and ``--max-connections`` open connections.
 
 Endpoints (methods other than those listed get 405 with an ``Allow``
 header; the query string is ignored; every answer but ``/metrics`` is JSON):
@@ -32,7 +37,8 @@ Run it as ``python examples/serve.py --port 8000 --max-batch 32``; SIGINT or
 SIGTERM shuts it down cleanly (exit code 0): requests being answered are
 answered first. Events are logged one line each through ``logging`` (logger
 ``serve``; the access log, ``--access-log``, is ``serve.access``). In-process,
-use ``make_server()`` or ``serve_in_thread()``.
+use ``make_server()`` or ``serve_in_thread()``. docs/serving.md has the
+details and measurements.
 """
 
 from __future__ import annotations
@@ -76,11 +82,13 @@ IDLE_TIMEOUT = 30.0
 REQUEST_TIMEOUT = 10.0
 #: Connections open at once (``--max-connections``); the stdlib server runs one thread per open connection.
 MAX_CONNECTIONS = 256
+#: waitress's worker threads (``--threads``); it reads requests in one I/O thread, so these only run the app.
+WSGI_THREADS = 8
 #: The listen backlog: connections the kernel queues before accept(). The stdlib default, 5, overflowed
 #: (connection resets) at 200 concurrent clients; Linux caps it at net.core.somaxconn (4096 by default).
 LISTEN_BACKLOG = 128
 #: The servers ``--server`` picks from.
-SERVERS = ("stdlib",)
+SERVERS = ("stdlib", "waitress")
 
 
 def make_weights(seed: int = DEFAULT_SEED) -> dict[str, np.ndarray]:
@@ -1001,7 +1009,7 @@ class InferenceServer(HTTPServer):
         ]  # fmt: skip
 
 
-def _host(server: InferenceServer) -> str:
+def _host(server: InferenceServer | WaitressServer) -> str:
     """The bound address, as text."""
     host = server.server_address[0]
     return host if isinstance(host, str) else bytes(host).decode()
@@ -1013,6 +1021,137 @@ def _check_limits(max_connections: int, request_timeout: float, idle_timeout: fl
     for name, value in (("request_timeout", request_timeout), ("idle_timeout", idle_timeout)):
         if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+# --- the same App under waitress, a maintained threaded WSGI server -----------------------------------------------
+
+
+class WaitressServer:
+    """The ``App`` as a WSGI application under waitress (optional: ``pip install waitress``).
+
+    waitress reads requests in one I/O thread (an asyncore-style loop) and
+    hands each complete one to a fixed pool of ``threads`` worker threads, so
+    a slow or idle client holds no worker thread; at most ``max_connections``
+    connections are accepted at once (more wait in the listen backlog), and a
+    connection with no activity for ``idle_timeout`` seconds is closed.
+    waitress has no deadline for a whole request to arrive (its timeout is
+    renewed by every byte) and answers the errors it finds itself (a bad
+    request line, a body over ``max_body_bytes``) in text/plain, not JSON.
+
+    The same interface as ``InferenceServer``: ``serve_forever()``,
+    ``shutdown()`` (from another thread), then ``server_close()``, which
+    lets the requests being answered finish, flushes their answers and joins
+    the workers. waitress itself has no graceful stop (its ``close()`` drops
+    answers still buffered), so ``server_close`` drives waitress's loop to
+    drain them: that part reads waitress's attributes (``active_channels``,
+    a channel's ``requests`` and ``total_outbufs_len``) and is checked
+    against waitress 3.x by the tests.
+    """
+
+    close_timeout = 30.0
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        model: Model,
+        access_log: bool = False,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout: float = IDLE_TIMEOUT,
+        threads: int = WSGI_THREADS,
+    ):
+        from waitress.server import create_server  # optional: the "serve" extra
+
+        _check_limits(max_connections, REQUEST_TIMEOUT, idle_timeout)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        self.model = model
+        self.app = App(model)
+        self.max_body_bytes = self.app.max_body_bytes
+        self.threads = threads
+        self.max_connections = max_connections
+        self.hung_handlers: list[str] = []  # set by server_close()
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        application: Callable[..., Any] = _AccessLog(self.app) if access_log else self.app
+        self._server = create_server(
+            application,
+            host=address[0],
+            port=address[1],
+            threads=threads,
+            connection_limit=max_connections,
+            channel_timeout=idle_timeout,
+            backlog=LISTEN_BACKLOG,
+            max_request_body_size=self.max_body_bytes,
+            ident="ftjit-serve",
+            asyncore_use_poll=True,  # select() cannot watch file descriptors past 1023
+            clear_untrusted_proxy_headers=True,
+        )
+        self.server_address = (self._server.effective_host, int(self._server.effective_port))
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        return self.server_address[1]
+
+    def serve_forever(self) -> None:
+        """Runs waitress's loop until ``shutdown()``; then stops accepting connections."""
+        from waitress import wasyncore
+
+        server = self._server
+        try:
+            while not self._stop.is_set():
+                wasyncore.loop(timeout=1.0, map=server._map, use_poll=True, count=1)
+        finally:
+            # Stop listening, but keep the trigger that wakes the loop: server_close() still runs it.
+            wasyncore.dispatcher.close(server)
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stops ``serve_forever()`` and waits for it to return; call it from another thread."""
+        self._stop.set()
+        self._server.pull_trigger()
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        """Answers the requests received (flushing their answers), closes every connection, joins the workers."""
+        from waitress import wasyncore
+
+        server = self._server
+        deadline = time.monotonic() + self.close_timeout
+        if not self._stopped.is_set():  # never served: nothing in flight
+            wasyncore.dispatcher.close(server)
+        while server.active_channels and time.monotonic() < deadline:
+            for channel in list(server.active_channels.values()):
+                if not channel.requests and not channel.total_outbufs_len:
+                    channel.will_close = True  # idle, or its answers are sent: the loop closes it
+            wasyncore.loop(timeout=0.05, map=server._map, use_poll=True, count=1)
+        dispatcher = server.task_dispatcher
+        dispatcher.shutdown(cancel_pending=True, timeout=max(0.0, deadline - time.monotonic()))
+        self.hung_handlers = sorted(f"waitress-{n}" for n in dispatcher.threads)
+        server.trigger.close()
+        wasyncore.close_all(server._map)
+
+
+class _AccessLog:
+    """A WSGI middleware logging one line per request to ``serve.access`` (``--access-log``)."""
+
+    def __init__(self, app: Callable[..., Any]):
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        status_line: list[str] = []
+
+        def recording_start_response(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+            status_line.append(status)
+            return start_response(status, headers, *exc_info)
+
+        result = self.app(environ, recording_start_response)
+        access_logger.info(
+            "%s:%s \"%s %s\" %s",
+            environ.get("REMOTE_ADDR", "-"), environ.get("REMOTE_PORT", "-"), environ.get("REQUEST_METHOD"),
+            environ.get("PATH_INFO"), status_line[0].split(" ", 1)[0] if status_line else "-",
+        )  # fmt: skip
+        return result
 
 
 # --- running it ----------------------------------------------------------------------------------------------------
@@ -1028,20 +1167,27 @@ def make_server(
     max_connections: int = MAX_CONNECTIONS,
     request_timeout: float = REQUEST_TIMEOUT,
     idle_timeout: float = IDLE_TIMEOUT,
-) -> tuple[InferenceServer, Model]:
+    threads: int = WSGI_THREADS,
+) -> tuple[InferenceServer | WaitressServer, Model]:
     """Builds the model, warms every bucket, then binds the server (not yet serving).
 
-    ``server`` is "stdlib" (``InferenceServer``). Raises RuntimeError when a
-    bucket fails to compile and ValueError for a bad setting. The warmup
-    report is ``model.warmup_report``.
+    ``server`` is "stdlib" (``InferenceServer``; ``threads`` unused) or
+    "waitress" (``WaitressServer``; ``request_timeout`` unused: see its
+    docstring). Raises RuntimeError when a bucket fails to compile,
+    ValueError for a bad setting, and ImportError for waitress when it is
+    not installed. The warmup report is ``model.warmup_report``.
     """
     if server not in SERVERS:
         raise ValueError(f"server must be one of {', '.join(SERVERS)}, got {server!r}")
     _check_limits(max_connections, request_timeout, idle_timeout)
+    if server == "waitress":
+        import waitress  # noqa: F401 - fail before the warmup, not after
     model = Model(max_batch=max_batch)
     report = model.warm(workers=warmup_workers)
     if not report.ok:
         raise RuntimeError(f"warmup failed:\n{report}")
+    if server == "waitress":
+        return WaitressServer((host, port), model, access_log, max_connections, idle_timeout, threads), model
     return InferenceServer((host, port), model, access_log, max_connections, request_timeout, idle_timeout), model
 
 
@@ -1049,7 +1195,7 @@ def make_server(
 class RunningServer:
     """A server serving in a background thread (see ``serve_in_thread``)."""
 
-    server: InferenceServer
+    server: InferenceServer | WaitressServer
     model: Model
     thread: threading.Thread
 
@@ -1093,10 +1239,11 @@ def serve_in_thread(
     max_connections: int = MAX_CONNECTIONS,
     request_timeout: float = REQUEST_TIMEOUT,
     idle_timeout: float = IDLE_TIMEOUT,
+    threads: int = WSGI_THREADS,
 ) -> RunningServer:
     """``make_server`` then ``serve_forever`` in a background thread; returns once it accepts connections."""
     bound, model = make_server(
-        host, port, max_batch, warmup_workers, access_log, server, max_connections, request_timeout, idle_timeout
+        host, port, max_batch, warmup_workers, access_log, server, max_connections, request_timeout, idle_timeout, threads
     )
     thread = threading.Thread(target=bound.serve_forever, name=f"serve-{bound.port}")
     thread.start()
@@ -1113,32 +1260,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", choices=SERVERS, default="stdlib", help="the HTTP server (default: stdlib)")
     parser.add_argument(
         "--max-connections", type=int, default=MAX_CONNECTIONS,
-        help=f"connections open at once, and so connection threads; 503 past it (default: {MAX_CONNECTIONS})",
+        help=f"connections open at once; stdlib: also its thread limit, 503 past it (default: {MAX_CONNECTIONS})",
     )  # fmt: skip
     parser.add_argument(
         "--request-timeout", type=float, default=REQUEST_TIMEOUT,
-        help=f"seconds a request may take to arrive, else 408 (default: {REQUEST_TIMEOUT:g})",
+        help=f"seconds a request may take to arrive, else 408 (stdlib only; default: {REQUEST_TIMEOUT:g})",
     )  # fmt: skip
     parser.add_argument(
         "--idle-timeout", type=float, default=IDLE_TIMEOUT,
         help=f"seconds an idle keep-alive connection stays open (default: {IDLE_TIMEOUT:g})",
     )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=WSGI_THREADS, help=f"waitress worker threads (default: {WSGI_THREADS})"
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request (logger serve.access)")
     parser.add_argument(
         "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="(default: INFO)"
     )
     args = parser.parse_args(argv)
     # One line per record. The root logger stays at WARNING (JAX's INFO notices are not this server's);
-    # the server's own loggers and ftjit's (one INFO line per compile) get --log-level.
+    # the server's own loggers, ftjit's (one INFO line per compile) and waitress's get --log-level.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for name in ("serve", "ftjit"):
+    for name in ("serve", "ftjit", "waitress"):
         logging.getLogger(name).setLevel(args.log_level)
 
     try:
         server, model = make_server(
             args.host, args.port, args.max_batch, args.warmup_workers, args.access_log, args.server,
-            args.max_connections, args.request_timeout, args.idle_timeout,
+            args.max_connections, args.request_timeout, args.idle_timeout, args.threads,
         )  # fmt: skip
+    except ImportError as exc:
+        print(f"serve.py: --server {args.server} needs {exc.name}: pip install 'ftjit[serve]'", file=sys.stderr)
+        return 1
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"serve.py: {exc}", file=sys.stderr)
         return 1
@@ -1154,8 +1307,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     host, port = _host(server), server.port
     logger.info(
-        "%s server: --max-connections %d, --idle-timeout %g s, --request-timeout %g s",
-        args.server, args.max_connections, args.idle_timeout, args.request_timeout,
+        "%s server: --max-connections %d, --idle-timeout %g s, %s",
+        args.server, args.max_connections, args.idle_timeout,
+        f"--threads {args.threads}" if args.server == "waitress" else f"--request-timeout {args.request_timeout:g} s",
     )  # fmt: skip
     print(f"serving on http://{host}:{port}", flush=True)
     server.serve_forever()

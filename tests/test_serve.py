@@ -6,9 +6,11 @@ are hang guards, and the deadline tests use small configured deadlines with
 generous bounds. The server tests are thread_unsafe: they start servers,
 threads and subprocesses, count one function's compiles across whole load
 runs, or count threads. The App tests (a fake model, no server) run in many
-threads at once.
+threads at once. Tests of the waitress server skip when waitress is not
+installed (bash dev.sh installs it; pip install 'ftjit[serve]').
 """
 
+import importlib.util
 import http.client
 import io
 import json
@@ -19,6 +21,7 @@ import socket
 import struct
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -37,7 +40,12 @@ from examples import load, serve  # noqa: E402
 from helpers import LogCapture, run_threads, wait_for  # noqa: E402
 
 starts_servers = pytest.mark.thread_unsafe(reason="starts servers, threads or subprocesses and counts their compiles")
-SERVERS = [pytest.param("stdlib")]
+HAVE_WAITRESS = importlib.util.find_spec("waitress") is not None
+needs_waitress = pytest.mark.skipif(
+    not HAVE_WAITRESS, reason="waitress is not installed: pip install 'ftjit[serve]' (bash dev.sh installs it)"
+)
+#: Both servers, as pytest params; waitress's skip when it is not installed.
+SERVERS = [pytest.param("stdlib"), pytest.param("waitress", marks=needs_waitress)]
 
 
 def _request(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, object]:
@@ -758,12 +766,15 @@ def test_metrics_endpoint_counts_exactly_over_the_wire(any_server):
     assert samples['ftjit_compile_seconds_total{function="mlp"}'] == pytest.approx(info.compile_seconds)
     assert len([k for k in samples if k.startswith("http_requests_total")]) == 3
     transport = {name for name in families if name.startswith("serve_")}
-    assert transport == {
-        "serve_connections_open", "serve_connections_max", "serve_worker_threads",
-        "serve_connections_rejected_total", "serve_request_timeouts_total", "serve_client_disconnects_total",
-    }  # fmt: skip
-    assert samples["serve_connections_max"] == serve.MAX_CONNECTIONS
-    assert samples["serve_connections_rejected_total"] == samples["serve_request_timeouts_total"] == 0
+    if any_server.server.__class__.__name__ == "InferenceServer":
+        assert transport == {
+            "serve_connections_open", "serve_connections_max", "serve_worker_threads",
+            "serve_connections_rejected_total", "serve_request_timeouts_total", "serve_client_disconnects_total",
+        }  # fmt: skip
+        assert samples["serve_connections_max"] == serve.MAX_CONNECTIONS
+        assert samples["serve_connections_rejected_total"] == samples["serve_request_timeouts_total"] == 0
+    else:
+        assert transport == set()
 
 
 @starts_servers
@@ -983,8 +994,38 @@ def test_shutdown_answers_the_request_in_flight(server):
         socket.create_connection(("127.0.0.1", running.port), timeout=5).close()
 
 
+@starts_servers
+@needs_waitress
+@pytest.mark.timeout(120)
+def test_waitress_load_is_answered_correctly_with_the_gil_off():
+    with serve.serve_in_thread(max_batch=8, warmup_workers=2, server="waitress", threads=4) as running:
+        assert type(running.server).__name__ == "WaitressServer"
+        report = load.run_load(running.port, threads=4, requests=200, seconds=None, seed=2, max_batch=8, progress=False)
+        gil_under_load = sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True
+    assert (report.requests, report.errors, report.wrong) == (200, 0, 0), report.first_error
+    assert report.compiles == 4
+    info = running.model.fn.cache_info()
+    assert (info.hits, info.compiles) == (200, 4)
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        assert gil_under_load is False  # waitress (pure Python) keeps the free-threaded build's GIL off
+
+
+@needs_waitress
+@starts_servers
+@pytest.mark.timeout(120)
+def test_waitress_answers_a_too_big_body_413():
+    with serve.serve_in_thread(max_batch=2, warmup_workers=1, server="waitress") as running:
+        # waitress refuses it itself, before the app, in text/plain.
+        huge = b"[" * (running.server.max_body_bytes + 1)
+        request = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        status, _, _, _ = _exchange(running.port, request % len(huge) + huge)
+        assert status == 413
+        status, body = _request(running.port, "POST", "/predict", _predict_body(_rows(3)))  # under max_body_bytes
+        assert (status, body) == (413, {"error": "batch of 3 rows exceeds max_batch=2"})  # the app's JSON
+
+
 def test_make_server_rejects_bad_settings():
-    with pytest.raises(ValueError, match="server must be one of stdlib"):
+    with pytest.raises(ValueError, match="server must be one of stdlib, waitress"):
         serve.make_server(server="gunicorn")
     with pytest.raises(ValueError, match="max_connections must be a positive int"):
         serve.make_server(max_connections=0)
