@@ -274,8 +274,9 @@ def _serve_until_port(proc: subprocess.Popen, lines: "queue.Queue[str | None]", 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_serve_script_exits_0_on_signal(signum):
-    command = [sys.executable, str(REPO / "examples" / "serve.py"), "--port", "0", "--max-batch", "4"]
+@pytest.mark.parametrize("server", SERVERS)
+def test_serve_script_exits_0_on_signal(signum, server):
+    command = [sys.executable, str(REPO / "examples" / "serve.py"), "--port", "0", "--max-batch", "4", "--server", server]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: "queue.Queue[str | None]" = queue.Queue()
     output: list[str] = []
@@ -301,7 +302,9 @@ def test_serve_script_exits_0_on_signal(signum):
     assert not reader.is_alive(), "the server's output never ended"
     text = "".join(output)
     assert "warmup: 3/3 ok" in text  # buckets 1, 2, 4
+    assert f"INFO serve: {server} server: --max-connections 256, --idle-timeout 30 s, " in text
     assert "server stopped" in text
+    assert "Traceback" not in text
 
 
 @starts_servers
@@ -1033,3 +1036,16 @@ def test_make_server_rejects_bad_settings():
         serve.make_server(request_timeout=0)
     with pytest.raises(ValueError, match="idle_timeout must be a positive number of seconds"):
         serve.make_server(idle_timeout=float("inf"))
+
+
+@starts_servers
+@needs_waitress
+@pytest.mark.timeout(120)
+def test_demo_script_serves_with_waitress_too():
+    demo = str(REPO / "examples" / "demo.py")
+    command = [sys.executable, demo, "--threads", "2", "--requests", "50", "--max-batch", "8", "--server", "waitress"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^requests +50$", proc.stdout, re.M) and re.search(r"^errors +0$", proc.stdout, re.M)
+    assert proc.stdout.strip().splitlines()[-1].startswith("PASS: 50 requests answered correctly by 2 threads (waitress server)")
+    assert "Task queue depth" not in proc.stderr
