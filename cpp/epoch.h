@@ -18,6 +18,10 @@
 //   | Record::owned          | atomic; claimed by CAS, released at thread exit |
 //   | EpochDomain::retired_  | guarded by mu_                                 |
 //
+// Lock order: mu_ is a leaf: Retire and Reclaim hold it only to move
+// pointers into or out of retired_ (and to read the records), never while a
+// deleter runs, and take no other lock under it.
+//
 // Memory ordering (the argument; every access named here is seq_cst):
 //   Reader:  (a) e = epoch_;  (b) record.epoch = e;  (c) p = snapshot pointer;
 //            ... reads *p ...;  (d) record.epoch = 0  (release suffices).

@@ -1,4 +1,22 @@
 // ftjit: FunctionCache, per-function entry maps and the shared LRU wiring.
+//
+// Shared state here (the objects' own fields: function_cache.h's table):
+//
+//   | state                          | protection                              |
+//   |--------------------------------|-----------------------------------------|
+//   | Cores(): every live CacheCore  | guarded by g_cores_mu (weak pointers)   |
+//   | AllEntries(): every live       | guarded by g_entries_mu (weak pointers) |
+//   |   FunctionEntries              |                                         |
+//   | FunctionCache::core            | fixed after construction                |
+//   | g_epochs                       | set once at module init (InitCaches)    |
+//   | each thread's ThreadCtx        | thread-local (ThisThreadSlow)           |
+//
+// Lock order: g_cores_mu and g_entries_mu are leaves, never held together
+// nor with any other lock (callers copy the live pointers out, then work
+// unlocked; expired weak pointers are dropped after unlocking). Only the
+// test hook FunctionEntries::LockAllForTest nests locks, in this order: the
+// store's publish_mu_, its map's lock, the LRU's, the function map's,
+// shared_mu_, g_cores_mu, g_entries_mu.
 #include "function_cache.h"
 
 #include <limits>

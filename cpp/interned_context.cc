@@ -1,4 +1,13 @@
 // ftjit: canonical compiler contexts, counted by their users (see interned_context.h).
+//
+// Shared state: the table of interned contexts (Table()), guarded by
+// g_contexts_mu; each InternedContext's `users`, an atomic counted by
+// lookups under that lock (so a releaser re-checks it there). The header's
+// table has both.
+//
+// Lock order: g_contexts_mu is a leaf: no Python code runs under it (only
+// user counts are written and pointers moved), and no other lock is taken
+// while it is held.
 #include "interned_context.h"
 
 #include <mutex>

@@ -33,6 +33,12 @@
 //   | InternedContext::users      | atomic; incremented under g_contexts_mu by  |
 //   |                             | lookups (so a releaser re-checks under it)  |
 //   | the table (interned_context.cc) | guarded by g_contexts_mu, a leaf lock   |
+//
+// Lock order: g_contexts_mu is a leaf, held only around Python-free steps
+// (counting users, editing the table): candidates' __eq__ and the drop of a
+// dead context's object run after it is released, and no other lock is
+// taken under it. Only the test hook LockSignatureLocksForTest (signature.cc)
+// holds it together with another lock, g_dtypes_mu, taken first.
 #pragma once
 
 #include <Python.h>

@@ -10,6 +10,28 @@
 //                  else wait, GIL released, waking every 100 ms for signals
 //     inserted  -> this thread compiles, publishes, wakes the waiters
 // Errors cross into Python in one place: JitFunction_vectorcall.
+//
+// Shared state and its protection:
+//
+//   | state                 | protection                                        |
+//   |-----------------------|---------------------------------------------------|
+//   | t_disabled            | thread-local (disable_jit() depth)                |
+//   | g_graph               | atomic pointer, process lifetime; swapped for an  |
+//   |                       | empty graph in a forked child (the old one        |
+//   |                       | leaks); the graph has its own leaf lock           |
+//   | g_jit_type            | set once at module init                           |
+//   | JitState (one per     | fixed after construction, except that the GC's    |
+//   |   JitFunction)        | tp_clear empties an unreachable one (calls check  |
+//   |                       | Cleared() first); freed by tp_dealloc             |
+//   | entries and counters  | function_cache.h / entry_store.h                  |
+//
+// Lock order: this file takes no lock itself. The locks of the function's
+// entries (entry_store.h, which states their one nesting) and the wait-for
+// graph's leaf lock (compile_latch.h) are taken inside those calls, around
+// Python-free steps only: never across Python code, the compiler or a wait
+// (a waiter releases the GIL holding no C++ lock). Only the test hook
+// _debug_hold_locks holds them together: FunctionEntries::LockAllForTest's
+// (function_cache.cc), then LockSignatureLocksForTest's (signature.cc).
 #include "jit_function.h"
 
 #include <Python.h>

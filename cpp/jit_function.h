@@ -1,5 +1,8 @@
 // ftjit: the JitFunction type (a hand-built heap type with vectorcall, a
 // descriptor, GC support and pickling) and the module-level switches.
+//
+// Declares no shared state and takes no locks; the type's state, guards and
+// lock order: jit_function.cc.
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -17,6 +17,10 @@
 // re-initialises every such lock before using it, as CPython does for its
 // own (ReinitInChild, called from the after-fork hook in the child's only
 // thread).
+//
+// Shared state: none of its own (it is the lock). Lock order: every
+// LeafMutex is a leaf (above); the files that declare one name what it
+// guards and state the few test hooks that hold two at once.
 #pragma once
 
 #include <Python.h>

@@ -1,4 +1,12 @@
 // ftjit: the _core extension module: FunctionCache, JitFunction, switches.
+//
+// Shared state: Types() (signature.h), written once by _set_python_types
+// when ftjit/_jit.py is imported, before ftjit makes any jitted function,
+// and fixed afterwards (a second call is refused). Everything else belongs
+// to the file that registers it. Module init (NB_MODULE) runs once, under
+// the import lock.
+//
+// Lock order: takes no locks.
 #include <nanobind/nanobind.h>
 
 #include "function_cache.h"

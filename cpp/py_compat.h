@@ -1,5 +1,8 @@
 // ftjit: small shims over CPython API differences between 3.11 and 3.14(t),
 // so the rest of the core can use the strong-reference APIs everywhere.
+//
+// Stateless; takes no locks. (GetOptionalAttr runs Python: properties,
+// __getattr__.)
 #pragma once
 
 #include <Python.h>

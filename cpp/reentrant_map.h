@@ -22,6 +22,15 @@
 // extension: a PyMutex on free-threaded builds, a no-op on GIL builds, where
 // the GIL serialises these short, Python-free critical sections). The hit
 // path does not come here: it reads entry_store.h's lock-free ready table.
+//
+//   | member    | protection                                                 |
+//   |-----------|------------------------------------------------------------|
+//   | slots_    | guarded by mu_ (a slot's seq is fixed once inserted)       |
+//   | version_  | guarded by mu_                                             |
+//
+// Lock order: mu_ is a leaf: nothing else is acquired while it is held.
+// `eq` and `make` run with it released; EraseIf's predicate runs under it,
+// so it must take no lock and run no Python.
 #pragma once
 
 #include <cstddef>

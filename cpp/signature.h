@@ -5,6 +5,31 @@
 // immutable cache key (shared, read by many threads) once inserted. Building
 // and comparing may run Python code (`__hash__`, `__eq__`, properties, the
 // pytree hook), so they must never run under a C++ lock.
+//
+// Where the code is: signature_spec.cc (a function's SignatureSpec, set up
+// once), signature_build.cc (BuildSignature), signature_flatten.cc and
+// signature_leaf.h (the pytree walk and leaf signatures),
+// signature_compare.cc (Equals, FastEquals), signature_print.cc (ToString),
+// signature_errors.cc (what bad arguments raise), signature.cc (the
+// process-wide state). The few helpers defined in this header run per call
+// or per leaf: defined here, they inline into the builder (no LTO).
+//
+//   | object                  | protection                                   |
+//   |-------------------------|----------------------------------------------|
+//   | CallSignature           | the building thread's own until inserted;    |
+//   |                         | immutable afterwards (read by many threads)  |
+//   | SignatureSpec and its   | fixed after the jitted function's            |
+//   |   ContextHook,          |   construction (until the GC's tp_clear      |
+//   |   DirectGetters         |   empties an unreachable one)                |
+//   | PythonTypes (Types())   | set once by _set_python_types at import,     |
+//   |                         | fixed afterwards                             |
+//   | interned names, dtypes  | signature.cc                                 |
+//
+// Lock order: building takes two leaf locks, each briefly and never both at
+// once: g_dtypes_mu (signature.cc) when an aval is remembered, and
+// g_contexts_mu (interned_context.h) when a context is canonicalised or let
+// go (also when a signature holding one is destroyed). Comparing and
+// printing take none.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -130,6 +155,9 @@ struct CallSignature {
   std::string ToString(const std::string& fun_name) const;
 };
 
+// Thrown by BuildSignature when the call must take the compiler's fallback.
+struct NeedsFallback {};
+
 // The context hook (see "context_fn" below) unpacked once per jitted
 // function. Pointers are borrowed from the spec's context_fn, an immutable
 // object the spec owns; fixed after SignatureSpec::SetContextFn.
@@ -159,15 +187,41 @@ struct ContextHook {
   static ContextHook Unpack(const nb::object& hook_obj);
   // Throws NeedsFallback when the call must not be cached: the probe says so
   // (e.g. a JAX trace is active in this thread). Runs Python (the probe).
-  void CheckProbe() const;
+  // Per call: inline (as are the per-leaf checks below).
+  void CheckProbe() const {
+    if (!probe) return;
+    PyObject* r = PyObject_CallOneArg(probe, probe_arg);
+    if (!r) throw nb::python_error();
+    bool ok = r == probe_ok;
+    Py_DECREF(r);
+    if (!ok) throw NeedsFallback{};
+  }
   // Throws NeedsFallback when an item of `ctx` named in `requires` is not the
   // required object (e.g. jax_disable_jit is on).
   void CheckRequires(PyObject* ctx) const;
   // `type` is one of committed_types or a subclass (the MRO walk starts with
   // `type` itself: an exact match is the first probe).
-  bool IsCommittedType(PyTypeObject* type) const;
+  bool IsCommittedType(PyTypeObject* type) const {
+    if (!committed_types) return false;
+    // Exact matches first (the common case: jax's one array type), without
+    // walking any MRO.
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
+      if (PyTuple_GET_ITEM(committed_types, i) == reinterpret_cast<PyObject*>(type)) return true;
+    }
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
+      PyObject* t = PyTuple_GET_ITEM(committed_types, i);
+      if (PyType_Check(t) && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t))) return true;
+    }
+    return false;
+  }
   // `type` is exactly one of spec_types.
-  bool IsSpecType(PyTypeObject* type) const;
+  bool IsSpecType(PyTypeObject* type) const {
+    if (!spec_types) return false;
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(spec_types); i < n; ++i) {
+      if (PyTuple_GET_ITEM(spec_types, i) == reinterpret_cast<PyObject*>(type)) return true;
+    }
+    return false;
+  }
 };
 
 // A property of an array type read by calling its getter directly,
@@ -187,8 +241,13 @@ struct DirectGetter {
   // type qualifies; otherwise a getter that always takes the generic path.
   static DirectGetter Resolve(PyTypeObject* type, PyObject* name);
   // New reference to obj.<name> (obj's exact type is `type`), or nullptr
-  // with an error set.
-  PyObject* Get(PyObject* obj) const;
+  // with an error set. Per leaf: inline.
+  PyObject* Get(PyObject* obj) const {
+    if (version != 0 && __atomic_load_n(&type->tp_version_tag, __ATOMIC_RELAXED) == version) {
+      return PyObject_CallOneArg(fget.ptr(), obj);
+    }
+    return PyObject_GetAttr(obj, name);
+  }
 };
 
 // An exact array type whose dtype/shape/weak_type come from `.aval`.
@@ -240,7 +299,15 @@ struct SignatureSpec {
     }
     return false;
   }
-  bool IsStaticName(PyObject* name) const;
+  bool IsStaticName(PyObject* name) const {
+    for (const nb::object& s : static_argnames) {
+      if (s.ptr() == name) return true;
+    }
+    for (const nb::object& s : static_argnames) {
+      if (PyUnicode_Compare(s.ptr(), name) == 0) return true;
+    }
+    return false;
+  }
 };
 
 // Builds the signature of a vectorcall into `out` (which must be empty).
@@ -312,9 +379,6 @@ struct SignatureSpec {
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
                     size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false);
 
-// Thrown by BuildSignature when the call must take the compiler's fallback.
-struct NeedsFallback {};
-
 // Python classes the core raises or builds, set once by ftjit/__init__.py
 // through _core._set_python_types(); fixed afterwards (module lifetime).
 struct PythonTypes {
@@ -330,7 +394,11 @@ struct PythonTypes {
   PyObject* generic = nullptr;             // numpy.generic
   PyObject* placement_label = nullptr;     // placement_label(sharding) -> str, for printing
 };
-PythonTypes& Types();
+// Inline: the builder reads it per leaf. Constant-initialised (no guard).
+inline PythonTypes& Types() {
+  static PythonTypes types;
+  return types;
+}
 
 // Module init: makes the objects the builder uses (interned names) before
 // any call can need them. Runs Python; call once, from the module's init.

@@ -1,7 +1,8 @@
 // ftjit: a vector that keeps its first N elements inline, so the call path of
 // a jitted function allocates nothing for small signatures.
 //
-// Not thread-safe (a plain value type). Elements must be nothrow-movable.
+// Not thread-safe (a plain value type): no shared state, takes no locks; its
+// owner guards it. Elements must be nothrow-movable.
 #pragma once
 
 #include <cstddef>

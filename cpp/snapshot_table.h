@@ -14,6 +14,9 @@
 //   | SnapshotPtr::current_   | atomic; stored (seq_cst) by Swap, which the  |
 //   |                         | caller serialises with its own writer lock   |
 //
+// Lock order: takes no locks (writers hold their own around Swap, e.g.
+// entry_store.h's publish_mu_).
+//
 // Readers: inside an EpochDomain read section, Load() (seq_cst, see
 // epoch.h's argument) and Find(); items found may be used after the
 // section only if the caller keeps them alive by other means.

@@ -1,4 +1,11 @@
 // ftjit: per-thread memos and their release with the thread's Python state (see thread_memos.h).
+//
+// Shared state: g_key, the thread-state dict key, made at module init and
+// fixed afterwards. Each thread's memos are its own (a thread_local holder,
+// released through a capsule in its thread-state dict): see the header.
+//
+// Lock order: takes no lock of its own (releasing a context may take
+// g_contexts_mu, a leaf: interned_context.h).
 #include "thread_memos.h"
 
 #include <memory>

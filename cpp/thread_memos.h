@@ -14,6 +14,17 @@
 //
 // Accessed by the owning thread only, except for the release, which runs
 // when that thread is in CPython's thread-state teardown (not in ftjit).
+//
+//   | state                      | protection                                 |
+//   |----------------------------|--------------------------------------------|
+//   | a thread's ThreadMemos     | its owning thread only (see above)         |
+//   | t_memos                    | thread-local                               |
+//   | the thread-state dict key  | made at module init (InitThreadMemos),     |
+//   |   (thread_memos.cc)        | fixed afterwards                           |
+//
+// Lock order: takes no lock of its own. Letting go of a context
+// (ContextRef::Reset) may take g_contexts_mu (interned_context.h), a leaf,
+// and run Python; so may dropping any memo's reference (a finaliser).
 #pragma once
 
 #include <Python.h>

@@ -1,0 +1,209 @@
+// ftjit: BuildSignature: the order of a call's work, its static arguments and its context's hash.
+//
+// The context hook first (a call that must defer does so before its
+// arguments are looked at), then the positional arguments (static ones
+// hashed here, dynamic ones flattened: signature_flatten.cc), the keyword
+// arguments sorted by name, and last the context's hash and canonical
+// object, reused from this thread's memo while the context's items are.
+//
+// Shared state: this thread's memos (thread_memos.h: the owning thread
+// only). The spec is fixed after the jitted function's construction; the
+// signature being built is the caller's own, on its stack.
+//
+// Lock order: takes no lock itself. The context's canonical object comes
+// from CanonicalContext (interned_context.h), which takes g_contexts_mu, a
+// leaf, around Python-free steps only; array leaves may take g_dtypes_mu
+// (signature_leaf.h), also a leaf. Everything else may run Python (hooks,
+// __hash__), so BuildSignature must never run under a C++ lock.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "interned_context.h"
+#include "signature.h"
+#include "signature_builder.h"
+#include "signature_internal.h"
+#include "small_vector.h"
+#include "thread_memos.h"
+
+namespace ftjit {
+
+namespace {
+
+PyObject* ArgName(const SignatureSpec& spec, size_t i) {
+  if (spec.arg_names.is_valid() && PyTuple_Check(spec.arg_names.ptr()) &&
+      static_cast<Py_ssize_t>(i) < PyTuple_GET_SIZE(spec.arg_names.ptr())) {
+    return PyTuple_GET_ITEM(spec.arg_names.ptr(), i);
+  }
+  return nullptr;
+}
+
+// `describe()` names the argument for the error message; it runs only when
+// hashing fails (it may call str() on the argument's name).
+template <class Describe>
+size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describe) {
+  Py_hash_t h = PyObject_Hash(value);
+  if (h == -1) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      std::string which = WithErrorAside(describe);
+      UnhashableStatic(spec, value, which);
+    }
+    throw nb::python_error();
+  }
+  return Mix(std::hash<const void*>()(Py_TYPE(value)), static_cast<size_t>(h));
+}
+
+// Hash of the call's context, and its canonical object (interned_context.h).
+// A context hook typically builds a fresh tuple of the same config objects
+// on every call, and hashing and canonicalising it is the expensive part:
+// when the items (and extras) are the very objects of this thread's last
+// context, that context's canonical object and hash are reused.
+//
+// With extras (values of the hook's extra getters), the key is one tuple of
+// the context's items (or the context itself, if not a tuple) followed by
+// the extras.
+//
+// On return `ctx` borrows its canonical object from this thread's memo (or
+// owns it, past the table's bound), and no Python code may run until the
+// signature is probed or adopted (CallSignature::AdoptContext). So every
+// Python-owned temporary here (the fresh context, the extras, the key) is
+// dropped before `ctx` borrows: dropping them may run a finaliser, which may
+// call jitted functions, which may move this thread's memo on.
+Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, ContextMemo& memo) {
+  // Contexts the memo moved on from: no probe of this thread borrows them
+  // now (see above), so they may go (which may run Python).
+  if (!memo.retired.empty()) {
+    std::vector<ContextRef> old = std::move(memo.retired);
+    memo.retired.clear();
+  }
+  PyObject* c = ctx.ptr();
+  size_t num_extras = extras.size();
+  bool is_tuple = PyTuple_CheckExact(c);
+  PyObject* const* head = is_tuple ? reinterpret_cast<PyTupleObject*>(c)->ob_item : &c;
+  size_t num_head = is_tuple ? static_cast<size_t>(PyTuple_GET_SIZE(c)) : 1;
+  PyObject* last = memo.last.ptr();
+  if (last && (is_tuple || num_extras > 0) && PyTuple_CheckExact(last) &&
+      static_cast<size_t>(PyTuple_GET_SIZE(last)) == num_head + num_extras) {
+    // Item by item, identity only.
+    PyObject* const* items = reinterpret_cast<PyTupleObject*>(last)->ob_item;
+    bool same = std::memcmp(head, items, sizeof(PyObject*) * num_head) == 0;
+    for (size_t i = 0; same && i < num_extras; ++i) same = extras[i].ptr() == items[num_head + i];
+    if (same) {
+      // The fresh context and the extras hold the very objects the memo's
+      // key holds: dropping them destroys nothing, runs no Python.
+      extras.clear();
+      ctx = memo.last.interned() ? ContextRef::Borrowed(memo.last.interned()) : memo.last.CountedCopy();
+      return memo.hash;
+    }
+  }
+  nb::object key = nb::borrow(c);
+  if (num_extras > 0) {
+    key = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(num_head + num_extras)));
+    if (!key.is_valid()) throw nb::python_error();
+    for (size_t i = 0; i < num_head; ++i) PyTuple_SET_ITEM(key.ptr(), i, Py_NewRef(head[i]));
+    for (size_t i = 0; i < num_extras; ++i) {
+      PyTuple_SET_ITEM(key.ptr(), num_head + i, Py_NewRef(extras[i].ptr()));
+    }
+  }
+  Py_hash_t h = PyObject_Hash(key.ptr());
+  if (h == -1) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      ThrowWithCause(PyExc_TypeError,
+                     "the compiler's context() returned an unhashable value; it is part of every "
+                     "call's signature, so it must be hashable (e.g. a tuple instead of a list)");
+    }
+    throw nb::python_error();
+  }
+  ContextRef canonical = CanonicalContext(key.ptr(), h);  // counted (or owned)
+  // Python-owned temporaries go first (see above); `canonical` is counted
+  // meanwhile, so nothing run here can free it.
+  ctx.Reset();
+  key = nb::object();
+  extras.clear();
+  memo.retired.push_back(std::move(memo.last));
+  memo.last = std::move(canonical);
+  memo.hash = h;
+  ctx = memo.last.interned() ? ContextRef::Borrowed(memo.last.interned()) : memo.last.CountedCopy();
+  return h;
+}
+
+}  // namespace
+
+void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
+                    PyObject* kwnames, CallSignature& out, bool allow_specs) {
+  // The context first: a call that must defer (a JAX trace is active, jit is
+  // disabled) defers before its arguments are looked at, whatever they are.
+  const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
+  hook.CheckProbe();
+  if (hook.context) {
+    out.context = ContextRef::Owned(PyObject_CallNoArgs(hook.context));
+    if (!out.context.is_valid()) throw nb::python_error();
+    hook.CheckRequires(out.context.ptr());
+  }
+  // Extra context parts (new references, alive until the key is built).
+  SmallVector<nb::object, 4> extras;
+  for (size_t i = 0; i < hook.num_extras; ++i) {
+    extras.push_back(nb::steal(PyObject_CallOneArg(hook.extra_getters[i], hook.extra_args[i])));
+    if (!extras.back().is_valid()) throw nb::python_error();
+  }
+  ThreadMemos& memos = Memos();
+  Builder b(spec, hook, out, memos, allow_specs);
+  out.num_positional = static_cast<uint32_t>(nargs);
+  b.MixIn(nargs);
+  for (size_t i = 0; i < nargs; ++i) {
+    if (!spec.static_argnums.empty() && spec.IsStaticPosition(i, nargs)) {
+      b.MixIn(HashStatic(spec, args[i], [&spec, i] {
+        PyObject* name = ArgName(spec, i);
+        std::string which = std::to_string(i);
+        if (name) which += " ('" + Str(name) + "')";
+        return which;
+      }));
+      out.tree.push_back(Token(NodeKind::kStatic, 0));
+      out.statics.push_back(nb::borrow(args[i]));
+      continue;
+    }
+    b.SetTop(ArgName(spec, i), static_cast<Py_ssize_t>(i));
+    b.Flatten(args[i]);
+  }
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nkw > 0) {
+    // Sort keyword arguments by name (insertion sort: there are few).
+    SmallVector<Py_ssize_t, 8> order;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      order.push_back(k);
+      for (size_t j = order.size() - 1; j > 0; --j) {
+        PyObject* a = PyTuple_GET_ITEM(kwnames, order[j - 1]);
+        PyObject* c = PyTuple_GET_ITEM(kwnames, order[j]);
+        if (CompareNames(a, c) <= 0) break;
+        std::swap(order[j - 1], order[j]);
+      }
+    }
+    for (Py_ssize_t k : order) {
+      PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+      PyObject* value = args[nargs + k];
+      Py_hash_t nh = PyObject_Hash(name);  // str hashes are cached
+      if (nh == -1) throw nb::python_error();
+      b.MixIn(static_cast<size_t>(nh));
+      out.kwnames.push_back(nb::borrow(name));
+      if (!spec.static_argnames.empty() && spec.IsStaticName(name)) {
+        b.MixIn(HashStatic(spec, value, [name] { return "'" + Str(name) + "'"; }));
+        out.tree.push_back(Token(NodeKind::kStatic, 0));
+        out.statics.push_back(nb::borrow(value));
+        continue;
+      }
+      b.SetTop(name, -1);
+      b.Flatten(value);
+    }
+  }
+  // Last: nothing may run Python after the context borrows (see ContextHash).
+  if (out.context.is_valid()) b.MixIn(static_cast<size_t>(ContextHash(out.context, extras, memos.context)));
+  out.hash = b.hash();
+  out.jax_style_errors = spec.jax_style_errors;
+}
+
+}  // namespace ftjit

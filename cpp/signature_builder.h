@@ -1,0 +1,136 @@
+// ftjit: the Builder, which walks one call's arguments into its CallSignature and hash (private).
+//
+// Used by signature_build.cc (which drives it); its methods are defined in
+// signature_flatten.cc (the pytree walk), signature_leaf.h (leaf signatures)
+// and signature_errors.cc (its error messages).
+//
+// Shared state: none. A Builder lives on the stack of one call, in one
+// thread: its fields are that call's; the spec and hook it reads are fixed
+// after the jitted function's construction; `memos_` is the calling thread's
+// own (thread_memos.h).
+//
+// Lock order: a Builder holds no lock. Recording an aval (StoreAval) takes
+// g_dtypes_mu (InternDtype), a leaf, briefly; everything else it does may run
+// Python (properties, __hash__, __lt__ of dict keys, the pytree hooks), so it
+// must never run under a C++ lock.
+//
+// Inlining: the methods declared `inline` run once per node or per leaf and
+// are used only by signature_flatten.cc, which defines them (the tree walk)
+// or includes their definitions (signature_leaf.h): one translation unit, so
+// the compiler may inline them into the walk (the build does not use LTO).
+// Flatten() is defined here, as signature_build.cc calls it per argument.
+#pragma once
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#ifdef __GLIBCXX__
+#include <cxxabi.h>  // abi::__forced_unwind
+#endif
+
+#include "signature.h"
+#include "signature_internal.h"
+#include "small_vector.h"
+#include "thread_memos.h"
+
+namespace ftjit {
+
+// Where in the arguments the builder is, for error messages.
+struct PathElem {
+  PyObject* key;  // borrowed, alive while building; null means `index`
+  Py_ssize_t index;
+};
+
+class Builder {
+ public:
+  Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out, ThreadMemos& memos,
+          bool allow_specs)
+      : spec_(spec), hook_(hook), out_(out), memos_(memos), allow_specs_(allow_specs) {}
+
+  // Records `obj` (an argument, or a node or leaf inside one) in `out_` and
+  // mixes it into the hash. `SetTop` names the argument for messages.
+  void Flatten(PyObject* obj) {
+    if (Py_EnterRecursiveCall(" while flattening the arguments of a jitted function")) {
+      throw nb::python_error();
+    }
+    // Not a destructor: a thread ended by CPython at interpreter shutdown
+    // (pthread_exit when it takes the GIL back inside Python code run from
+    // here) unwinds through this frame with no thread state, where
+    // Py_LeaveRecursiveCall would crash (3.12+). Such an unwind is rethrown
+    // untouched.
+    try {
+      FlattenNode(obj);
+#ifdef __GLIBCXX__
+    } catch (abi::__forced_unwind&) {
+      throw;
+#endif
+    } catch (...) {
+      Py_LeaveRecursiveCall();
+      throw;
+    }
+    Py_LeaveRecursiveCall();
+  }
+
+  // One node or leaf, by its type (signature_flatten.cc).
+  void FlattenNode(PyObject* obj);
+
+  size_t hash() const { return h_; }
+  void MixIn(size_t v) { h_ = Mix(h_, v); }
+
+  void SetTop(PyObject* name, Py_ssize_t position) {
+    top_name_ = name;
+    top_position_ = position;
+    path_.clear();
+  }
+
+ private:
+  // dtype, shape and weak type of an array-like `obj`, with their hash.
+  struct ArrayShape {
+    PinnedRef dtype;
+    SmallVector<int64_t, 8> dims;
+    bool weak = false;
+    size_t hash = 0;
+  };
+
+  // The pytree walk (signature_flatten.cc). TryCustom (called from
+  // FlattenNode only) and TryRegistry (from TryCustom only) are forced
+  // inline: the compiler inlines a function called once by itself only when
+  // it has internal linkage, as they had while the Builder was private to
+  // one file (without it, a call whose argument holds two custom nodes ran
+  // 1.3% more instructions).
+  inline void Scalar(LeafKind kind);
+  inline void Sequence(PyObject* obj, NodeKind kind);
+  inline void Dict(PyObject* obj);
+  inline bool IsCustomNamedTuple(PyTypeObject* type);
+  __attribute__((always_inline)) inline bool TryRegistry(PyObject* obj);
+  __attribute__((always_inline)) inline bool TryCustom(PyObject* obj);
+
+  // Leaf signatures (signature_leaf.h).
+  inline bool IsKnownArrayType(PyTypeObject* type) const;
+  static inline bool ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& memos);
+  static inline bool FindAval(const AvalMemo& memo, PyObject* aval, ArrayShape& s);
+  static inline void StoreAval(AvalMemo& memo, PyObject* aval, const ArrayShape& s);
+  inline bool TryArray(PyObject* obj);
+
+  // Error messages naming the argument (signature_errors.cc).
+  [[noreturn]] void Unsupported(PyObject* obj);
+  [[noreturn]] void NotAnArgument(PyObject* obj, const ArrayShape& s);
+  [[noreturn]] void UnsortableDictKeys();
+  std::string PathText() const;
+  std::string Where() const;
+
+  const SignatureSpec& spec_;
+  const ContextHook& hook_;
+  CallSignature& out_;
+  ThreadMemos& memos_;
+  const bool allow_specs_;  // argument specs stand for arrays (precompile), or are refused (a call)
+  size_t h_ = 0;
+  PyObject* top_name_ = nullptr;  // borrowed
+  Py_ssize_t top_position_ = -1;
+  SmallVector<PathElem, 8> path_;
+};
+
+}  // namespace ftjit

@@ -1,0 +1,197 @@
+// ftjit: equality of call signatures: exact (Equals, may run __eq__) and Python-free (FastEquals).
+//
+// Shared state: none. A stored signature is immutable once inserted (its
+// objects are only read); the probe is the calling thread's own.
+//
+// Lock order: takes no locks. FastEquals is Python-free and never throws,
+// so the hit path runs it inside an epoch read section (entry_store.h),
+// where nothing may block or call out; Equals runs __eq__ and must never run
+// under a C++ lock.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <cstddef>
+#include <cstring>
+
+#include "signature.h"
+#include "signature_internal.h"
+
+namespace ftjit {
+
+namespace {
+
+using FastEq = CallSignature::FastEq;
+
+// Same type and (identical or __eq__). Type equality keeps 1, True and 1.0
+// apart, as three different static values.
+bool StrictEqual(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (Py_TYPE(a) != Py_TYPE(b)) return false;
+  int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) throw nb::python_error();
+  return r == 1;
+}
+
+bool SameObjectOrEqual(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (!a || !b) return false;
+  int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) throw nb::python_error();
+  return r == 1;
+}
+
+// Python-free equality of two objects, as StrictEqual would decide it, for
+// exact builtin value types whose comparison runs no user code.
+FastEq FastObjectEquals(PyObject* a, PyObject* b, int depth = 0) noexcept {
+  if (a == b) return FastEq::kEqual;
+  PyTypeObject* t = Py_TYPE(a);
+  if (t != Py_TYPE(b)) return FastEq::kNotEqual;  // StrictEqual: types differ
+  if (t == &PyLong_Type) {
+    // long_richcompare itself, not PyObject_RichCompareBool: that one
+    // enters a recursive call, which fails (leaving an error set) at the
+    // recursion limit. long_richcompare is C only and cannot fail for two
+    // exact ints; should it ever, "unknown" sends the caller to Equals().
+    PyObject* r = PyLong_Type.tp_richcompare(a, b, Py_EQ);
+    if (!r) {
+      PyErr_Clear();
+      return FastEq::kUnknown;
+    }
+    bool equal = r == Py_True;
+    Py_DECREF(r);  // a bool singleton: no destructor runs
+    return equal ? FastEq::kEqual : FastEq::kNotEqual;
+  }
+  if (t == &PyUnicode_Type) {
+    return PyUnicode_Compare(a, b) == 0 ? FastEq::kEqual : FastEq::kNotEqual;
+  }
+  if (t == &PyFloat_Type) {
+    return PyFloat_AS_DOUBLE(a) == PyFloat_AS_DOUBLE(b) ? FastEq::kEqual : FastEq::kNotEqual;
+  }
+  if (t == &PyBytes_Type) {
+    return PyBytes_GET_SIZE(a) == PyBytes_GET_SIZE(b) &&
+                   std::memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b),
+                               static_cast<size_t>(PyBytes_GET_SIZE(a))) == 0
+               ? FastEq::kEqual
+               : FastEq::kNotEqual;
+  }
+  if (t == &PyBool_Type || a == Py_None) return FastEq::kNotEqual;  // singletons
+  if (t == &PyTuple_Type && depth < 4) {
+    Py_ssize_t n = PyTuple_GET_SIZE(a);
+    if (n != PyTuple_GET_SIZE(b)) return FastEq::kNotEqual;
+    FastEq result = FastEq::kEqual;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      // Items are compared with == (not by type) inside a tuple: 1 == 1.0
+      // there, so only items of one exact type are decided here.
+      PyObject* x = PyTuple_GET_ITEM(a, i);
+      PyObject* y = PyTuple_GET_ITEM(b, i);
+      if (x != y && Py_TYPE(x) != Py_TYPE(y)) return FastEq::kUnknown;
+      FastEq item = FastObjectEquals(x, y, depth + 1);
+      if (item == FastEq::kNotEqual) return FastEq::kNotEqual;
+      if (item == FastEq::kUnknown) result = FastEq::kUnknown;
+    }
+    return result;
+  }
+  return FastEq::kUnknown;
+}
+
+// Identity decides; a distinct object needs __eq__.
+FastEq FastIdentity(PyObject* a, PyObject* b) noexcept {
+  return a == b ? FastEq::kEqual : FastEq::kUnknown;
+}
+
+}  // namespace
+
+const char* DebugFastEqualsAtRecursionLimit(PyObject* a, PyObject* b, bool* error_set) {
+  // Use up the recursion budget, as a call at the limit finds it.
+  int depth = 0;
+  while (depth < 1000000 && !Py_EnterRecursiveCall(" (test)")) ++depth;
+  PyErr_Clear();
+  FastEq r = FastObjectEquals(a, b);
+  *error_set = PyErr_Occurred() != nullptr;
+  PyErr_Clear();
+  while (depth-- > 0) Py_LeaveRecursiveCall();
+  return r == FastEq::kEqual ? "equal" : r == FastEq::kNotEqual ? "not equal" : "unknown";
+}
+
+CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const noexcept {
+  if (hash != o.hash || num_positional != o.num_positional || !(tree == o.tree) ||
+      !(dims == o.dims) || leaves.size() != o.leaves.size() ||
+      statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
+      aux.size() != o.aux.size() || context.is_valid() != o.context.is_valid()) {
+    return FastEq::kNotEqual;
+  }
+  FastEq result = FastEq::kEqual;
+  auto meet = [&result](FastEq part) {
+    if (part == FastEq::kUnknown) result = FastEq::kUnknown;
+    return part != FastEq::kNotEqual;
+  };
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const LeafSignature& a = leaves[i];
+    const LeafSignature& b = o.leaves[i];
+    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim ||
+        a.sharding.is_valid() != b.sharding.is_valid()) {
+      return FastEq::kNotEqual;
+    }
+    if (a.kind == LeafKind::kArray) {
+      meet(FastIdentity(a.dtype.ptr(), b.dtype.ptr()));
+      if (a.sharding.is_valid()) meet(FastIdentity(a.sharding.ptr(), b.sharding.ptr()));
+    }
+  }
+  for (size_t i = 0; i < kwnames.size(); ++i) {
+    if (CompareNames(kwnames[i].ptr(), o.kwnames[i].ptr()) != 0) return FastEq::kNotEqual;
+  }
+  for (size_t i = 0; i < aux.size(); ++i) {
+    if (!meet(FastObjectEquals(aux[i].ptr(), o.aux[i].ptr()))) return FastEq::kNotEqual;
+  }
+  for (size_t i = 0; i < statics.size(); ++i) {
+    if (!meet(FastObjectEquals(statics[i].ptr(), o.statics[i].ptr()))) return FastEq::kNotEqual;
+  }
+  if (context.is_valid()) meet(FastIdentity(context.ptr(), o.context.ptr()));
+  return result;
+}
+
+bool CallSignature::Equals(const CallSignature& o) const {
+  // Cheap, Python-free parts first.
+  if (hash != o.hash || num_positional != o.num_positional || !(tree == o.tree) ||
+      !(dims == o.dims) || leaves.size() != o.leaves.size() ||
+      statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
+      aux.size() != o.aux.size() || context.is_valid() != o.context.is_valid()) {
+    return false;
+  }
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const LeafSignature& a = leaves[i];
+    const LeafSignature& b = o.leaves[i];
+    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim ||
+        a.sharding.is_valid() != b.sharding.is_valid()) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < kwnames.size(); ++i) {
+    if (CompareNames(kwnames[i].ptr(), o.kwnames[i].ptr()) != 0) return false;
+  }
+  // Then the parts whose comparison may run Python code.
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (leaves[i].kind == LeafKind::kArray &&
+        (!SameObjectOrEqual(leaves[i].dtype.ptr(), o.leaves[i].dtype.ptr()) ||
+         (leaves[i].sharding.is_valid() &&
+          !SameObjectOrEqual(leaves[i].sharding.ptr(), o.leaves[i].sharding.ptr())))) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < aux.size(); ++i) {
+    if (!StrictEqual(aux[i].ptr(), o.aux[i].ptr())) return false;
+  }
+  for (size_t i = 0; i < statics.size(); ++i) {
+    bool equal;
+    try {
+      equal = StrictEqual(statics[i].ptr(), o.statics[i].ptr());
+    } catch (nb::python_error& err) {
+      if (!jax_style_errors) throw;
+      RaiseStaticComparisonError(err, statics[i].ptr(), o.statics[i].ptr());
+    }
+    if (!equal) return false;
+  }
+  if (context.is_valid() && !SameObjectOrEqual(context.ptr(), o.context.ptr())) return false;
+  return true;
+}
+
+}  // namespace ftjit

@@ -1,0 +1,201 @@
+// ftjit: the errors bad arguments raise while a signature is built or compared, and error helpers.
+//
+// Messages name the function and the argument (in jax.jit's words when the
+// spec asks for them). ThrowWithCause and ClearErrorKeepingInterrupt serve
+// the whole core.
+//
+// Shared state: none (Types(), which names the error classes, is fixed after
+// module init). Off the hot path: nothing here runs while a signature is
+// built successfully (Unsupported may instead send the call to the
+// compiler's fallback, for a leaf the compiler defers).
+//
+// Lock order: takes no locks. Building a message runs Python (repr()/str()
+// of the argument's name, keys and dtype), so none of this may run under a
+// C++ lock.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <string>
+
+#include "py_compat.h"
+#include "signature.h"
+#include "signature_builder.h"
+#include "signature_internal.h"
+
+namespace ftjit {
+
+// The argument's path, quoted: 'x', 'x['a'][0]', 'args[2]'.
+std::string Builder::PathText() const {
+  std::string s = "'";
+  if (top_name_) {
+    s += Str(top_name_);
+  } else {
+    s += "args[" + std::to_string(top_position_) + "]";
+  }
+  for (const PathElem& p : path_) {
+    s += "[" + (p.key ? Repr(p.key) : std::to_string(p.index)) + "]";
+  }
+  return s + "'";
+}
+
+std::string Builder::Where() const {
+  std::string s = "'";
+  if (top_name_) {
+    s += Str(top_name_);
+  } else {
+    s += "args[" + std::to_string(top_position_) + "]";
+  }
+  for (const PathElem& p : path_) {
+    s += "[" + (p.key ? Repr(p.key) : std::to_string(p.index)) + "]";
+  }
+  s += "'";
+  if (top_position_ >= 0) s += " (positional argument " + std::to_string(top_position_) + ")";
+  return s;
+}
+
+// The keys of a dict argument could not be sorted (PyList_Sort failed; its
+// error is pending and becomes the __cause__).
+void Builder::UnsortableDictKeys() {
+  std::string where = WithErrorAside([this] { return Where(); });  // repr() of keys
+  // jax.jit says ValueError ("Comparator raised exception while sorting
+  // pytree dictionary keys."); other compilers get a TypeError.
+  ThrowWithCause(spec_.jax_style_errors ? PyExc_ValueError : PyExc_TypeError,
+                 std::string(spec_.jax_style_errors
+                                 ? "Comparator raised exception while sorting pytree "
+                                   "dictionary keys: "
+                                 : "") +
+                     "the keys of a dict argument " + where +
+                     " cannot be sorted; dict keys of a jitted function's "
+                     "arguments must be mutually comparable (e.g. all str)");
+}
+
+// jax.jit's TypeError for an argument spec (jax.ShapeDtypeStruct) passed
+// in a call, in its words: "Argument 'x['a']' of shape float32[2] of type
+// <class 'jax.ShapeDtypeStruct'> is not a valid JAX type."
+void Builder::NotAnArgument(PyObject* obj, const ArrayShape& s) {
+  std::string shape = Str(s.dtype.ptr()) + "[";
+  for (size_t i = 0; i < s.dims.size(); ++i) shape += (i ? "," : "") + std::to_string(s.dims[i]);
+  std::string msg = "Argument " + PathText() + " of shape " + shape + "] of type " +
+                    Repr(reinterpret_cast<PyObject*>(Py_TYPE(obj))) +
+                    " is not a valid JAX type. (A jax.ShapeDtypeStruct describes an argument: "
+                    "pass it to precompile() or warmup(), and call with an array.)";
+  PyErr_SetString(PyExc_TypeError, msg.c_str());
+  throw nb::python_error();
+}
+
+void Builder::Unsupported(PyObject* obj) {
+  if (spec_.defer_leaf.is_valid()) {
+    // A leaf only the compiler's own path handles (JAX: a hijax value, a token)?
+    nb::object r = nb::steal(PyObject_CallOneArg(spec_.defer_leaf.ptr(), obj));
+    if (!r.is_valid()) throw nb::python_error();
+    int truth = PyObject_IsTrue(r.ptr());
+    if (truth < 0) throw nb::python_error();
+    if (truth) throw NeedsFallback{};
+  }
+  if (spec_.jax_style_errors) {
+    // jax.jit no longer converts objects through __jax_array__ and says so
+    // with a ValueError; so does ftjit, naming the argument.
+    PyObject* convert = nullptr;
+    int has = GetOptionalAttr(reinterpret_cast<PyObject*>(Py_TYPE(obj)), N().jax_array, &convert);
+    Py_XDECREF(convert);
+    if (has < 0) throw nb::python_error();
+    if (has) {
+      std::string msg = "argument " + Where() + " of " + spec_.fun_name + "() is of type " +
+                        Py_TYPE(obj)->tp_name + ", which defines __jax_array__: JAX no longer "
+                        "converts such objects implicitly. Convert it with "
+                        "jax.numpy.asarray() before the call, or register its type as a pytree.";
+      PyErr_SetString(PyExc_ValueError, msg.c_str());
+      throw nb::python_error();
+    }
+  }
+  std::string msg = "argument " + Where() + " of " + spec_.fun_name + "() is of type " +
+                    Py_TYPE(obj)->tp_name + ", which is not a valid argument type for a "
+                    "jitted function: dynamic arguments must be arrays (objects with "
+                    ".dtype and .shape), numpy scalars, Python bool/int/float/complex, "
+                    "None, or tuples, lists and dicts of them. To pass this value as is, "
+                    "mark the argument static with static_argnums or static_argnames.";
+  if (spec_.jax_style_errors) {
+    // jax.jit's own words first (code and tests match on them), then ours.
+    std::string path = PathText();
+    path = path.substr(1, path.size() - 2);  // unquoted, as jax prints it
+    msg = "Error interpreting argument to " + spec_.fun_name + "() as an abstract array. The "
+          "problematic value is of type " + Py_TYPE(obj)->tp_name + " and was passed to the "
+          "function at path " + path + ". (ftjit: " + msg + ")";
+  }
+  PyErr_SetString(Types().unsupported_argument, msg.c_str());
+  throw nb::python_error();
+}
+
+void UnhashableStatic(const SignatureSpec& spec, PyObject* value, const std::string& which) {
+  std::string msg = "static argument " + which + " of " + spec.fun_name +
+                    "() is not hashable (type " + Py_TYPE(value)->tp_name +
+                    "). Non-hashable static arguments are not supported: static "
+                    "arguments are cache keys, so they need __hash__ and __eq__. "
+                    "Pass a hashable value (e.g. a tuple instead of a list), or make "
+                    "the argument dynamic by removing it from static_argnums/"
+                    "static_argnames.";
+  ThrowWithCause(Types().unhashable_static, msg);
+}
+
+// Raises jax.jit's report of a static argument whose __eq__ raised, as jax
+// raises it: jaxlib's C++ throws std::invalid_argument with this message,
+// whose tail is nanobind's rendering of the original error (its stack, frame
+// by frame, then "Type: message"); nanobind turns it into a plain ValueError
+// with no __cause__ (and no __context__ beyond an exception being handled).
+// The original exception is dropped with `err`.
+void RaiseStaticComparisonError(nb::python_error& err, PyObject* a, PyObject* b) {
+  std::string message =
+      "static arguments should be comparable using __eq__.The following error was raised when "
+      "comparing two objects of types " +
+      Str(reinterpret_cast<PyObject*>(Py_TYPE(a))) + " and " +
+      Str(reinterpret_cast<PyObject*>(Py_TYPE(b))) + ". The error was:\n" + err.what();
+  PyErr_SetString(PyExc_ValueError, message.c_str());
+  throw nb::python_error();
+}
+
+void ThrowWithCause(PyObject* type, const std::string& message) {
+  PyObject *et = nullptr, *ev = nullptr, *tb = nullptr;
+  PyErr_Fetch(&et, &ev, &tb);
+  if (et) {
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb && ev) PyException_SetTraceback(ev, tb);
+  }
+  PyObject* exc = PyObject_CallFunction(type, "s", message.c_str());
+  if (exc) {
+    if (ev) PyException_SetCause(exc, Py_NewRef(ev));  // steals the new ref
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+  }
+  Py_XDECREF(et);
+  Py_XDECREF(ev);
+  Py_XDECREF(tb);
+  throw nb::python_error();
+}
+
+void ClearErrorKeepingInterrupt() {
+  bool interrupt = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
+  PyErr_Clear();
+  if (!interrupt) return;
+  // Rare (a Ctrl-C while a message is built): plain Python calls are fine.
+  bool rearm = false;
+  nb::object threading = nb::steal(PyImport_ImportModule("threading"));
+  nb::object signal = nb::steal(PyImport_ImportModule("signal"));
+  if (threading.is_valid() && signal.is_valid()) {
+    nb::object current = nb::steal(PyObject_CallMethod(threading.ptr(), "current_thread", nullptr));
+    nb::object main = nb::steal(PyObject_CallMethod(threading.ptr(), "main_thread", nullptr));
+    nb::object sigint = nb::steal(PyObject_GetAttrString(signal.ptr(), "SIGINT"));
+    nb::object handler = sigint.is_valid() ? nb::steal(PyObject_CallMethod(
+                                                 signal.ptr(), "getsignal", "O", sigint.ptr()))
+                                           : nb::object();
+    nb::object default_handler = nb::steal(PyObject_GetAttrString(signal.ptr(), "default_int_handler"));
+    rearm = current.is_valid() && main.is_valid() && current.ptr() == main.ptr() && handler.is_valid() &&
+            default_handler.is_valid() && handler.ptr() == default_handler.ptr();
+  }
+  // These are Python calls, which check for signals: a second Ctrl-C landing
+  // in them is re-armed whatever they were about to say.
+  if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) rearm = true;
+  PyErr_Clear();
+  if (rearm) PyErr_SetInterrupt();
+}
+
+}  // namespace ftjit

@@ -1,0 +1,96 @@
+// ftjit: private to the signature_*.cc files: hash mixing, tree tokens, interned names, message text.
+//
+// Shared state: g_names (and the Names it points to), made at module init
+// by InitSignatures (signature.cc) and fixed afterwards: read without a
+// lock. The dtype table behind InternDtype is signature.cc's.
+//
+// Lock order: InternDtype takes g_dtypes_mu (signature.cc), a leaf; nothing
+// else declared here takes a lock. Repr, Str and the error raisers run
+// Python: never under a C++ lock.
+#pragma once
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "signature.h"
+
+namespace ftjit {
+
+namespace nb = nanobind;
+
+inline size_t Mix(size_t h, size_t v) {
+  // 64-bit variant of boost::hash_combine's mixing step.
+  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+}
+
+// Tree tokens (see NodeKind in signature.h).
+inline uint32_t Token(NodeKind kind, size_t arity) {
+  return static_cast<uint32_t>(kind) | (static_cast<uint32_t>(arity) << 8);
+}
+inline NodeKind KindOf(uint32_t token) { return static_cast<NodeKind>(token & 0xff); }
+inline size_t ArityOf(uint32_t token) { return token >> 8; }
+
+// Attribute names the builder looks up, interned once.
+struct Names {
+  PyObject* dtype;
+  PyObject* sharding;
+  PyObject* shape;
+  PyObject* weak_type;
+  PyObject* fields;
+  PyObject* aval;
+  PyObject* jax_array;
+};
+// Made by InitSignatures() at module init, never lazily: interning calls
+// Python, and a function-local static whose initialiser calls Python can
+// deadlock a free-threaded interpreter (thread A holds the C++ init guard
+// and detaches waiting for the intern lock; thread B blocks on the guard
+// still attached; a stop-the-world then waits for B forever; jax#28385).
+// Fixed after module init.
+inline const Names* g_names = nullptr;
+inline const Names& N() { return *g_names; }
+
+// Interns `dtype` in the process-wide table (signature.cc), so signatures
+// may pin it (PinnedRef); false past the table's bound. Identity only,
+// Python-free; takes g_dtypes_mu.
+bool InternDtype(PyObject* dtype);
+
+// Keyword names compared by content (no user code runs).
+inline int CompareNames(PyObject* a, PyObject* b) {
+  if (a == b) return 0;
+  return PyUnicode_Compare(a, b);  // exact content comparison; no user code
+}
+
+// Text of an object for a message (signature_print.cc): repr(o) / str(o),
+// or a placeholder when that fails (the error cleared, a KeyboardInterrupt
+// kept: ClearErrorKeepingInterrupt). They run __repr__/__str__.
+std::string Repr(PyObject* o);
+std::string Str(PyObject* o);
+
+// build() (a message part that may run repr()/str()) with the pending error
+// set aside, so that no Python code runs with an exception set; the error is
+// restored afterwards.
+template <class Build>
+std::string WithErrorAside(Build&& build) {
+  PyObject *type, *exc, *tb;
+  PyErr_Fetch(&type, &exc, &tb);
+  std::string out = build();
+  PyErr_Restore(type, exc, tb);
+  return out;
+}
+
+// Errors raised outside the builder (signature_errors.cc).
+
+// UnhashableStaticArgumentError for static argument `which` (its position
+// or name, as the message says it), caused by the pending TypeError.
+[[noreturn]] void UnhashableStatic(const SignatureSpec& spec, PyObject* value,
+                                   const std::string& which);
+
+// Raises jax.jit's report of a static argument whose __eq__ raised `err`
+// (see signature_errors.cc); the original exception is dropped with `err`.
+[[noreturn]] void RaiseStaticComparisonError(nb::python_error& err, PyObject* a, PyObject* b);
+
+}  // namespace ftjit

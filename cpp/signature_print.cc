@@ -1,0 +1,171 @@
+// ftjit: the readable form of a call signature, e.g. "f(float32[8,128], int, n=3)"; Repr and Str.
+//
+// For error messages, hooks and cache listings; Repr and Str are the text
+// of Python objects every message of the signature code uses.
+//
+// Shared state: none. A CallSignature being printed is immutable (a stored
+// key) or the caller's own (a probe); Types().placement_label is fixed
+// after module init.
+//
+// Lock order: takes no locks. Printing runs Python (__repr__, __str__, the
+// placement_label hook), so it must never run under a C++ lock.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "signature.h"
+#include "signature_internal.h"
+
+namespace ftjit {
+
+std::string Repr(PyObject* o) {
+  PyObject* r = PyObject_Repr(o);
+  if (!r) {
+    ClearErrorKeepingInterrupt();
+    return "<unprintable " + std::string(Py_TYPE(o)->tp_name) + ">";
+  }
+  const char* s = PyUnicode_AsUTF8(r);
+  std::string out = s ? s : "?";
+  if (!s) PyErr_Clear();
+  Py_DECREF(r);
+  return out;
+}
+
+std::string Str(PyObject* o) {
+  PyObject* r = PyObject_Str(o);
+  if (!r) {
+    ClearErrorKeepingInterrupt();
+    return Repr(o);
+  }
+  const char* s = PyUnicode_AsUTF8(r);
+  std::string out = s ? s : "?";
+  if (!s) PyErr_Clear();
+  Py_DECREF(r);
+  return out;
+}
+
+namespace {
+
+// How a committed leaf's placement prints: the Python placement_label hook
+// (e.g. "cpu:1" for a single-device sharding), else str(sharding).
+std::string PlacementLabel(PyObject* sharding) {
+  if (PyObject* fn = Types().placement_label) {
+    PyObject* r = PyObject_CallOneArg(fn, sharding);
+    if (r && PyUnicode_Check(r)) {
+      const char* s = PyUnicode_AsUTF8(r);
+      if (s) {
+        std::string out = s;
+        Py_DECREF(r);
+        return out;
+      }
+    }
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) ClearErrorKeepingInterrupt();
+  }
+  return Str(sharding);
+}
+
+// Prints the tree of a signature in preorder, consuming its tokens, aux
+// objects, leaves, dims and statics in the order the builder recorded them.
+class Printer {
+ public:
+  explicit Printer(const CallSignature& s) : s_(s) {}
+
+  std::string Node() {
+    uint32_t tok = s_.tree[t_++];
+    size_t n = ArityOf(tok);
+    switch (KindOf(tok)) {
+      case NodeKind::kNone:
+        return "None";
+      case NodeKind::kStatic:
+        return Repr(s_.statics[st_++].ptr());
+      case NodeKind::kLeaf:
+        return Leaf();
+      case NodeKind::kTuple:
+        return Children("(", n, n == 1 ? ",)" : ")");
+      case NodeKind::kList:
+        return Children("[", n, "]");
+      case NodeKind::kNamedTuple: {
+        PyObject* type = s_.aux[a_++].ptr();
+        return Children(std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "(", n, ")");
+      }
+      case NodeKind::kRegistered: {
+        // As jax prints a one-level treedef: PyTreeDef(CustomNode(T[data], [*, *]))
+        PyObject* key = s_.aux[a_++].ptr();
+        PyObject* type = PyTuple_GET_ITEM(key, 0);
+        std::string head = "PyTreeDef(CustomNode(" +
+                           std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "[" +
+                           Str(PyTuple_GET_ITEM(key, 1)) + "], [";
+        for (size_t i = 0; i < n; ++i) head += i ? ", *" : "*";
+        return Children(head + "]))(", n, ")");
+      }
+      case NodeKind::kCustom: {
+        std::string head = Repr(s_.aux[a_++].ptr());
+        return Children(head + "(", n, ")");
+      }
+      case NodeKind::kDict: {
+        size_t first = a_;
+        a_ += n;
+        std::string out = "{";
+        for (size_t i = 0; i < n; ++i) {
+          if (i) out += ", ";
+          out += Repr(s_.aux[first + i].ptr()) + ": " + Node();
+        }
+        return out + "}";
+      }
+    }
+    return "?";
+  }
+
+ private:
+  std::string Children(const std::string& open, size_t n, const char* close) {
+    std::string out = open;
+    for (size_t i = 0; i < n; ++i) {
+      if (i) out += ", ";
+      out += Node();
+    }
+    return out + close;
+  }
+
+  std::string Leaf() {
+    const LeafSignature& l = s_.leaves[l_++];
+    switch (l.kind) {
+      case LeafKind::kBool: return "bool";
+      case LeafKind::kInt: return "int";
+      case LeafKind::kFloat: return "float";
+      case LeafKind::kComplex: return "complex";
+      case LeafKind::kArray: break;
+    }
+    std::string out = Str(l.dtype.ptr()) + "[";
+    for (uint32_t i = 0; i < l.ndim; ++i) {
+      if (i) out += ",";
+      out += std::to_string(s_.dims[d_++]);
+    }
+    out += "]";
+    if (l.weak_type) out += "{weak}";
+    if (l.sharding.is_valid()) out += "@" + PlacementLabel(l.sharding.ptr());
+    return out;
+  }
+
+  const CallSignature& s_;
+  size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
+};
+
+}  // namespace
+
+std::string CallSignature::ToString(const std::string& fun_name) const {
+  Printer p(*this);
+  std::string out = fun_name + "(";
+  size_t total = num_positional + kwnames.size();
+  for (size_t i = 0; i < total; ++i) {
+    if (i) out += ", ";
+    if (i >= num_positional) out += Str(kwnames[i - num_positional].ptr()) + "=";
+    out += p.Node();
+  }
+  return out + ")";
+}
+
+}  // namespace ftjit
