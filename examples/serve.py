@@ -1026,6 +1026,48 @@ def _check_limits(max_connections: int, request_timeout: float, idle_timeout: fl
 # --- the same App under waitress, a maintained threaded WSGI server -----------------------------------------------
 
 
+class AtMostEvery(logging.Filter):
+    """A logging filter that lets one record through per ``seconds`` and drops the rest.
+
+    The next record it lets through says how many it dropped. waitress warns
+    "Task queue depth is N" on ``waitress.queue`` each time a request waits
+    for a busy worker: under load that is nearly every request (4,001 lines
+    for 4,000 requests at 200 clients), which is one signal, not 4,001
+    events. ``WaitressServer`` puts one of these (10 s) on that logger.
+    """
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.seconds = seconds
+        self._clock = clock
+        self._lock = threading.Lock()  # waitress's worker threads log at once
+        self._last: float | None = None
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self._clock()
+        with self._lock:
+            if self._last is not None and now - self._last < self.seconds:
+                self._dropped += 1
+                return False
+            self._last, dropped, self._dropped = now, self._dropped, 0
+        if dropped:
+            record.msg = f"{record.getMessage()} ({dropped} more like it in the last {self.seconds:g} s not logged)"
+            record.args = ()
+        return True
+
+
+_queue_filter_lock = threading.Lock()
+
+
+def _quiet_waitress_queue() -> None:
+    """One AtMostEvery(10 s) on ``waitress.queue``, however many servers are made (in any threads)."""
+    queue_logger = logging.getLogger("waitress.queue")
+    with _queue_filter_lock:
+        if not any(isinstance(f, AtMostEvery) for f in queue_logger.filters):
+            queue_logger.addFilter(AtMostEvery(10.0))
+
+
 class WaitressServer:
     """The ``App`` as a WSGI application under waitress (optional: ``pip install waitress``).
 
@@ -1064,6 +1106,7 @@ class WaitressServer:
         _check_limits(max_connections, REQUEST_TIMEOUT, idle_timeout)
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
+        _quiet_waitress_queue()
         self.model = model
         self.app = App(model)
         self.max_body_bytes = self.app.max_body_bytes

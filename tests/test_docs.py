@@ -50,3 +50,22 @@ def test_quickstart_is_the_two_commands():
     # CI runs the README's test command and its main job.
     ci = (ROOT / ".ci" / "run").read_text()
     assert "\nbash dev.sh test\n" in ci and "\nbash dev.sh demo\n" in ci
+
+
+def _relative_links() -> list:
+    out = []
+    for page in PAGES:
+        for m in re.finditer(r"\]\(([^)#\s]+)(#[^)\s]*)?\)", page.read_text()):
+            target = m.group(1)
+            if "://" not in target and not target.startswith("mailto:"):
+                out.append(pytest.param(page, target, id=f"{page.relative_to(ROOT)}->{target}"))
+    return out
+
+
+def test_there_are_relative_links_to_check():
+    assert any(target == "docs/serving.md" for _, target in (p.values for p in _relative_links()))
+
+
+@pytest.mark.parametrize(("page", "target"), _relative_links())
+def test_relative_link_leads_to_a_file(page, target):
+    assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links {target}, which does not exist"

@@ -14,6 +14,7 @@ import importlib.util
 import http.client
 import io
 import json
+import logging
 import queue
 import re
 import signal
@@ -1049,3 +1050,35 @@ def test_demo_script_serves_with_waitress_too():
     assert re.search(r"^requests +50$", proc.stdout, re.M) and re.search(r"^errors +0$", proc.stdout, re.M)
     assert proc.stdout.strip().splitlines()[-1].startswith("PASS: 50 requests answered correctly by 2 threads (waitress server)")
     assert "Task queue depth" not in proc.stderr
+
+
+def test_at_most_every_lets_one_record_through_per_interval_and_counts_the_rest():
+    """waitress's per-request 'Task queue depth' warning becomes one line per interval, saying how many were dropped."""
+    now = [100.0]
+    limiter = serve.AtMostEvery(10.0, clock=lambda: now[0])
+
+    def record(depth: int) -> logging.LogRecord:
+        return logging.LogRecord("waitress.queue", logging.WARNING, __file__, 1, "Task queue depth is %d", (depth,), None)
+
+    first = record(1)
+    assert limiter.filter(first) is True
+    assert first.getMessage() == "Task queue depth is 1"  # nothing dropped yet: the message is untouched
+    now[0] += 9.9
+    assert [limiter.filter(record(d)) for d in range(2, 6)] == [False] * 4
+    now[0] += 0.1  # 10 s after the first: the next one passes and counts the 4 dropped
+    passed = record(6)
+    assert limiter.filter(passed) is True
+    assert passed.getMessage() == "Task queue depth is 6 (4 more like it in the last 10 s not logged)"
+    now[0] += 10.0
+    again = record(7)
+    assert limiter.filter(again) is True
+    assert again.getMessage() == "Task queue depth is 7"  # the count started over
+
+
+@needs_waitress
+def test_waitress_servers_share_one_queue_warning_limiter():
+    for _ in range(3):
+        serve._quiet_waitress_queue()
+    limiters = [f for f in logging.getLogger("waitress.queue").filters if isinstance(f, serve.AtMostEvery)]
+    assert len(limiters) == 1
+    assert limiters[0].seconds == 10.0
