@@ -38,17 +38,9 @@ std::string Builder::PathText() const {
   return s + "'";
 }
 
+// The path, then the position for a positional argument: 'x['a']' (positional argument 0).
 std::string Builder::Where() const {
-  std::string s = "'";
-  if (top_name_) {
-    s += Str(top_name_);
-  } else {
-    s += "args[" + std::to_string(top_position_) + "]";
-  }
-  for (const PathElem& p : path_) {
-    s += "[" + (p.key ? Repr(p.key) : std::to_string(p.index)) + "]";
-  }
-  s += "'";
+  std::string s = PathText();
   if (top_position_ >= 0) s += " (positional argument " + std::to_string(top_position_) + ")";
   return s;
 }
