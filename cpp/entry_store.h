@@ -18,8 +18,8 @@
 //              -> an enum with kEqual, kNotEqual, kUnknown; Python-free;
 //   static bool Equals(const Sig& stored, const Sig& probe)  (may re-enter,
 //              may throw);
-//   static EpochDomain<Mutex>& Epochs();   one domain for every store;
-//   static EpochDomain<Mutex>::Record* ThreadRecord();   this thread's record.
+//   static EpochDomain<Mutex>& Epochs();   one domain for every store.
+// A thread's epoch record and shard: ThreadSlot<Traits> below.
 //
 // Objects, lifetimes and guards:
 //
@@ -50,7 +50,9 @@
 // shard line (for up to kMaxThreadShards threads), and the LRU's
 // `referenced` bit is written only when an eviction scan cleared it. The
 // caller then calls the payload without taking a reference to it and ends
-// with FinishCall, which drops the in-flight count.
+// with FinishCall, which drops the in-flight count and (EpochDomain::
+// LeaveRead) frees what its read sections held back from a reclaim that
+// raced them. A probe that finds nothing does the same before the slow path.
 //
 // InFlight: an entry no table lists may still be in use by a thread that
 // found it before it was unlinked. When the last shared_ptr to an entry goes
@@ -94,6 +96,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <pthread.h>
 #include <utility>
 #include <vector>
 
@@ -114,6 +117,62 @@ inline int ThreadShard() {
   thread_local const int shard = next.fetch_add(1, std::memory_order_relaxed) % kMaxThreadShards;
   return shard;
 }
+
+// This thread's epoch record in Traits' domain and its shard, taken on the
+// thread's first use. Read on every call from trivially destructible
+// thread-locals (no guard, no registration). The record goes back to the
+// domain when the thread's C++ thread-locals are destroyed (Holder), and the
+// thread is then marked exited: a use after that (a later thread-local's or
+// a thread-specific key's destructor dropping a jitted function) takes a
+// fresh record, never the released one, which another thread may hold by
+// then (two threads announcing on one record would let a reclaim free what
+// one of them reads). A POSIX thread-specific key gives that late record
+// back once the key destructors run (POSIX runs them for a few rounds: a
+// record taken in the last one stays held, never shared).
+//   | t_ctx_, t_exited_ | thread-local; written by the thread itself only |
+template <class Traits>
+class ThreadSlot {
+ public:
+  using Domain = EpochDomain<typename Traits::Mutex>;
+  struct Ctx {
+    typename Domain::Record* rec;
+    int shard;
+  };
+  static const Ctx& Get() {
+    if (t_ctx_.rec) return t_ctx_;
+    return Slow();
+  }
+
+ private:
+  struct Holder {
+    ~Holder() {
+      if (t_ctx_.rec) Domain::Release(t_ctx_.rec);
+      t_ctx_.rec = nullptr;
+      t_exited_ = true;
+    }
+  };
+  static const Ctx& Slow() {
+    t_ctx_.shard = ThreadShard();
+    if (t_exited_) {
+      static const pthread_key_t late_key = [] {
+        pthread_key_t k;
+        pthread_key_create(&k, [](void* rec) {
+          Domain::Release(static_cast<typename Domain::Record*>(rec));
+          t_ctx_.rec = nullptr;
+        });
+        return k;
+      }();
+      t_ctx_.rec = Traits::Epochs().Acquire();
+      pthread_setspecific(late_key, t_ctx_.rec);
+      return t_ctx_;
+    }
+    thread_local Holder holder;  // constructed once: gives the record back at exit
+    t_ctx_.rec = Traits::Epochs().Acquire();
+    return t_ctx_;
+  }
+  static inline thread_local Ctx t_ctx_{nullptr, 0};
+  static inline thread_local bool t_exited_ = false;
+};
 
 // A relaxed counter split over cache-line-sized shards; the total is their sum.
 template <int kShards>
@@ -193,11 +252,11 @@ struct StoreEntry {
   struct Deleter {
     void operator()(StoreEntry* e) const {
       auto& epochs = Traits::Epochs();
-      auto* rec = Traits::ThreadRecord();
+      auto* rec = ThreadSlot<Traits>::Get().rec;
       epochs.EnterRead(rec);
       e->unlinked.store(true, std::memory_order_seq_cst);
       bool mine = e->ClaimIfIdle();
-      epochs.ExitRead(rec);
+      epochs.LeaveRead(rec);
       if (mine) epochs.Retire(e, &StoreEntry::Delete);
     }
   };
@@ -258,28 +317,24 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
       s.in_flight.fetch_add(1, std::memory_order_seq_cst);
       counters_.hits.Add(shard);
       SharedLru<EntryPtr, Mutex>::Touch(e);
+      epochs.ExitRead(rec);  // FinishCall's LeaveRead covers this section
+    } else {
+      epochs.LeaveRead(rec);
     }
-    epochs.ExitRead(rec);
     return e;
   }
 
   // Ends a call that FindReady counted in flight. If the entry was unlinked
-  // meanwhile and this was its last call in flight, retires it, which may
-  // free it and others (dropping payloads: the caller must be able to run
-  // their destructors, e.g. be attached to the interpreter, and hold no lock).
+  // meanwhile and this was its last call in flight, retires it; frees what
+  // became safe (dropping payloads: the caller holds no lock; on a thread
+  // the domain's can_free says may not free, nothing is freed, only queued).
   static void FinishCall(Entry* e, typename EpochDomain<Mutex>::Record* rec, int shard) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
     e->shards[shard].in_flight.fetch_sub(1, std::memory_order_seq_cst);
     bool mine = e->ClaimIfIdle();
-    epochs.ExitRead(rec);
+    epochs.LeaveRead(rec);
     if (mine) epochs.Retire(e, &Entry::Delete);
-  }
-  // As FinishCall, but never frees (for a thread being unwound where the
-  // payload's destructor cannot run): the entry leaks if this was its last
-  // call and it was unlinked.
-  static void FinishCallNoFree(Entry* e, int shard) {
-    e->shards[shard].in_flight.fetch_sub(1, std::memory_order_seq_cst);
   }
 
   struct Lookup {

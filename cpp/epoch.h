@@ -1,7 +1,7 @@
 // ftjit: epoch-based reclamation (EBR) for the lock-free read path: a reader
 // announces itself for the few instructions it looks at shared snapshots;
 // a writer that unlinks a snapshot retires it, and it is freed only once no
-// reader can still be looking at it.
+// reader can still be looking at it, without waiting for a later write.
 //
 // Python-free and header-only; the lock type is a template parameter
 // (std::mutex in the C++ tests, LeafMutex in the extension).
@@ -10,13 +10,18 @@
 //
 //   | member                 | protection                                     |
 //   |------------------------|------------------------------------------------|
-//   | EpochDomain::epoch_    | atomic; advanced (seq_cst) by every Retire     |
-//   | EpochDomain::records_  | atomic list head; records are pushed, never    |
-//   |                        | removed or freed (a thread's is reused later)  |
+//   | EpochDomain::epoch_    | atomic; advanced (seq_cst) by every retirement |
+//   | EpochDomain::pending_  | atomic (seq_cst): retirements not yet freed    |
+//   |                        | (in retired_ or deferred_)                     |
+//   | EpochDomain::records_  | atomic list head; records are pushed (seq_cst),|
+//   |                        | never removed or freed (released ones reused)  |
 //   | Record::epoch          | atomic; written only by the thread holding the |
 //   |                        | record (0 = not reading), read by reclaimers   |
-//   | Record::owned          | atomic; claimed by CAS, released at thread exit |
+//   | Record::since          | the holding thread's own (plain)               |
+//   | Record::owned          | atomic; claimed by CAS, released at thread exit|
 //   | EpochDomain::retired_  | guarded by mu_                                 |
+//   | EpochDomain::deferred_ | atomic stack head (lock-free push, see Retire) |
+//   | EpochDomain::can_free_ | fixed after construction                       |
 //
 // Lock order: mu_ is a leaf: Retire and Reclaim hold it only to move
 // pointers into or out of retired_ (and to read the records), never while a
@@ -37,15 +42,42 @@
 //   Retire advances the epoch itself, so readers that start later announce
 //   epochs above every tag retired before them and never hold reclaim back.
 //
+// Nothing waits for an unrelated write (LeaveRead): a reclaim that keeps p
+// because a reader still reads is retried by that reader when it leaves.
+// The retirement counted pending_ (seq_cst) and advanced epoch_ before the
+// reclaim read the reader's record as e, and that read precedes the
+// reader's own seq_cst store of 0 (or of its next section's epoch) in the
+// total order, or it would have read that store; the reader's loads after
+// that store therefore see pending_ > 0 and epoch_ > e, and it reclaims.
+// Record::since keeps the first epoch announced since the last LeaveRead,
+// so one LeaveRead covers the release-only ExitRead sections before it (the
+// hit path leaves its probe with ExitRead and ends the call with LeaveRead).
+// A reader whose sections all began after the last retirement (epoch_ not
+// past `since`) held nothing back and skips the reclaim: a reader stalled
+// in a section (preempted) makes the others retry once, not on every call.
+//
+// What ThreadSanitizer cannot check here: its runtime makes every release
+// store a full fence, so it never sees a store reordered after a later load
+// (x86 store buffers do exactly that). It would not notice if (b), LeaveRead's
+// store of 0, the record push in Acquire or the loads in OldestReaderEpoch
+// were weakened from seq_cst: each is one half of a store-then-load pair
+// whose correctness rests on the single total order above. Do not relax
+// them, whatever TSAN says.
+//
 // A read section is a handful of Python-free instructions: it never blocks,
 // never calls out and never nests (EnterRead asserts it), so a reclaim
 // almost always finds every record at 0 and frees at once. What a reader
 // still uses after leaving its section must be kept alive by other means
-// (function_cache.h: a per-thread in-flight count on the entry).
+// (entry_store.h: a per-thread in-flight count on the entry).
 //
-// Frees run in Reclaim() (and Retire, which calls it), in the calling thread,
-// after mu_ is released: the deleter may run arbitrary code (in the extension
-// it drops Python objects, so callers reclaim on an attached thread).
+// Frees run in Reclaim() (and Retire and LeaveRead, which call it), in the
+// calling thread, after mu_ is released: the deleter may run arbitrary code
+// (in the extension it drops Python objects). A thread that must not run
+// deleters (can_free_() false: in the extension, a thread with no Python
+// thread state, being unwound at interpreter shutdown) never does: Retire
+// only pushes the pointer on deferred_, lock-free (on GIL builds mu_ is no
+// lock without the GIL), and Reclaim returns at once; the next reclaim on a
+// thread that may free tags and frees it.
 #pragma once
 
 #include <atomic>
@@ -64,6 +96,7 @@ class EpochDomain {
   // One per thread that has read through this domain; see the table above.
   struct alignas(64) Record {
     std::atomic<uint64_t> epoch{0};
+    uint64_t since = 0;  // first epoch announced since the last LeaveRead (0: none)
     std::atomic<bool> owned{true};
     Record* next = nullptr;  // fixed once pushed
   };
@@ -71,13 +104,21 @@ class EpochDomain {
   // A deleter for Retire: called once, with the pointer, when it is safe.
   using Deleter = void (*)(void*);
 
-  EpochDomain() = default;
+  // `can_free`, if given, says whether the calling thread may run deleters
+  // now (see the header comment); it must be Python-free and cheap.
+  explicit EpochDomain(bool (*can_free)() = nullptr) : can_free_(can_free) {}
   EpochDomain(const EpochDomain&) = delete;
   EpochDomain& operator=(const EpochDomain&) = delete;
   ~EpochDomain() {
     // Only for domains whose threads are all gone (the C++ tests); the
     // extension's domain lives as long as the process.
     for (Retired& r : retired_) r.deleter(r.ptr);
+    for (Deferred* d = deferred_.exchange(nullptr); d;) {
+      Deferred* next = d->next;
+      d->deleter(d->ptr);
+      delete d;
+      d = next;
+    }
     Record* rec = records_.load();
     while (rec) {
       Record* next = rec->next;
@@ -87,9 +128,10 @@ class EpochDomain {
   }
 
   // A record for a thread: a released one if any, else a new one. The
-  // caller keeps it for the thread's life and calls Release() at exit.
+  // caller keeps it for the thread's life and calls Release() at exit
+  // (ThreadSlot in entry_store.h does both).
   Record* Acquire() {
-    for (Record* r = records_.load(std::memory_order_acquire); r; r = r->next) {
+    for (Record* r = records_.load(std::memory_order_seq_cst); r; r = r->next) {
       bool expected = false;
       if (!r->owned.load(std::memory_order_relaxed) &&
           r->owned.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
@@ -100,45 +142,77 @@ class EpochDomain {
     Record* head = records_.load(std::memory_order_relaxed);
     do {
       r->next = head;
-    } while (!records_.compare_exchange_weak(head, r, std::memory_order_release,
+    } while (!records_.compare_exchange_weak(head, r, std::memory_order_seq_cst,
                                             std::memory_order_relaxed));
     return r;
   }
   static void Release(Record* r) {
+    r->since = 0;
     r->epoch.store(0, std::memory_order_release);
     r->owned.store(false, std::memory_order_release);
   }
 
   // Starts a read section on `r` (not nested). Pointers loaded from shared
-  // snapshots after this (seq_cst or acquire loads) stay valid until
-  // ExitRead.
+  // snapshots after this (seq_cst or acquire loads) stay valid until the
+  // section ends (ExitRead or LeaveRead).
   void EnterRead(Record* r) {
     assert(r->epoch.load(std::memory_order_relaxed) == 0 && "read sections do not nest");
-    r->epoch.store(epoch_.load(std::memory_order_seq_cst), std::memory_order_seq_cst);
+    uint64_t e = epoch_.load(std::memory_order_seq_cst);
+    r->epoch.store(e, std::memory_order_seq_cst);
+    if (r->since == 0) r->since = e;
   }
+  // Ends a read section whose thread will call LeaveRead soon (on its next
+  // section's end), which then frees what this one held back.
   static void ExitRead(Record* r) { r->epoch.store(0, std::memory_order_release); }
+  // Ends a read section and frees what it, or the ExitRead sections since
+  // the last LeaveRead, held back (see the header comment). May run
+  // deleters (arbitrary code), as Reclaim.
+  void LeaveRead(Record* r) {
+    uint64_t since = r->since;
+    r->since = 0;
+    r->epoch.store(0, std::memory_order_seq_cst);
+    if (pending_.load(std::memory_order_seq_cst) != 0 &&
+        epoch_.load(std::memory_order_seq_cst) > since) {
+      Reclaim();
+    }
+  }
 
   // `p`, already unlinked from every snapshot readers can load from now on
   // (by a seq_cst store), is freed by deleter(p) once no reader can still
   // see it; frees whatever else has become safe meanwhile. Must not be
   // called inside a read section. Calls deleters (arbitrary code) with no
-  // lock held.
+  // lock held; on a thread that may not (can_free_), only queues `p`.
   void Retire(void* p, Deleter deleter) {
+    if (!CanFree()) {
+      // Lock-free: no lock is usable here (see the header comment). The
+      // tag comes when a reclaim moves it to retired_: later than the
+      // unlink, which only keeps it longer.
+      Deferred* d = new Deferred{p, deleter, deferred_.load(std::memory_order_relaxed)};
+      pending_.fetch_add(1, std::memory_order_seq_cst);
+      while (!deferred_.compare_exchange_weak(d->next, d, std::memory_order_seq_cst,
+                                              std::memory_order_relaxed)) {
+      }
+      epoch_.fetch_add(1, std::memory_order_seq_cst);  // readers leaving now must retry
+      return;
+    }
     {
       std::lock_guard<Mutex> lock(mu_);
+      pending_.fetch_add(1, std::memory_order_seq_cst);
       uint64_t tag = epoch_.fetch_add(1, std::memory_order_seq_cst);
       retired_.push_back(Retired{tag, p, deleter});
     }
     Reclaim();
   }
 
-  // Frees every retired pointer no reader can still see. Returns how many
-  // are still waiting.
+  // Frees every retired pointer no reader can still see (nothing, on a
+  // thread that may not run deleters). Returns how many are still waiting.
   size_t Reclaim() {
+    if (!CanFree()) return pending_.load(std::memory_order_seq_cst);
     std::vector<Retired> ready;
     size_t waiting;
     {
       std::lock_guard<Mutex> lock(mu_);
+      TagDeferredLockHeld();
       if (retired_.empty()) return 0;
       uint64_t oldest = OldestReaderEpoch();
       auto keep = retired_.begin();
@@ -151,23 +225,36 @@ class EpochDomain {
       }
       retired_.erase(keep, retired_.end());
       waiting = retired_.size();
+      pending_.fetch_sub(ready.size(), std::memory_order_seq_cst);
     }
     for (Retired& r : ready) r.deleter(r.ptr);
     return waiting;
   }
 
-  size_t retired_count() const {
-    std::lock_guard<Mutex> lock(mu_);
-    return retired_.size();
-  }
+  // Retirements not yet freed (a snapshot).
+  size_t retired_count() const { return pending_.load(std::memory_order_seq_cst); }
 
   // In a forked child's only thread, before any use: the lock may have been
-  // held by a thread that does not exist here, and so may records (their
-  // threads are gone; a read section is never open at fork, see
-  // function_cache.h, so only `owned` is stale: those records are leaked).
-  void ReinitLockInChild() {
+  // held by a thread that does not exist here, and the records of the
+  // parent's other threads are held by nobody (a read section is never open
+  // at fork: they are Python-free, and fork runs Python). Their announced
+  // epochs would hold every reclaim back forever: they are zeroed and
+  // released for reuse. `mine` (the forking thread's, or null) stays.
+  void AfterForkInChild(Record* mine) {
     mu_.~Mutex();
     new (&mu_) Mutex();
+    for (Record* r = records_.load(std::memory_order_relaxed); r; r = r->next) {
+      if (r != mine) Release(r);
+    }
+  }
+
+  // Tests: the records held now.
+  size_t owned_records() const {
+    size_t n = 0;
+    for (Record* r = records_.load(std::memory_order_seq_cst); r; r = r->next) {
+      n += r->owned.load(std::memory_order_acquire) ? 1 : 0;
+    }
+    return n;
   }
 
  private:
@@ -176,21 +263,45 @@ class EpochDomain {
     void* ptr;
     Deleter deleter;
   };
+  struct Deferred {
+    void* ptr;
+    Deleter deleter;
+    Deferred* next;
+  };
+
+  bool CanFree() const { return can_free_ == nullptr || can_free_(); }
+
+  // Moves what threads that may not free pushed on deferred_ into retired_,
+  // each with a fresh tag.
+  void TagDeferredLockHeld() {
+    Deferred* d = deferred_.exchange(nullptr, std::memory_order_seq_cst);
+    while (d) {
+      Deferred* next = d->next;
+      retired_.push_back(Retired{epoch_.fetch_add(1, std::memory_order_seq_cst), d->ptr, d->deleter});
+      delete d;
+      d = next;
+    }
+  }
 
   // The smallest epoch announced by a reader now, or UINT64_MAX when none
   // reads: a pointer retired with tag t is safe when t < that.
   uint64_t OldestReaderEpoch() const {
     uint64_t oldest = UINT64_MAX;
-    for (Record* r = records_.load(std::memory_order_acquire); r; r = r->next) {
+    for (Record* r = records_.load(std::memory_order_seq_cst); r; r = r->next) {
       uint64_t e = r->epoch.load(std::memory_order_seq_cst);
       if (e != 0 && e < oldest) oldest = e;
     }
     return oldest;
   }
 
-  // Starts at 1: a record's 0 means "not reading".
-  std::atomic<uint64_t> epoch_{1};
+  // Starts at 1: a record's 0 means "not reading". Read by every reader,
+  // written by every retirement: pending_ shares its line (both are read
+  // by LeaveRead).
+  alignas(64) std::atomic<uint64_t> epoch_{1};
+  std::atomic<size_t> pending_{0};
   std::atomic<Record*> records_{nullptr};
+  std::atomic<Deferred*> deferred_{nullptr};
+  bool (*const can_free_)();
   mutable Mutex mu_;  // leaf lock: guards retired_ only
   std::vector<Retired> retired_;  // guarded by mu_
 };

@@ -4,19 +4,19 @@
 //
 //   | state                          | protection                              |
 //   |--------------------------------|-----------------------------------------|
-//   | Cores(): every live CacheCore  | guarded by g_cores_mu (weak pointers)   |
-//   | AllEntries(): every live       | guarded by g_entries_mu (weak pointers) |
-//   |   FunctionEntries              |                                         |
+//   | Cores(): every live CacheCore  | guarded by Cores().mu (raw pointers;    |
+//   | AllEntries(): every live       | guarded by AllEntries().mu  each object |
+//   |   FunctionEntries              |   removes itself as it dies)            |
 //   | FunctionCache::core            | fixed after construction                |
 //   | g_epochs                       | set once at module init (InitCaches)    |
-//   | each thread's ThreadCtx        | thread-local (ThisThreadSlow)           |
+//   | each thread's ThreadCtx        | thread-local (entry_store.h ThreadSlot) |
 //
-// Lock order: g_cores_mu and g_entries_mu are leaves, never held together
-// nor with any other lock (callers copy the live pointers out, then work
-// unlocked; expired weak pointers are dropped after unlocking). Only the
-// test hook FunctionEntries::LockAllForTest nests locks, in this order: the
-// store's publish_mu_, its map's lock, the LRU's, the function map's,
-// shared_mu_, g_cores_mu, g_entries_mu.
+// Lock order: the two registries' locks are leaves, never held together
+// nor with any other lock (callers take strong references out, then work
+// unlocked, and drop them unlocked). Only the test hook
+// FunctionEntries::LockAllForTest nests locks, in this order: the store's
+// publish_mu_, its map's lock, the LRU's, the function map's, shared_mu_,
+// Cores().mu, AllEntries().mu.
 #include "function_cache.h"
 
 #include <limits>
@@ -24,56 +24,59 @@
 #include <nanobind/stl/string.h>
 
 #include <mutex>
+#include <unordered_set>
 #include <vector>
 
 namespace ftjit {
 
 namespace {
 
-// Every live CacheCore, for clear_caches(). Guarded by g_cores_mu (a leaf;
-// taken with the GIL held on GIL builds, a PyMutex on free-threaded ones).
-LeafMutex g_cores_mu;
-std::vector<std::weak_ptr<CacheCore>>& Cores() {
-  static auto* cores = new std::vector<std::weak_ptr<CacheCore>>();  // guarded by g_cores_mu
+// Every live object of one kind (CacheCore, FunctionEntries), for
+// clear_caches(), stats() and the after-fork hook. Each object adds itself
+// once a shared_ptr owns it and removes itself in its destructor, so the
+// registry never holds a dead one (weak_ptrs to them did: with make_shared
+// they kept each dead object's whole memory until the next registration
+// swept them). Guarded by its own `mu`, a leaf; only Python-free steps run
+// under it (a hash-set edit, or taking strong references).
+template <class T>
+class LiveRegistry {
+ public:
+  void Add(T* p) {
+    std::lock_guard<LeafMutex> lock(mu);
+    items_.insert(p);
+  }
+  void Remove(T* p) {
+    std::lock_guard<LeafMutex> lock(mu);
+    items_.erase(p);
+  }
+  // The live ones, by strong reference. An object whose last reference is
+  // gone (its destructor waits for `mu` to remove it) is skipped. The
+  // references may be the last ones: the caller drops them with no lock held.
+  std::vector<std::shared_ptr<T>> Live() {
+    std::vector<std::shared_ptr<T>> live;
+    std::lock_guard<LeafMutex> lock(mu);
+    live.reserve(items_.size());
+    for (T* p : items_) {
+      if (auto strong = std::static_pointer_cast<T>(p->weak_from_this().lock())) {
+        live.push_back(std::move(strong));
+      }
+    }
+    return live;
+  }
+  LeafMutex mu;
+
+ private:
+  std::unordered_set<T*> items_;  // guarded by mu
+};
+
+// Process lifetime (never destroyed: threads may use them at exit).
+LiveRegistry<CacheCore>& Cores() {
+  static auto* cores = new LiveRegistry<CacheCore>();
   return *cores;
 }
-
-void RegisterCore(const std::shared_ptr<CacheCore>& core) {
-  std::vector<std::weak_ptr<CacheCore>> dead;  // dropped after unlocking
-  std::lock_guard<LeafMutex> lock(g_cores_mu);
-  auto& cores = Cores();
-  for (auto it = cores.begin(); it != cores.end();) {
-    if (it->expired()) {
-      dead.push_back(std::move(*it));
-      it = cores.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  cores.push_back(core);
-}
-
-// Every live FunctionEntries, for ftjit.stats(). Guarded by g_entries_mu (a
-// leaf, like g_cores_mu).
-LeafMutex g_entries_mu;
-std::vector<std::weak_ptr<FunctionEntries>>& AllEntries() {
-  static auto* all = new std::vector<std::weak_ptr<FunctionEntries>>();  // guarded by g_entries_mu
+LiveRegistry<FunctionEntries>& AllEntries() {
+  static auto* all = new LiveRegistry<FunctionEntries>();
   return *all;
-}
-
-void RegisterEntries(const std::shared_ptr<FunctionEntries>& fe) {
-  std::vector<std::weak_ptr<FunctionEntries>> dead;  // dropped after unlocking
-  std::lock_guard<LeafMutex> lock(g_entries_mu);
-  auto& all = AllEntries();
-  for (auto it = all.begin(); it != all.end();) {
-    if (it->expired()) {
-      dead.push_back(std::move(*it));
-      it = all.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  all.push_back(fe);
 }
 
 class FunctionCache {
@@ -84,7 +87,7 @@ class FunctionCache {
           ("FunctionCache capacity must be at least 1, got " + std::to_string(capacity)).c_str());
     }
     core = std::make_shared<CacheCore>(static_cast<size_t>(capacity));
-    RegisterCore(core);
+    Cores().Add(core.get());
   }
   // The cache's map holds each function's entries, and those hold the core:
   // a cycle that, for a long-lived function, would keep the core, its LRU
@@ -103,26 +106,26 @@ class FunctionCache {
 
 }  // namespace
 
-ThreadCtx& ThisThreadSlow() {
-  // The record goes back to the domain at thread exit; only atomics are
-  // written then, so it is safe without a thread state (and at shutdown).
-  struct Holder {
-    ThreadCtx ctx{ThreadShard(), nullptr};
-    ~Holder() {
-      t_thread_ctx = nullptr;
-      if (ctx.rec) EpochDomain<LeafMutex>::Release(ctx.rec);
-    }
-  };
-  thread_local Holder holder;
-  if (!holder.ctx.rec) holder.ctx.rec = g_epochs->Acquire();
-  t_thread_ctx = &holder.ctx;
-  return holder.ctx;
+namespace {
+// Whether this thread may run the epoch domain's deleters, which drop Python
+// objects: only with a thread state attached. A thread being unwound at
+// interpreter shutdown (pthread_exit when it took the GIL back) has none.
+bool ThreadIsAttached() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyThreadState_GetUnchecked() != nullptr;  // thread-local: null when detached
+#elif PY_VERSION_HEX >= 0x030C0000
+  return _PyThreadState_UncheckedGet() != nullptr;  // the same, under its 3.12 name
+#else
+  // 3.11's "current thread state" is the GIL holder's, process-wide: it is
+  // this thread's own exactly when this thread holds the GIL.
+  PyThreadState* mine = PyGILState_GetThisThreadState();
+  return mine != nullptr && mine == _PyThreadState_UncheckedGet();
+#endif
 }
-
-EpochDomain<LeafMutex>::Record* PyEntryTraits::ThreadRecord() { return ThisThread().rec; }
+}  // namespace
 
 void InitCaches() {
-  if (!g_epochs) g_epochs = new EpochDomain<LeafMutex>();  // process lifetime
+  if (!g_epochs) g_epochs = new EpochDomain<LeafMutex>(&ThreadIsAttached);  // process lifetime
 }
 
 void CacheCore::ClearAll() {
@@ -153,16 +156,42 @@ nb::object FunctionEntries::SharedState(nb::handle offered) {
   return shared_state_;  // a new reference, taken under the lock
 }
 
-nb::object Forgetter(const std::shared_ptr<FunctionEntries>& fe) {
-  // Only weak pointers: it keeps neither the entries nor the cache alive.
-  std::weak_ptr<CacheCore> weak_core = std::static_pointer_cast<CacheCore>(fe->core());
-  std::weak_ptr<FunctionEntries> weak_fe = fe;
-  return nb::cpp_function([weak_core, weak_fe](nb::args) {
-    std::shared_ptr<CacheCore> c = weak_core.lock();
-    std::shared_ptr<FunctionEntries> f = weak_fe.lock();
+CacheCore::~CacheCore() { Cores().Remove(this); }
+
+FunctionEntries::~FunctionEntries() { AllEntries().Remove(this); }
+
+namespace {
+// The weakref callback (and _IdentityKey's forget hook) of one
+// FunctionEntries: removes it from its cache and drops its entries, as when
+// its function dies. An instance of a bound class, not a function object:
+// nanobind makes every function it creates immortal on free-threaded
+// builds, which would keep one per jitted function (and what it refers
+// to) for the life of the process. Holds only weak pointers, so it keeps
+// neither the entries nor the cache alive. Fixed after construction.
+struct EntriesForgetter {
+  std::weak_ptr<CacheCore> core;
+  std::weak_ptr<FunctionEntries> entries;
+  void operator()() const {
+    std::shared_ptr<CacheCore> c = core.lock();
+    std::shared_ptr<FunctionEntries> f = entries.lock();
     if (c && f) c->ForgetFunction(f.get());
     if (f) f->Clear();
-  });
+  }
+};
+}  // namespace
+
+nb::object Forgetter(const std::shared_ptr<FunctionEntries>& fe) {
+  return nb::cast(EntriesForgetter{std::static_pointer_cast<CacheCore>(fe->core()), fe});
+}
+
+std::shared_ptr<FunctionEntries> MakeFunctionEntries(std::shared_ptr<CacheCore> core,
+                                                     const std::string& name, bool is_private) {
+  // Not make_shared: a weak pointer that outlives the entries (an entry's
+  // back pointer while a call is in flight) then keeps only the control
+  // block, not the whole object.
+  std::shared_ptr<FunctionEntries> fe(new FunctionEntries(std::move(core), name, is_private));
+  AllEntries().Add(fe.get());
+  return fe;
 }
 
 std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
@@ -172,9 +201,7 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
 
   // Probe weak-referenceability first: a private FunctionEntries otherwise.
   if (!PyType_SUPPORTS_WEAKREFS(Py_TYPE(fun.ptr()))) {
-    auto fe = std::make_shared<FunctionEntries>(core, name, /*is_private=*/true);
-    RegisterEntries(fe);
-    return fe;
+    return MakeFunctionEntries(core, name, /*is_private=*/true);
   }
 
   Py_hash_t oh = PyObject_Hash(options.ptr());
@@ -189,7 +216,7 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
   };
   std::shared_ptr<FunctionEntries> fresh;
   auto make = [&]() {
-    fresh = std::make_shared<FunctionEntries>(core, name, /*is_private=*/false);
+    fresh = MakeFunctionEntries(core, name, /*is_private=*/false);
     nb::object callback = Forgetter(fresh);
     nb::object ref = nb::steal(PyWeakref_NewRef(fun.ptr(), callback.ptr()));
     if (!ref.is_valid()) throw nb::python_error();
@@ -197,20 +224,11 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
     return std::make_pair(std::make_shared<const FunKey>(FunKey{fun.ptr(), nb::borrow(options)}),
                           fresh);
   };
-  auto r = core->functions.FindOrInsert(hash, probe, eq, make);
-  if (r.inserted) RegisterEntries(r.value);
-  return r.value;
+  return core->functions.FindOrInsert(hash, probe, eq, make).value;
 }
 
 void ClearAllCaches() {
-  std::vector<std::shared_ptr<CacheCore>> live;
-  {
-    std::lock_guard<LeafMutex> lock(g_cores_mu);
-    for (auto& w : Cores()) {
-      if (auto c = w.lock()) live.push_back(std::move(c));
-    }
-  }
-  for (auto& c : live) c->ClearAll();
+  for (auto& c : Cores().Live()) c->ClearAll();
 }
 
 void FunctionEntries::LockAllForTest(bool lock) {
@@ -219,11 +237,11 @@ void FunctionEntries::LockAllForTest(bool lock) {
     cache_core().lru.LockForTest();
     cache_core().functions.LockForTest();
     shared_mu_.lock();
-    g_cores_mu.lock();
-    g_entries_mu.lock();
+    Cores().mu.lock();
+    AllEntries().mu.lock();
   } else {
-    g_entries_mu.unlock();
-    g_cores_mu.unlock();
+    AllEntries().mu.unlock();
+    Cores().mu.unlock();
     shared_mu_.unlock();
     cache_core().functions.UnlockForTest();
     cache_core().lru.UnlockForTest();
@@ -232,34 +250,20 @@ void FunctionEntries::LockAllForTest(bool lock) {
 }
 
 void AfterForkInChildCaches() {
-  ReinitInChild(g_cores_mu);
-  ReinitInChild(g_entries_mu);
-  std::vector<std::shared_ptr<CacheCore>> cores;
-  {
-    std::lock_guard<LeafMutex> lock(g_cores_mu);
-    for (auto& w : Cores()) {
-      if (auto c = w.lock()) cores.push_back(std::move(c));
-    }
-  }
-  for (auto& c : cores) {
+  ReinitInChild(Cores().mu);
+  ReinitInChild(AllEntries().mu);
+  for (auto& c : Cores().Live()) {
     c->lru.ReinitLockInChild();
     c->functions.ReinitLockInChild();
   }
-  g_epochs->ReinitLockInChild();
+  g_epochs->AfterForkInChild(ThisThread().rec);
   std::vector<std::shared_ptr<FunctionEntries>> all = LiveEntries();
   for (auto& fe : all) fe->ReinitLocksInChild();
   // Every lock is usable again: now the orphans can go.
   for (auto& fe : all) fe->DropOrphans();
 }
 
-std::vector<std::shared_ptr<FunctionEntries>> LiveEntries() {
-  std::vector<std::shared_ptr<FunctionEntries>> live;
-  std::lock_guard<LeafMutex> lock(g_entries_mu);
-  for (auto& w : AllEntries()) {
-    if (auto fe = w.lock()) live.push_back(std::move(fe));
-  }
-  return live;  // the last reference of one may drop later: no lock is held then
-}
+std::vector<std::shared_ptr<FunctionEntries>> LiveEntries() { return AllEntries().Live(); }
 
 nb::object MakeCacheInfo(FunctionEntries& fe) {
   Counters& c = fe.counters();
@@ -280,6 +284,11 @@ nb::object MakeCacheInfo(FunctionEntries& fe) {
 bool IsFunctionCache(nb::handle h) { return nb::isinstance<FunctionCache>(h); }
 
 void RegisterFunctionCache(nb::module_& m) {
+  nb::class_<EntriesForgetter>(m, "_EntriesForgetter",
+                               "Drops one function's compiled entries from its cache when called\n"
+                               "(with any arguments: it is a weakref callback); holds them weakly.")
+      .def("__call__", [](const EntriesForgetter& f, nb::args) { f(); });
+
   nb::class_<FunctionCache>(
       m, "FunctionCache",
       "A cache of compiled entries shared by jitted functions, bounded by one\n"

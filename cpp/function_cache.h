@@ -8,7 +8,8 @@
 // ready table and the hit path: entry_store.h):
 //
 //   CacheCore (one per FunctionCache; shared_ptr held by the Python object,
-//   by every FunctionEntries using it, and weakly by the live-core registry)
+//   by every FunctionEntries using it; listed, not held, by the live-core
+//   registry)
 //   | lru        | SharedLru: its own leaf lock                            |
 //   | functions  | ReentrantMap: its own leaf lock                         |
 //
@@ -73,7 +74,6 @@ struct PyEntryTraits {
     return stored.Equals(probe);
   }
   static EpochDomain<LeafMutex>& Epochs() { return *g_epochs; }
-  static EpochDomain<LeafMutex>::Record* ThreadRecord();
 };
 
 using Entry = StoreEntry<PyEntryTraits>;
@@ -81,20 +81,9 @@ using EntryPtr = std::shared_ptr<Entry>;
 using SigPtr = std::shared_ptr<const CallSignature>;
 using Counters = StoreCounters;
 
-// This thread's shard and epoch record, taken on its first call and given
-// back at thread exit (no Python runs then: only atomics are written).
-struct ThreadCtx {
-  int shard;
-  EpochDomain<LeafMutex>::Record* rec;
-};
-// A plain pointer to it, read on every call (a trivially destructible
-// thread_local: no guard, no registration); set by ThisThreadSlow().
-inline thread_local ThreadCtx* t_thread_ctx = nullptr;
-ThreadCtx& ThisThreadSlow();
-inline ThreadCtx& ThisThread() {
-  ThreadCtx* t = t_thread_ctx;
-  return t ? *t : ThisThreadSlow();
-}
+// This thread's epoch record and shard (entry_store.h's ThreadSlot).
+using ThreadCtx = ThreadSlot<PyEntryTraits>::Ctx;
+inline const ThreadCtx& ThisThread() { return ThreadSlot<PyEntryTraits>::Get(); }
 
 class FunctionEntries;
 
@@ -104,8 +93,9 @@ struct FunKey {
 };
 using FunKeyPtr = std::shared_ptr<const FunKey>;
 
-struct CacheCore : StoreCore<PyEntryTraits> {
+struct CacheCore : StoreCore<PyEntryTraits>, std::enable_shared_from_this<CacheCore> {
   explicit CacheCore(size_t capacity) : StoreCore<PyEntryTraits>(capacity) {}
+  ~CacheCore();  // leaves the registry of live cores
   ReentrantMap<FunKeyPtr, std::shared_ptr<FunctionEntries>, LeafMutex> functions;
 
   // Drops every entry of every function (FunctionCache.clear()).
@@ -118,6 +108,7 @@ class FunctionEntries : public EntryStore<PyEntryTraits> {
  public:
   FunctionEntries(std::shared_ptr<CacheCore> core, std::string name, bool is_private)
       : EntryStore<PyEntryTraits>(core), name_(std::move(name)), private_(is_private) {}
+  ~FunctionEntries();  // leaves the registry of live entries
 
   const std::string& name() const { return name_; }
   CacheCore& cache_core() const { return static_cast<CacheCore&>(*core()); }

@@ -363,7 +363,20 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
     }
     if (ok) {
       PyObject* call_args[] = {st.fun.ptr(), a.ptr(), kw.ptr()};
+#ifdef __GLIBCXX__
+      try {
+        exe = nb::steal(PyObject_Vectorcall(st.compiler.ptr(), call_args, 3, nullptr));
+      } catch (abi::__forced_unwind&) {
+        // Ended inside the compiler at interpreter shutdown, with no thread
+        // state: the argument tuple and dict, whose last references these
+        // are, must not be deallocated here. Leaked.
+        a.release();
+        kw.release();
+        throw;
+      }
+#else
       exe = nb::steal(PyObject_Vectorcall(st.compiler.ptr(), call_args, 3, nullptr));
+#endif
       if (exe.is_valid() && !PyCallable_Check(exe.ptr())) {
         // A failed compile (counted, not cached), rather than an entry that
         // raises "'int' object is not callable" on every call.
@@ -583,8 +596,8 @@ bool Cleared(const JitState& st) {
   return true;
 }
 
-nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  CallSignature sig;
+nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* args, size_t nargsf,
+                             PyObject* kwnames) {
   try {
     BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
   } catch (const NeedsFallback&) {
@@ -598,19 +611,14 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
   // The hot path: a ready entry found by the lock-free probe. No reference
   // to the executable is taken: the entry (and so its executable) stays
   // alive while this thread is counted in flight on it (entry_store.h).
-  ThreadCtx& t = ThisThread();
+  const ThreadCtx& t = ThisThread();
   if (Entry* e = st.entries->FindReady(sig, t.rec, t.shard)) {
     nb::object out;
     try {
       out = CallExecutable(st, e->payload.executable.ptr(), args, nargsf, kwnames);
-#ifdef __GLIBCXX__
-    } catch (abi::__forced_unwind&) {
-      // Ended by CPython at shutdown, with no thread state: nothing may be
-      // freed here (the entry leaks if this was its last call).
-      FunctionEntries::FinishCallNoFree(e, t.shard);
-      throw;
-#endif
     } catch (...) {
+      // Also a thread ended by CPython at shutdown (no thread state): the
+      // epoch domain then frees nothing here, it only queues.
       FunctionEntries::FinishCall(e, t.rec, t.shard);
       throw;
     }
@@ -625,6 +633,23 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
   }
   SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);
   return CallExecutable(st, r.entry->payload.executable.ptr(), args, nargsf, kwnames);
+}
+
+nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  CallSignature sig;
+#ifdef __GLIBCXX__
+  try {
+    return CallWithSignature(st, sig, args, nargsf, kwnames);
+  } catch (abi::__forced_unwind&) {
+    // Ended by CPython at interpreter shutdown, with no thread state: the
+    // signature's references must not be dropped here (a last one would
+    // deallocate without a thread state). Moved into a leaked copy.
+    new CallSignature(std::move(sig));
+    throw;
+  }
+#else
+  return CallWithSignature(st, sig, args, nargsf, kwnames);
+#endif
 }
 
 extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args,

@@ -31,3 +31,48 @@ def test_exit_while_threads_wait_on_a_compile():
     assert proc.stdout.strip() == "waits 2", proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert "terminate" not in proc.stderr
+
+
+CLEARED_SCRIPT = textwrap.dedent(
+    """
+    import threading, time, ftjit
+    gate = threading.Event()
+    started = threading.Event()
+    def compiler(fun, args, kwargs):
+        started.set()
+        # Wakes every 10 ms, re-taking the GIL: finalization ends this thread
+        # inside the compile, unwinding through ftjit with no thread state.
+        while not gate.wait(0.01):
+            pass
+        return fun
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache(8))
+    threading.Thread(target=jf, args=(1.0,), daemon=True).start()
+    started.wait(10)
+    for _ in range(3):
+        threading.Thread(target=jf, args=(2.0,), daemon=True).start()
+    deadline = time.monotonic() + 10
+    while jf.cache_info().waits < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    jf.clear_cache()  # the entry leaves the map and the LRU: the threads hold its last references
+    info = jf.cache_info()
+    print("waits", info.waits, "size", info.size)
+
+    class SlowFinalizer:
+        # Deleted while the interpreter finalizes, after daemon threads are
+        # told to end: gives them time to wake and be ended there.
+        def __del__(self, sleep=time.sleep):
+            sleep(0.3)
+    slow = SlowFinalizer()
+    """
+)
+
+
+def test_exit_while_threads_hold_the_last_reference_to_a_cleared_entry():
+    # The daemon threads' own references are the entry's last: ending them at
+    # shutdown (no thread state) must queue its reclamation, never run the
+    # deleters that drop Python objects, and never touch a lock the GIL guards.
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", CLEARED_SCRIPT], capture_output=True, text=True, timeout=60)
+        assert proc.stdout.strip() == "waits 3 size 0", proc.stdout + proc.stderr
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == "", proc.stderr

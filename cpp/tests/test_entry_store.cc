@@ -51,11 +51,20 @@ struct TestPayload {
 
 enum class FastEq { kEqual, kNotEqual, kUnknown };
 
+// A probe of a thread that set t_pause_in_probe stops inside its read
+// section (in FastEquals) until g_probe_go: a reader caught mid-probe.
+thread_local bool t_pause_in_probe = false;
+std::atomic<bool> g_in_probe{false}, g_probe_go{false};
+
 struct TestTraits {
   using Sig = TestSig;
   using Payload = TestPayload;
   using Mutex = TestMutex;
   static FastEq FastEquals(const TestSig& a, const TestSig& b) noexcept {
+    if (t_pause_in_probe) {
+      g_in_probe.store(true);
+      while (!g_probe_go.load()) std::this_thread::yield();
+    }
     return a.key == b.key ? FastEq::kEqual : FastEq::kNotEqual;
   }
   static bool Equals(const TestSig& a, const TestSig& b) { return a.key == b.key; }
@@ -63,15 +72,9 @@ struct TestTraits {
     static auto* domain = new ftjit::EpochDomain<TestMutex>();
     return *domain;
   }
-  static ftjit::EpochDomain<TestMutex>::Record* ThreadRecord() {
-    struct Holder {
-      ftjit::EpochDomain<TestMutex>::Record* rec = Epochs().Acquire();
-      ~Holder() { ftjit::EpochDomain<TestMutex>::Release(rec); }
-    };
-    thread_local Holder holder;
-    return holder.rec;
-  }
 };
+using Slot = ftjit::ThreadSlot<TestTraits>;
+using Domain = ftjit::EpochDomain<TestMutex>;
 
 using Store = ftjit::EntryStore<TestTraits>;
 using Core = ftjit::StoreCore<TestTraits>;
@@ -149,7 +152,7 @@ void RunCallsAgainstEvictions(int clearers) {
   std::atomic<uint64_t> calls{0}, clears{0};
   auto deadline = std::chrono::steady_clock::now() + 1500ms;
   ftjit_test::RunThreads(kCallers + clearers, [&](size_t i) {
-    auto* rec = TestTraits::ThreadRecord();
+    auto* rec = Slot::Get().rec;
     int shard = static_cast<int>(i) % ftjit::kMaxThreadShards;
     std::mt19937 rng(static_cast<unsigned>(i));
     while (std::chrono::steady_clock::now() < deadline) {
@@ -179,7 +182,6 @@ void RunCallsAgainstEvictions(int clearers) {
   for (auto& st : stores) evictions += st->counters().evictions.load();
   CHECK(evictions > 0);
   stores.clear();
-  TestTraits::Epochs().Reclaim();
   CHECK_EQ(TestTraits::Epochs().retired_count(), size_t{0});
   CHECK_EQ(core->lru.size(), size_t{0});
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
@@ -195,7 +197,7 @@ void TestInFlightEntryOutlivesItsUnlinking() {
   auto store = std::make_shared<Store>(core);
   Ledger ledger(4, /*strict=*/true);
   auto& epochs = TestTraits::Epochs();
-  auto* rec = TestTraits::ThreadRecord();
+  auto* rec = Slot::Get().rec;
   CHECK_EQ(CallOnce(*store, 1, ledger, rec, 0), 2);
   Entry* e = store->FindReady(SigOf(1), rec, 0);  // a call in flight
   CHECK(e != nullptr);
@@ -221,7 +223,7 @@ void TestInFlightRacesWithClears() {
   Ledger ledger(2, /*strict=*/false);
   auto deadline = std::chrono::steady_clock::now() + 1000ms;
   ftjit_test::RunThreads(5, [&](size_t i) {
-    auto* rec = TestTraits::ThreadRecord();
+    auto* rec = Slot::Get().rec;
     int shard = static_cast<int>(i);
     while (std::chrono::steady_clock::now() < deadline) {
       if (i == 0) {
@@ -233,8 +235,112 @@ void TestInFlightRacesWithClears() {
     }
   });
   store.reset();
-  TestTraits::Epochs().Reclaim();
+  CHECK_EQ(TestTraits::Epochs().retired_count(), size_t{0});
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+
+// A clear that races a reader mid-probe cannot free the old table (and the
+// entry only it lists) while the reader reads: the reader frees them when
+// its call ends (a hit: FinishCall) or, missing, before its slow path. No
+// later write and no Reclaim() call is needed.
+void RunRetirementRacingAReader(bool hit) {
+  auto core = std::make_shared<Core>(8);
+  auto store = std::make_shared<Store>(core);
+  Ledger ledger(4, /*strict=*/true);
+  auto& epochs = TestTraits::Epochs();
+  CHECK_EQ(CallOnce(*store, 1, ledger, Slot::Get().rec, 0), 2);
+  CHECK_EQ(g_live_payloads.load(), int64_t{1});
+  g_in_probe.store(false);
+  g_probe_go.store(false);
+  std::thread reader([&] {
+    const Slot::Ctx& t = Slot::Get();
+    // A miss probes the same slot (equal hash) and finds another key there.
+    TestSig probe{SigOf(1).hash, hit ? 1 : 3};
+    t_pause_in_probe = true;
+    Entry* e = store->FindReady(probe, t.rec, t.shard);
+    t_pause_in_probe = false;
+    CHECK_EQ(e != nullptr, hit);
+    if (e) {
+      CHECK_EQ(e->payload.canary.load(), kAlive);  // in flight: still alive
+      CHECK_EQ(e->payload.value, 2);
+      Store::FinishCall(e, t.rec, t.shard);
+    }
+  });
+  while (!g_in_probe.load()) std::this_thread::yield();
+  store->Clear();  // unlists while the reader probes: kept
+  CHECK_EQ(epochs.retired_count(), size_t{1});
+  CHECK_EQ(g_live_payloads.load(), int64_t{1});
+  g_probe_go.store(true);
+  reader.join();
+  CHECK_EQ(epochs.retired_count(), size_t{0});
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+void TestRetirementRacingAHitIsFreedWhenTheCallEnds() { RunRetirementRacingAReader(true); }
+void TestRetirementRacingAMissIsFreedWhenTheProbeEnds() { RunRetirementRacingAReader(false); }
+
+// A thread's record goes back to the domain at its exit and may be taken at
+// once by another thread. A use after that, in a later thread-local
+// destructor of the exiting thread, takes a fresh record, never the
+// released one: announcing on a record another thread reads through would
+// let a reclaim free what that thread reads. Here the other thread does read
+// through the reused record, the late use enters and leaves a section and
+// clears the store; the table the reader holds must survive until it
+// leaves, and every record is given back once both threads are gone.
+std::atomic<Domain::Record*> g_exited_rec{nullptr};
+std::shared_ptr<Store> g_late_store;
+struct LateUse {
+  ~LateUse() {  // runs after the thread's Slot gave its record back
+    while (!g_in_probe.load()) std::this_thread::yield();  // the reader reads on it now
+    Domain::Record* rec = Slot::Get().rec;
+    CHECK(rec != g_exited_rec.load());  // fresh: the released one is the reader's now
+    CHECK(rec->owned.load());
+    auto& epochs = TestTraits::Epochs();
+    epochs.EnterRead(rec);
+    epochs.LeaveRead(rec);
+    g_late_store->Clear();  // unlists the table the reader holds: kept
+    CHECK_EQ(epochs.retired_count(), size_t{1});
+    CHECK_EQ(g_live_payloads.load(), int64_t{1});
+    g_probe_go.store(true);
+  }
+};
+thread_local LateUse t_late_use;
+
+void TestLateUseAfterThreadExitTakesAFreshRecord() {
+  auto& epochs = TestTraits::Epochs();
+  auto core = std::make_shared<Core>(8);
+  g_late_store = std::make_shared<Store>(core);
+  Ledger ledger(4, /*strict=*/true);
+  CHECK_EQ(CallOnce(*g_late_store, 1, ledger, Slot::Get().rec, 0), 2);
+  size_t owned_before = epochs.owned_records();
+  g_in_probe.store(false);
+  g_probe_go.store(false);
+  std::thread exiting([] {
+    (void)&t_late_use;  // constructed first, so destroyed after the Slot's holder
+    g_exited_rec.store(Slot::Get().rec);
+  });
+  std::thread reader([&] {
+    // Waits for the exiting thread's record to come back, and takes it.
+    Domain::Record* want;
+    while (!(want = g_exited_rec.load()) || want->owned.load()) std::this_thread::yield();
+    std::vector<Domain::Record*> others;
+    Domain::Record* rec;
+    while ((rec = epochs.Acquire()) != want) others.push_back(rec);
+    // Reads through it, stopping mid-probe while the late use runs.
+    t_pause_in_probe = true;
+    Entry* e = g_late_store->FindReady(SigOf(1), rec, 5);
+    t_pause_in_probe = false;
+    CHECK(e != nullptr);
+    CHECK_EQ(e->payload.canary.load(), kAlive);  // not freed under the reader
+    Store::FinishCall(e, rec, 5);  // frees it
+    Domain::Release(rec);
+    for (Domain::Record* r : others) Domain::Release(r);
+  });
+  exiting.join();
+  reader.join();
+  CHECK_EQ(epochs.retired_count(), size_t{0});
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+  CHECK_EQ(epochs.owned_records(), owned_before);  // the late record was given back too
+  g_late_store.reset();
 }
 
 #ifdef FTJIT_TEST_LEAF_MUTEX
@@ -263,6 +369,9 @@ int main() {
   RUN_TEST(TestCallsAgainstEvictionsAndClears);
   RUN_TEST(TestInFlightEntryOutlivesItsUnlinking);
   RUN_TEST(TestInFlightRacesWithClears);
+  RUN_TEST(TestRetirementRacingAHitIsFreedWhenTheCallEnds);
+  RUN_TEST(TestRetirementRacingAMissIsFreedWhenTheProbeEnds);
+  RUN_TEST(TestLateUseAfterThreadExitTakesAFreshRecord);
   std::fprintf(stderr, "all EntryStore tests passed\n");
   return 0;
 }

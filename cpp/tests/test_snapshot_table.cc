@@ -146,7 +146,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
             CHECK_EQ(it->key, key);
             found.fetch_add(1, std::memory_order_relaxed);
           }
-          Domain::ExitRead(rec);
+          domain.LeaveRead(rec);
           probes.fetch_add(1, std::memory_order_relaxed);
         }
       } else {
@@ -186,8 +186,8 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
                  static_cast<unsigned long long>(probes.load()),
                  static_cast<unsigned long long>(found.load()),
                  static_cast<unsigned long long>(swaps.load()));
-    // Nobody reads: everything retired goes at once.
-    CHECK_EQ(domain.Reclaim(), size_t{0});
+    // Nothing retired waits: what a reclaim kept for a reader was freed
+    // when that reader left (no manual Reclaim here: that is the point).
     CHECK_EQ(domain.retired_count(), size_t{0});
     CHECK_EQ(g_live_items.load(), static_cast<int64_t>(listed.size()));
     Publish(domain, ptr, listed, {});
@@ -198,7 +198,8 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
 }
 
 // A reader inside its section holds back exactly what was retired while it
-// could see it; what is retired after it leaves goes at once.
+// could see it, and frees it itself as it leaves, with no later write; what
+// is retired after it leaves goes at once.
 void TestReclaimWaitsForTheReaderOnly() {
   Domain domain;
   Ptr ptr;
@@ -216,9 +217,15 @@ void TestReclaimWaitsForTheReaderOnly() {
   bool undecided = false;
   Item* it = seen->Find(HashOf(1), size_t{1}, SameKey, &undecided);
   CHECK(it != nullptr && it->canary.load() == kAlive);
-  Domain::ExitRead(reader);
-  // Retired after the reader left: freed at once, and the old one with it.
-  Publish(domain, ptr, {}, {});
+  // Leaving frees it: nothing else is written, nobody calls Reclaim.
+  domain.LeaveRead(reader);
+  CHECK_EQ(domain.retired_count(), size_t{0});
+  CHECK_EQ(g_live_items.load(), int64_t{0});
+  // Retired while nobody reads: freed at once.
+  std::vector<std::shared_ptr<Item>> three{std::make_shared<Item>(3)};
+  Publish(domain, ptr, {}, three);
+  Publish(domain, ptr, three, {});
+  three.clear();
   CHECK_EQ(domain.retired_count(), size_t{0});
   CHECK_EQ(g_live_items.load(), int64_t{0});
   // A reader that enters after a retire never holds it back: r1 holds what
@@ -232,12 +239,80 @@ void TestReclaimWaitsForTheReaderOnly() {
   domain.EnterRead(r2);
   CHECK_EQ(domain.Reclaim(), size_t{1});
   CHECK_EQ(g_live_items.load(), int64_t{1});
-  Domain::ExitRead(reader);
-  CHECK_EQ(domain.Reclaim(), size_t{0});  // r2 still reads, and does not matter
+  domain.LeaveRead(reader);  // r2 still reads, and does not matter
+  CHECK_EQ(domain.retired_count(), size_t{0});
   CHECK_EQ(g_live_items.load(), int64_t{0});
-  Domain::ExitRead(r2);
+  domain.LeaveRead(r2);
   Domain::Release(r2);
   Domain::Release(reader);
+}
+
+// A section ended by ExitRead (the hit path's probe) is covered by the
+// thread's next LeaveRead (its FinishCall), even when that next section
+// began after the retirement its first one held back.
+void TestLeaveReadCoversEarlierExitReads() {
+  Domain domain;
+  Ptr ptr;
+  std::vector<std::shared_ptr<Item>> one{std::make_shared<Item>(1)};
+  Publish(domain, ptr, {}, one);
+  Domain::Record* reader = domain.Acquire();
+  domain.EnterRead(reader);
+  CHECK(ptr.Load()->size() == 1);
+  Publish(domain, ptr, one, {});  // kept: the reader reads
+  one.clear();
+  Domain::ExitRead(reader);
+  CHECK_EQ(domain.retired_count(), size_t{1});  // ExitRead frees nothing
+  domain.EnterRead(reader);  // a later section, entered after the retirement
+  domain.LeaveRead(reader);
+  CHECK_EQ(domain.retired_count(), size_t{0});
+  CHECK_EQ(g_live_items.load(), int64_t{0});
+  Domain::Release(reader);
+}
+
+// A thread that may not run deleters (the extension: no Python thread state,
+// being unwound at interpreter shutdown) only queues what it retires; a
+// reader that was reading then frees it as it leaves, on a thread that may.
+thread_local bool t_may_not_free = false;
+void TestRetireWhereFreeingIsNotAllowedOnlyQueues() {
+  Domain domain([] { return !t_may_not_free; });
+  Ptr ptr;
+  std::vector<std::shared_ptr<Item>> one{std::make_shared<Item>(1)};
+  Publish(domain, ptr, {}, one);
+  Domain::Record* reader = domain.Acquire();
+  domain.EnterRead(reader);
+  std::thread([&] {
+    t_may_not_free = true;
+    Publish(domain, ptr, one, {});  // queued, not freed, even with no reader...
+    one.clear();
+    CHECK_EQ(domain.Reclaim(), size_t{1});  // ...and a reclaim here frees nothing
+    CHECK_EQ(g_live_items.load(), int64_t{1});
+  }).join();
+  CHECK_EQ(domain.retired_count(), size_t{1});
+  domain.LeaveRead(reader);  // this thread may free: it does, unasked
+  CHECK_EQ(domain.retired_count(), size_t{0});
+  CHECK_EQ(g_live_items.load(), int64_t{0});
+  Domain::Release(reader);
+}
+
+// After fork, the records of the parent's other threads are released: an
+// epoch one of them announced must not hold every reclaim back forever.
+void TestAfterForkReleasesOtherThreadsRecords() {
+  Domain domain;
+  Ptr ptr;
+  Domain::Record* mine = domain.Acquire();
+  Domain::Record* lost = domain.Acquire();  // a thread that is not in the child
+  domain.EnterRead(lost);
+  domain.AfterForkInChild(mine);
+  CHECK_EQ(domain.owned_records(), size_t{1});
+  std::vector<std::shared_ptr<Item>> one{std::make_shared<Item>(1)};
+  Publish(domain, ptr, {}, one);
+  Publish(domain, ptr, one, {});
+  one.clear();
+  CHECK_EQ(domain.retired_count(), size_t{0});  // not held back by `lost`
+  CHECK_EQ(g_live_items.load(), int64_t{0});
+  CHECK(domain.Acquire() == lost);  // and it is reused
+  Domain::Release(lost);
+  Domain::Release(mine);
 }
 
 // Records are reused: threads that come and go do not grow the list.
@@ -247,7 +322,7 @@ void TestRecordsAreReused() {
     ftjit_test::RunThreads(4, [&](size_t) {
       Domain::Record* r = domain.Acquire();
       domain.EnterRead(r);
-      Domain::ExitRead(r);
+      domain.LeaveRead(r);
       Domain::Release(r);
     });
   }
@@ -275,6 +350,9 @@ int main() {
   RUN_TEST(TestFindAndMiss);
   RUN_TEST(TestReadersAgainstPublishersEvictorsAndClears);
   RUN_TEST(TestReclaimWaitsForTheReaderOnly);
+  RUN_TEST(TestLeaveReadCoversEarlierExitReads);
+  RUN_TEST(TestRetireWhereFreeingIsNotAllowedOnlyQueues);
+  RUN_TEST(TestAfterForkReleasesOtherThreadsRecords);
   RUN_TEST(TestRecordsAreReused);
   std::fprintf(stderr, "all SnapshotTable/EpochDomain tests passed\n");
   return 0;
