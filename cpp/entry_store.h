@@ -52,7 +52,8 @@
 // caller then calls the payload without taking a reference to it and ends
 // with FinishCall, which drops the in-flight count and (EpochDomain::
 // LeaveRead) frees what its read sections held back from a reclaim that
-// raced them. A probe that finds nothing does the same before the slow path.
+// raced them. After a probe that finds nothing, the caller does the same
+// with AfterMiss, before its slow path.
 //
 // InFlight: an entry no table lists may still be in use by a thread that
 // found it before it was unlinked. When the last shared_ptr to an entry goes
@@ -317,11 +318,18 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
       s.in_flight.fetch_add(1, std::memory_order_seq_cst);
       counters_.hits.Add(shard);
       SharedLru<EntryPtr, Mutex>::Touch(e);
-      epochs.ExitRead(rec);  // FinishCall's LeaveRead covers this section
-    } else {
-      epochs.LeaveRead(rec);
     }
+    // A hit: FinishCall's LeaveRead frees what this section held back. A
+    // miss: the caller's AfterMiss, once it may run deleters.
+    epochs.ExitRead(rec);
     return e;
+  }
+
+  // After FindReady returned null, at the first point where the caller may
+  // run deleters (arbitrary code: in the extension, once its signature no
+  // longer borrows from its thread's memo): frees what the probe held back.
+  static void AfterMiss(typename EpochDomain<Mutex>::Record* rec) {
+    Traits::Epochs().FreeHeldBack(rec);
   }
 
   // Ends a call that FindReady counted in flight. If the entry was unlinked

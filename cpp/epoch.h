@@ -59,8 +59,8 @@
 // What ThreadSanitizer cannot check here: its runtime makes every release
 // store a full fence, so it never sees a store reordered after a later load
 // (x86 store buffers do exactly that). It would not notice if (b), LeaveRead's
-// store of 0, the record push in Acquire or the loads in OldestReaderEpoch
-// were weakened from seq_cst: each is one half of a store-then-load pair
+// store of 0, FreeHeldBack's fence, the record push in Acquire or the loads
+// in OldestReaderEpoch were weakened from seq_cst: each is one half of a store-then-load pair
 // whose correctness rests on the single total order above. Do not relax
 // them, whatever TSAN says.
 //
@@ -168,9 +168,18 @@ class EpochDomain {
   // the last LeaveRead, held back (see the header comment). May run
   // deleters (arbitrary code), as Reclaim.
   void LeaveRead(Record* r) {
+    r->epoch.store(0, std::memory_order_seq_cst);
+    FreeHeldBack(r);
+  }
+  // Frees what the sections `r` ended with ExitRead since the last LeaveRead
+  // held back, for a thread that has no section left to end with LeaveRead
+  // (a probe that missed: the caller runs it once it may run deleters). The
+  // seq_cst fence stands in for LeaveRead's seq_cst store: it orders the
+  // earlier ExitRead stores before the loads below.
+  void FreeHeldBack(Record* r) {
     uint64_t since = r->since;
     r->since = 0;
-    r->epoch.store(0, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (pending_.load(std::memory_order_seq_cst) != 0 &&
         epoch_.load(std::memory_order_seq_cst) > since) {
       Reclaim();

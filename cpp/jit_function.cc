@@ -570,8 +570,8 @@ struct Resolved {
   bool was_ready;  // ready when found: a hit, no wait
 };
 
+// `sig` must have adopted its context (CallSignature::AdoptContext).
 Resolved Resolve(JitState& st, CallSignature& sig) {
-  sig.AdoptContext();  // before any Python code runs with it (interned_context.h)
   for (;;) {
     FunctionEntries::Lookup found = st.entries->FindOrInsert(sig);  // moves `sig` if inserted
     if (found.inserted) return {std::move(found.entry), true, false};
@@ -625,6 +625,8 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
     FunctionEntries::FinishCall(e, t.rec, t.shard);
     return out;
   }
+  sig.AdoptContext();  // before any Python code runs with it (interned_context.h)
+  FunctionEntries::AfterMiss(t.rec);  // may run deleters: Python
   Resolved r = Resolve(st, sig);
   if (r.inserted) return CompileAndCall(st, r.entry, args, nargsf, kwnames);
   if (r.was_ready) {

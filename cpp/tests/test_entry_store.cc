@@ -109,6 +109,7 @@ int CallOnce(Store& store, int key, Ledger& ledger, ftjit::EpochDomain<TestMutex
     Store::FinishCall(e, rec, shard);
     return v;
   }
+  Store::AfterMiss(rec);
   for (;;) {
     Store::Lookup found = store.FindOrInsert(sig);
     if (found.inserted) {
@@ -241,8 +242,8 @@ void TestInFlightRacesWithClears() {
 
 // A clear that races a reader mid-probe cannot free the old table (and the
 // entry only it lists) while the reader reads: the reader frees them when
-// its call ends (a hit: FinishCall) or, missing, before its slow path. No
-// later write and no Reclaim() call is needed.
+// its call ends (a hit: FinishCall) or, missing, before its slow path
+// (AfterMiss). No later write and no Reclaim() call is needed.
 void RunRetirementRacingAReader(bool hit) {
   auto core = std::make_shared<Core>(8);
   auto store = std::make_shared<Store>(core);
@@ -264,6 +265,9 @@ void RunRetirementRacingAReader(bool hit) {
       CHECK_EQ(e->payload.canary.load(), kAlive);  // in flight: still alive
       CHECK_EQ(e->payload.value, 2);
       Store::FinishCall(e, t.rec, t.shard);
+    } else {
+      CHECK_EQ(epochs.retired_count(), size_t{1});  // still held back...
+      Store::AfterMiss(t.rec);                      // ...until the caller may free
     }
   });
   while (!g_in_probe.load()) std::this_thread::yield();
