@@ -2,8 +2,8 @@
 //
 // Shared state: the table of interned contexts (Table()), guarded by
 // g_contexts_mu; each InternedContext's `users`, an atomic counted by
-// lookups under that lock (so a releaser re-checks it there). The header's
-// table has both.
+// lookups under that lock (so a releaser re-checks it there), and its
+// `weak`, an atomic. The header's table has them all.
 //
 // Lock order: g_contexts_mu is a leaf: no Python code runs under it (only
 // user counts are written and pointers moved), and no other lock is taken
@@ -63,9 +63,10 @@ ContextRef ContextRef::Counted(InternedContext* c) {
   return r;
 }
 
-ContextRef ContextRef::Borrowed(InternedContext* c) {
+ContextRef ContextRef::Borrowed(InternedContext* c, SmallVector<PyObject*, 5>&& anchor) {
   ContextRef r;
   r.interned_ = c;
+  r.anchor_ = std::move(anchor);
   return r;
 }
 
@@ -74,9 +75,11 @@ ContextRef& ContextRef::operator=(ContextRef&& o) noexcept {
     ContextRef old;
     old.owned_ = owned_;
     old.interned_ = interned_;
+    old.anchor_ = std::move(anchor_);
     old.counted_ = counted_;
     owned_ = o.owned_;
     interned_ = o.interned_;
+    anchor_ = std::move(o.anchor_);
     counted_ = o.counted_;
     o.owned_ = nullptr;
     o.interned_ = nullptr;
@@ -86,19 +89,26 @@ ContextRef& ContextRef::operator=(ContextRef&& o) noexcept {
   return *this;
 }
 
-void ContextRef::Adopt() {
-  if (interned_ && !counted_) {
-    interned_->users.fetch_add(1, std::memory_order_relaxed);
-    counted_ = true;
-  }
+namespace {
+void DropAll(SmallVector<PyObject*, 5>& refs) {
+  SmallVector<PyObject*, 5> old = std::move(refs);
+  refs.clear();
+  for (size_t i = 0; i < old.size(); ++i) Py_DECREF(old[i]);
 }
+}  // namespace
 
-ContextRef ContextRef::CountedCopy() const {
-  if (interned_) {
-    interned_->users.fetch_add(1, std::memory_order_relaxed);
-    return Counted(interned_);
-  }
-  return Owned(owned_ ? Py_NewRef(owned_) : nullptr);
+bool ContextRef::Adopt() {
+  if (!interned_ || counted_) return true;
+  int64_t n = interned_->users.load(std::memory_order_relaxed);
+  do {
+    if (n <= 0) return false;  // died meanwhile: the caller builds the signature again
+  } while (!interned_->users.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel,
+                                                   std::memory_order_relaxed));
+  counted_ = true;
+  // The context's object holds the anchor's items now: dropping the anchor
+  // frees the fresh tuple at most, and runs no Python.
+  DropAll(anchor_);
+  return true;
 }
 
 void ContextRef::Reset() {
@@ -108,7 +118,14 @@ void ContextRef::Reset() {
   interned_ = nullptr;
   counted_ = false;
   Py_XDECREF(owned);
+  DropAll(anchor_);
   if (interned) ReleaseContext(interned);
+}
+
+void RetainWeak(InternedContext* c) { c->weak.fetch_add(1, std::memory_order_relaxed); }
+
+void ReleaseWeak(InternedContext* c) {
+  if (c->weak.fetch_sub(1, std::memory_order_acq_rel) == 1) delete c;
 }
 
 void ReleaseContext(InternedContext* c) {
@@ -131,7 +148,7 @@ void ReleaseContext(InternedContext* c) {
   }
   if (dead) {
     PyObject* obj = c->obj;
-    delete c;
+    ReleaseWeak(c);  // the users' share; memos may keep the struct a while
     Py_DECREF(obj);  // may run Python: no lock held
   }
 }

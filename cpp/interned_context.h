@@ -9,17 +9,29 @@
 // reuses its canonical object while context() returns the very same items.
 //
 // Lifetime: an InternedContext counts its users: stored signatures (entry
-// keys) and thread memos. The last user to let go removes it from the table
-// and drops its object (on an attached thread: the object's destructor may
-// run Python). So a per-model context object dies with the last function
-// using it, instead of living for the process.
+// keys), and lookups while they compare. The last user to let go removes it
+// from the table and drops its object (on an attached thread: the object's
+// destructor may run Python). So a per-model context object dies with the
+// last function using it, instead of living for the process.
 //
-// A probe signature (built on a call's stack) borrows its thread memo's
-// canonical object without counting it: Adopt() counts it before any Python
-// code can run with the signature (the slow path; the hit path runs no
-// Python between building and probing). A thread memo lets go of a replaced
-// context lazily, at its next lookup, when no borrowing probe of that thread
-// can be alive.
+// Thread memos (thread_memos.h) hold their last context weakly: a memo
+// keeps the InternedContext struct allocated (`weak`), never its object, so
+// a context dies with its last signature even while a memo of a thread that
+// will never call again remembers it. A memo remembers the items of its
+// context's key (uncounted pointers) and reuses the canonical object while
+// context() returns the very same items: when the items compare equal and
+// the context still has users *after* the comparison, its object, and so
+// every remembered item, was alive at that instant, so the fresh items are
+// those very objects (never others at reused addresses).
+//
+// A probe signature (built on a call's stack) borrows the canonical object
+// its memo found, uncounted: no Python code runs until it is probed (the hit
+// path compares contexts by their InternedContext's identity: the memo keeps
+// the struct allocated meanwhile) or adopted. Adopt() counts it, and fails
+// when the context lost its last user meanwhile (another thread dropped the
+// last function using it): the caller then builds the signature again. The
+// fresh context's objects stay in the probe until then (`anchor`), so no
+// drop of theirs can run Python in that window.
 //
 // Isolation: candidates are compared with ==, and a comparison that raises is
 // taken as "not equal" (the error cleared): a context with a broken __eq__
@@ -31,7 +43,9 @@
 //   |-----------------------------|---------------------------------------------|
 //   | InternedContext::obj, hash  | fixed after construction                    |
 //   | InternedContext::users      | atomic; incremented under g_contexts_mu by  |
-//   |                             | lookups (so a releaser re-checks under it)  |
+//   |                             | lookups (so a releaser re-checks under it), |
+//   |                             | by Adopt only while above 0 (a CAS)         |
+//   | InternedContext::weak       | atomic (memos' references, plus one)        |
 //   | the table (interned_context.cc) | guarded by g_contexts_mu, a leaf lock   |
 //
 // Lock order: g_contexts_mu is a leaf, held only around Python-free steps
@@ -45,12 +59,17 @@
 
 #include <atomic>
 
+#include "small_vector.h"
+
 namespace ftjit {
 
 struct InternedContext {
-  PyObject* obj;  // strong
+  PyObject* obj;  // strong while users > 0; dropped when they reach 0
   Py_hash_t hash;
   std::atomic<int64_t> users{1};
+  // Memos holding this struct, plus one for all its users together; the
+  // struct is freed when it reaches 0 (see Lifetime above).
+  std::atomic<int64_t> weak{1};
 };
 
 // A signature's context: nothing, an owned object (not interned: the table
@@ -60,28 +79,38 @@ class ContextRef {
   ContextRef() = default;
   static ContextRef Owned(PyObject* strong);               // steals the reference
   static ContextRef Counted(InternedContext* c);           // takes over one user count
-  static ContextRef Borrowed(InternedContext* c);          // counts nothing
+  // Counts nothing; `anchor` (strong references, taken over) keeps the
+  // fresh context's objects until Adopt() succeeds or this is dropped.
+  static ContextRef Borrowed(InternedContext* c, SmallVector<PyObject*, 5>&& anchor);
   ContextRef(ContextRef&& o) noexcept { *this = std::move(o); }
   ContextRef& operator=(ContextRef&& o) noexcept;
   ContextRef(const ContextRef&) = delete;
   ContextRef& operator=(const ContextRef&) = delete;
   ~ContextRef() { Reset(); }
 
+  // The context object: valid for owned and counted references, and for a
+  // borrowed one until Adopt() (which may fail if its context died).
   PyObject* ptr() const { return interned_ ? interned_->obj : owned_; }
-  bool is_valid() const { return ptr() != nullptr; }
+  bool is_valid() const { return interned_ != nullptr || owned_ != nullptr; }
   InternedContext* interned() const { return interned_; }
-  // Makes a borrowed interned context counted (see above). Python-free.
-  void Adopt();
-  // A counted copy of this reference (for a thread memo). Python-free.
-  ContextRef CountedCopy() const;
+  // Makes a borrowed interned context counted (see above); false, leaving
+  // it borrowed, when the context has no user left. Python-free when it
+  // succeeds.
+  bool Adopt();
   // Drops what this holds (may run Python: attached thread, no lock held).
   void Reset();
 
  private:
   PyObject* owned_ = nullptr;
   InternedContext* interned_ = nullptr;
+  SmallVector<PyObject*, 5> anchor_;  // strong; only while borrowed
   bool counted_ = false;
 };
+
+// A thread memo's weak reference to an interned context (see Lifetime
+// above): keeps the struct allocated, never its object. Python-free.
+void RetainWeak(InternedContext* c);
+void ReleaseWeak(InternedContext* c);
 
 // The canonical context equal to `ctx` (hash `h`): a counted interned one,
 // found or newly interned, or, past the table's bound, `ctx` itself, owned.

@@ -598,34 +598,38 @@ bool Cleared(const JitState& st) {
 
 nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* args, size_t nargsf,
                              PyObject* kwnames) {
-  try {
-    BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
-  } catch (const NeedsFallback&) {
-    // E.g. tracers of an outer transformation: the compiler's own path, uncached.
-    if (!st.fallback.is_valid()) {
-      RaiseMessage(PyExc_TypeError, st.spec.fun_name + "() got an argument that needs the "
-                                    "compiler's fallback path, but it has none");
-    }
-    return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
-  }
-  // The hot path: a ready entry found by the lock-free probe. No reference
-  // to the executable is taken: the entry (and so its executable) stays
-  // alive while this thread is counted in flight on it (entry_store.h).
   const ThreadCtx& t = ThisThread();
-  if (Entry* e = st.entries->FindReady(sig, t.rec, t.shard)) {
-    nb::object out;
+  for (;;) {
     try {
-      out = CallExecutable(st, e->payload.executable.ptr(), args, nargsf, kwnames);
-    } catch (...) {
-      // Also a thread ended by CPython at shutdown (no thread state): the
-      // epoch domain then frees nothing here, it only queues.
-      FunctionEntries::FinishCall(e, t.rec, t.shard);
-      throw;
+      BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
+    } catch (const NeedsFallback&) {
+      // E.g. tracers of an outer transformation: the compiler's own path, uncached.
+      if (!st.fallback.is_valid()) {
+        RaiseMessage(PyExc_TypeError, st.spec.fun_name + "() got an argument that needs the "
+                                      "compiler's fallback path, but it has none");
+      }
+      return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
     }
-    FunctionEntries::FinishCall(e, t.rec, t.shard);
-    return out;
+    // The hot path: a ready entry found by the lock-free probe. No reference
+    // to the executable is taken: the entry (and so its executable) stays
+    // alive while this thread is counted in flight on it (entry_store.h).
+    if (Entry* e = st.entries->FindReady(sig, t.rec, t.shard)) {
+      nb::object out;
+      try {
+        out = CallExecutable(st, e->payload.executable.ptr(), args, nargsf, kwnames);
+      } catch (...) {
+        // Also a thread ended by CPython at shutdown (no thread state): the
+        // epoch domain then frees nothing here, it only queues.
+        FunctionEntries::FinishCall(e, t.rec, t.shard);
+        throw;
+      }
+      FunctionEntries::FinishCall(e, t.rec, t.shard);
+      return out;
+    }
+    // Before any Python code runs with it (interned_context.h).
+    if (sig.AdoptContext()) break;
+    sig.Clear();  // its context died meanwhile: build it again
   }
-  sig.AdoptContext();  // before any Python code runs with it (interned_context.h)
   FunctionEntries::AfterMiss(t.rec);  // may run deleters: Python
   Resolved r = Resolve(st, sig);
   if (r.inserted) return CompileAndCall(st, r.entry, args, nargsf, kwnames);
@@ -678,10 +682,6 @@ extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* arg
     PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
     out = nullptr;
   }
-  // Contexts this thread's memo moved on from during the call may go now
-  // (interned_context.h): no probe of this thread borrows them any more.
-  // Skipped with an error set (they go at the thread's next lookup).
-  if (out) ReleaseRetiredContexts();
   Py_LeaveRecursiveCall();
   return out;
 }
@@ -853,6 +853,22 @@ extern "C" PyObject* JitFunction_ready_count(PyObject* self, PyObject*) {
   }
 }
 
+// The adopted signature of these arguments, in which array specs
+// (jax.ShapeDtypeStruct) stand for arrays; false when the call would take
+// the compiler's fallback.
+bool BuildAdoptedSignature(JitState& st, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                           CallSignature& sig) {
+  for (;;) {
+    try {
+      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig, /*allow_specs=*/true);
+    } catch (const NeedsFallback&) {
+      return false;
+    }
+    if (sig.AdoptContext()) return true;
+    sig.Clear();  // its context died meanwhile: build it again
+  }
+}
+
 // _precompile(*args, **kwargs) -> bool: makes sure the signature of these
 // arguments is compiled (compiling it in this thread if nobody has), without
 // executing anything. True if this call compiled it.
@@ -862,10 +878,7 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
   if (Cleared(st)) return nullptr;
   try {
     CallSignature sig;
-    try {
-      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig, /*allow_specs=*/true);
-      sig.AdoptContext();
-    } catch (const NeedsFallback&) {
+    if (!BuildAdoptedSignature(st, args, nargs, kwnames, sig)) {
       RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
                                         "() here: the call would take the compiler's fallback "
                                         "path, which is not cached (e.g. tracers among the "
@@ -890,10 +903,7 @@ extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* a
   if (Cleared(st)) return nullptr;
   try {
     CallSignature sig;
-    try {
-      BuildSignature(st.spec, args, static_cast<size_t>(nargs), kwnames, sig, /*allow_specs=*/true);
-      sig.AdoptContext();
-    } catch (const NeedsFallback&) {
+    if (!BuildAdoptedSignature(st, args, nargs, kwnames, sig)) {
       return PyUnicode_FromString((st.spec.fun_name + "(<traced>)").c_str());
     }
     return PyUnicode_FromString(sig.ToString(st.spec.fun_name).c_str());

@@ -35,6 +35,7 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,12 @@ struct CallSignature {
   CallSignature& operator=(const CallSignature&) = delete;
   CallSignature(CallSignature&&) = default;
   CallSignature& operator=(CallSignature&&) = default;
+  // Empties it for a new build, in place (no temporary: a call's frame holds
+  // one signature, and recursion through jitted functions stacks frames).
+  void Clear() {
+    this->~CallSignature();
+    new (this) CallSignature();
+  }
 
   uint32_t num_positional = 0;        // positional arguments of the call
   // Inline sizes fit a call of a dozen leaves in a container or two (an
@@ -149,7 +156,9 @@ struct CallSignature {
   // Counts this signature as a user of its interned context (which it may
   // only borrow from its thread's memo until then): call before any Python
   // code can run with it, except on the hit path (interned_context.h).
-  void AdoptContext() { context.Adopt(); }
+  // False when that context lost its last user meanwhile: build the
+  // signature again.
+  [[nodiscard]] bool AdoptContext() { return context.Adopt(); }
 
   // Readable form, e.g. "f(float32[8,128], int, n=3)". May run __repr__.
   std::string ToString(const std::string& fun_name) const;

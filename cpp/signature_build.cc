@@ -68,36 +68,32 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describ
 // the context's items (or the context itself, if not a tuple) followed by
 // the extras.
 //
-// On return `ctx` borrows its canonical object from this thread's memo (or
-// owns it, past the table's bound), and no Python code may run until the
-// signature is probed or adopted (CallSignature::AdoptContext). So every
-// Python-owned temporary here (the fresh context, the extras, the key) is
-// dropped before `ctx` borrows: dropping them may run a finaliser, which may
-// call jitted functions, which may move this thread's memo on.
+// On return `ctx` either borrows its canonical object from this thread's
+// memo, or owns a counted reference (or the object itself, past the table's
+// bound). A borrowing `ctx` keeps the fresh context and extras as its
+// anchor, and no Python code may run until the signature is probed or
+// adopted (CallSignature::AdoptContext): nothing here drops an object once
+// it borrows.
 Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, ContextMemo& memo) {
-  // Contexts the memo moved on from: no probe of this thread borrows them
-  // now (see above), so they may go (which may run Python).
-  if (!memo.retired.empty()) {
-    std::vector<ContextRef> old = std::move(memo.retired);
-    memo.retired.clear();
-  }
   PyObject* c = ctx.ptr();
   size_t num_extras = extras.size();
   bool is_tuple = PyTuple_CheckExact(c);
   PyObject* const* head = is_tuple ? reinterpret_cast<PyTupleObject*>(c)->ob_item : &c;
   size_t num_head = is_tuple ? static_cast<size_t>(PyTuple_GET_SIZE(c)) : 1;
-  PyObject* last = memo.last.ptr();
-  if (last && (is_tuple || num_extras > 0) && PyTuple_CheckExact(last) &&
-      static_cast<size_t>(PyTuple_GET_SIZE(last)) == num_head + num_extras) {
-    // Item by item, identity only.
-    PyObject* const* items = reinterpret_cast<PyTupleObject*>(last)->ob_item;
-    bool same = std::memcmp(head, items, sizeof(PyObject*) * num_head) == 0;
-    for (size_t i = 0; same && i < num_extras; ++i) same = extras[i].ptr() == items[num_head + i];
-    if (same) {
-      // The fresh context and the extras hold the very objects the memo's
-      // key holds: dropping them destroys nothing, runs no Python.
+  if (memo.ctx && (is_tuple || num_extras > 0) && memo.items.size() == num_head + num_extras) {
+    // Item by item, identity only; then whether the context still has users
+    // (after the comparison: see Lifetime in interned_context.h).
+    bool same = std::memcmp(head, memo.items.data(), sizeof(PyObject*) * num_head) == 0;
+    for (size_t i = 0; same && i < num_extras; ++i) same = extras[i].ptr() == memo.items[num_head + i];
+    if (same && memo.ctx->users.load(std::memory_order_acquire) > 0) {
+      // The anchor keeps what the fresh context and the extras hold until
+      // the signature is adopted (or dropped, after the call): moved, not
+      // counted again.
+      SmallVector<PyObject*, 5> anchor;
+      anchor.push_back(Py_NewRef(c));
+      for (size_t i = 0; i < num_extras; ++i) anchor.push_back(extras[i].release().ptr());
       extras.clear();
-      ctx = memo.last.interned() ? ContextRef::Borrowed(memo.last.interned()) : memo.last.CountedCopy();
+      ctx = ContextRef::Borrowed(memo.ctx, std::move(anchor));  // drops the fresh reference: the anchor has it
       return memo.hash;
     }
   }
@@ -120,15 +116,13 @@ Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, Conte
     throw nb::python_error();
   }
   ContextRef canonical = CanonicalContext(key.ptr(), h);  // counted (or owned)
-  // Python-owned temporaries go first (see above); `canonical` is counted
-  // meanwhile, so nothing run here can free it.
-  ctx.Reset();
+  // A tuple key is remembered (weakly) for the next call of this thread.
+  if (InternedContext* interned = canonical.interned(); interned && PyTuple_CheckExact(interned->obj)) {
+    memo.Remember(interned, h);
+  }
   key = nb::object();
   extras.clear();
-  memo.retired.push_back(std::move(memo.last));
-  memo.last = std::move(canonical);
-  memo.hash = h;
-  ctx = memo.last.interned() ? ContextRef::Borrowed(memo.last.interned()) : memo.last.CountedCopy();
+  ctx = std::move(canonical);  // counted: drops the fresh context (may run Python)
   return h;
 }
 
@@ -200,7 +194,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
       b.Flatten(value);
     }
   }
-  // Last: nothing may run Python after the context borrows (see ContextHash).
+  // Last: nothing may run Python once the context borrows (see ContextHash).
   if (out.context.is_valid()) b.MixIn(static_cast<size_t>(ContextHash(out.context, extras, memos.context)));
   out.hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;

@@ -145,7 +145,15 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
   for (size_t i = 0; i < statics.size(); ++i) {
     if (!meet(FastObjectEquals(statics[i].ptr(), o.statics[i].ptr()))) return FastEq::kNotEqual;
   }
-  if (context.is_valid()) meet(FastIdentity(context.ptr(), o.context.ptr()));
+  if (context.is_valid()) {
+    // Interned contexts by their struct's identity: a probe's borrowed one
+    // may have lost its object meanwhile (interned_context.h), never its struct.
+    if (context.interned() || o.context.interned()) {
+      meet(context.interned() == o.context.interned() ? FastEq::kEqual : FastEq::kUnknown);
+    } else {
+      meet(FastIdentity(context.ptr(), o.context.ptr()));
+    }
+  }
   return result;
 }
 

@@ -90,11 +90,20 @@ void AvalMemo::Release() {
   }
 }
 
+void ContextMemo::Remember(InternedContext* c, Py_hash_t h) {
+  RetainWeak(c);
+  Release();
+  ctx = c;
+  hash = h;
+  PyObject* const* key = reinterpret_cast<PyTupleObject*>(c->obj)->ob_item;
+  for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(c->obj); i < n; ++i) items.push_back(key[i]);
+}
+
 void ContextMemo::Release() {
-  ContextRef dropped = std::move(last);
-  std::vector<ContextRef> old = std::move(retired);
-  retired.clear();
-  // Both die here, after the memo is empty (they may run Python).
+  InternedContext* old = ctx;
+  ctx = nullptr;
+  items.clear();
+  if (old) ReleaseWeak(old);
 }
 
 void ThreadMemos::Release() {
@@ -122,12 +131,6 @@ ThreadMemos& MemosSlow() {
   if (!holder.memos->registered) Register(holder.memos);
   t_memos = holder.memos.get();
   return *holder.memos;
-}
-
-void ReleaseRetiredContextsSlow(ThreadMemos& m) {
-  std::vector<ContextRef> old = std::move(m.context.retired);
-  m.context.retired.clear();
-  // `old` dies here, after the memo is consistent.
 }
 
 }  // namespace ftjit

@@ -22,9 +22,9 @@
 //   | the thread-state dict key  | made at module init (InitThreadMemos),     |
 //   |   (thread_memos.cc)        | fixed afterwards                           |
 //
-// Lock order: takes no lock of its own. Letting go of a context
-// (ContextRef::Reset) may take g_contexts_mu (interned_context.h), a leaf,
-// and run Python; so may dropping any memo's reference (a finaliser).
+// Lock order: takes no lock of its own. Dropping a hash or aval memo's
+// reference may run Python (a finaliser); the context memo's weak reference
+// runs none and takes no lock.
 #pragma once
 
 #include <Python.h>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "interned_context.h"
+#include "small_vector.h"
 
 namespace ftjit {
 
@@ -65,12 +66,15 @@ struct AvalMemo {
   void Release();
 };
 
-// The last context this thread looked up and its canonical object (counted),
-// with its hash; and the replaced ones not yet let go (see interned_context.h).
+// The last interned context this thread looked up whose key is a tuple,
+// held weakly (interned_context.h, Lifetime): the struct, its hash and the
+// key's items as they were (uncounted pointers, compared by identity only).
+// Python-free to update and to release.
 struct ContextMemo {
-  ContextRef last;
+  InternedContext* ctx = nullptr;  // weak reference, or null
   Py_hash_t hash = 0;
-  std::vector<ContextRef> retired;
+  SmallVector<PyObject*, 64> items;
+  void Remember(InternedContext* c, Py_hash_t h);  // c's object: a tuple, alive
   void Release();
 };
 
@@ -99,12 +103,5 @@ inline ThreadMemos& Memos() {
   return m && m->registered ? *m : MemosSlow();
 }
 
-// Lets go of the contexts this thread's memo moved on from (may run Python;
-// only where no probe of this thread borrows a context: between calls).
-void ReleaseRetiredContextsSlow(ThreadMemos& m);
-inline void ReleaseRetiredContexts() {
-  ThreadMemos* m = t_memos;
-  if (m && !m->context.retired.empty()) ReleaseRetiredContextsSlow(*m);
-}
 
 }  // namespace ftjit

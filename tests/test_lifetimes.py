@@ -52,8 +52,8 @@ class _ContextCompiler:
 @pytest.mark.thread_unsafe(reason="counts the process-wide interned contexts")
 def test_a_context_dies_with_the_last_signature_using_it():
     """Five models, each with its own config as the compiler context: once a
-    model's function is gone (and this thread's memo moved on), its config is
-    collected; the process keeps nothing of it."""
+    model's function is gone, its config is collected, although this
+    thread's memo saw it last; the process keeps nothing of it."""
     comp = _ContextCompiler()
     # This thread's memo moves onto a context a live function keeps: what
     # it held before (another test's, perhaps used by nothing else) goes now,
@@ -74,13 +74,71 @@ def test_a_context_dies_with_the_last_signature_using_it():
         del cfg
     assert comp.calls == 1 + 5  # the baseline, then one per model
     assert ftjit._core._interned_contexts() == before + 5
-    comp.local.cur = ("plain", 0)
-    other = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
-    other(1.0)  # this thread's memo moves on from the last model's config
+    comp.local.cur = ("baseline", 0)  # the compiler itself lets go of the last model's config
     del fns
     ftjit.clear_caches()
     assert gc_collect_until(lambda: all(r() is None for r in refs)), [r() is not None for r in refs]
-    assert ftjit._core._interned_contexts() <= before + 1  # ("plain", 0), still used by `other`
+    assert ftjit._core._interned_contexts() <= before  # clear_caches() dropped even the baseline's signatures
+    assert baseline(3.0) == 3.0
+
+
+class _TupleContextCompiler(_ContextCompiler):
+    """A compiler whose context is a tuple of this thread's ``cur`` objects,
+    built afresh on every call (as JAX's is): the items are the same objects
+    call after call, so the thread's memo reuses the canonical context."""
+
+    def context(self):
+        return (getattr(self.local, "cur", None), "mode")
+
+
+@pytest.mark.thread_unsafe(reason="waits for the process-wide interned contexts to go")
+@pytest.mark.parametrize("compiler_type", [_ContextCompiler, _TupleContextCompiler])
+@pytest.mark.parametrize("caller", ["this thread", "a thread that stays alive"])
+def test_the_context_of_dropped_functions_dies_though_a_thread_saw_it_last(compiler_type, caller):
+    """The issue's case: five functions, each with its own context object
+    (a large config), called once each; then everything is dropped. No
+    context may outlive its functions: not through the calling thread's memo
+    of its last context, even while that thread lives on and never calls
+    again (a context object as it is, or one item of a fresh tuple each call,
+    which the memo remembers by identity)."""
+    comp = compiler_type()
+    refs, fns = [], []
+    for i in range(5):
+        cfg = _Config(("model", i), payload=bytes(1 << 20))
+        refs.append(weakref.ref(cfg))
+        fns.append((cfg, ftjit.jit(lambda x, i=i: x + i, compiler=comp, cache=ftjit.FunctionCache())))
+        del cfg
+
+    def call_each():
+        for i, (cfg, fn) in enumerate(fns):
+            comp.local.cur = cfg
+            assert fn(1.0) == 1.0 + i and fn(2.0) == 2.0 + i  # the second call: a hit through the memo
+        comp.local.cur = None
+
+    if caller == "this thread":
+        call_each()
+        done = None
+    else:
+        called, done = threading.Event(), threading.Event()
+
+        def worker():
+            call_each()
+            called.set()
+            done.wait(30)  # alive, idle: makes no further call
+
+        t = threading.Thread(target=worker, daemon=True)
+        t.start()
+        assert called.wait(30)
+    assert comp.calls == 5
+    fns.clear()
+    ftjit.clear_caches()
+    try:
+        assert gc_collect_until(lambda: all(r() is None for r in refs)), [r() is not None for r in refs]
+    finally:
+        if done is not None:
+            done.set()
+            t.join(30)
+            assert not t.is_alive()
 
 
 def test_a_context_whose_eq_raises_fails_only_its_own_calls():
