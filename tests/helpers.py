@@ -7,12 +7,22 @@ would be shared by the parallel copies of one test.
 """
 
 import gc
+import os
 import sys
 import threading
 import time
 import weakref
 
 import pytest
+
+# gc_collect_until is defined once, in the stress package (which cannot import
+# from tests/): the repository root is on sys.path under `python -m pytest`
+# from there; added here for any other way of running the suite.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
+
+from stress.gc_wait import gc_collect_until  # noqa: E402
 
 __all__ = [
     "CountingCompiler",
@@ -204,22 +214,6 @@ def reachable_from(root, target, limit=100_000):
                 seen.add(id(obj))
                 todo.append(obj)
     return False
-
-
-def gc_collect_until(predicate, timeout=5.0):
-    """Run gc.collect() until ``predicate()`` is true; return its last value.
-
-    One gc.collect() may be a no-op while another thread is collecting, so a
-    single call is not enough when tests run in parallel threads.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        gc.collect()
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return bool(predicate())
-        time.sleep(0.01)
 
 
 # --- helpers for tests/test_observe.py -----------------------------------------
