@@ -13,6 +13,7 @@ import threading
 import time
 import weakref
 
+import numpy as np
 import pytest
 
 # gc_collect_until is defined once, in the stress package (which cannot import
@@ -216,7 +217,7 @@ def reachable_from(root, target, limit=100_000):
     return False
 
 
-# --- helpers for tests/test_observe.py -----------------------------------------
+# --- functions with unique names, log capture, miss explanations ----------------
 
 import logging as _logging
 import uuid as _uuid
@@ -310,6 +311,77 @@ class LogCapture:
                 self.logger.setLevel(entry[1])
                 del _level_users[name]
         return False
+
+
+def z(*shape, dtype=np.float32):
+    """A numpy array of zeros of this shape (float32 unless ``dtype`` says otherwise)."""
+    return np.zeros(shape, dtype)
+
+
+def fresh1(prefix="fn", body=lambda x: x + 1):
+    """A new function ``fun(x)`` that returns ``body(x)``, with a unique name
+    (unique_name(prefix)); returns (function, name)."""
+    name = unique_name(prefix)
+
+    def fun(x):
+        return body(x)
+
+    return named(fun, name), name
+
+
+def gated_compiler(until):
+    """A CountingCompiler whose compiles set `started`, then hold until
+    ``until()`` is true (e.g. ``lambda: jf.cache_info().waits >= 1``: until
+    another caller waits on the compile). A compile still held after 30 s
+    fails with AssertionError. Returns (compiler, started, held): ``held``
+    gets each hold's duration in seconds (time.monotonic)."""
+    started = threading.Event()
+    held = []
+
+    def hook(fun, args, kwargs):
+        t0 = time.monotonic()
+        started.set()
+        if not wait_for(until, 30):
+            raise AssertionError("the condition holding the compile never came true")
+        held.append(time.monotonic() - t0)
+
+    return CountingCompiler(on_compile=hook), started, held
+
+
+def explanations(cap, name):
+    """The miss explanations of the function named ``name`` that the
+    LogCapture ``cap`` saw (WARNING records), without their prefix."""
+    prefix = f"cache miss of {name}: "
+    return [m[len(prefix):] for m in cap.messages(_logging.WARNING) if m.startswith(prefix)]
+
+
+class ContextCompiler:
+    """A custom compiler whose tracing context is whatever `cur` holds."""
+
+    def __init__(self):
+        self.cur = None
+
+    def context(self):
+        return self.cur
+
+    def __call__(self, fun, args, kwargs):
+        return fun
+
+
+def meta_dataclass():
+    """A new JAX-registered dataclass Layer(w, act): ``w`` a child, ``act``
+    static (the pytree node's aux data). Imports JAX (this module does not)."""
+    import dataclasses as dc
+    from typing import Any
+
+    import jax
+
+    @dc.dataclass
+    class Layer:
+        w: Any
+        act: Any = dc.field(metadata=dict(static=True))
+
+    return jax.tree_util.register_dataclass(Layer)
 
 
 @__import__("ftjit").jit(compiler=lambda fun, args, kwargs: fun)

@@ -19,23 +19,27 @@ import time
 import warnings
 import weakref
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 import ftjit
 import ftjit.errors
 from helpers import (
+    ContextCompiler,
     CountingCompiler,
     LogCapture,
     classes_can_die,
+    explanations,
+    fresh1,
+    gated_compiler,
     gc_collect_until,
+    meta_dataclass,
     named,
     reachable_from,
     run_threads,
     unique_name,
     wait_for,
+    z,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,10 +47,6 @@ pytestmark = pytest.mark.timeout(120)
 INFO = logging.INFO
 WARNING = logging.WARNING
 DEBUG = logging.DEBUG
-
-
-def z(*shape, dtype=np.float32):
-    return np.zeros(shape, dtype)
 
 
 def f(x, n):
@@ -62,35 +62,6 @@ def fresh(prefix="fn", body=lambda x: x + 1):
         return body(*args, **kwargs)
 
     return named(fun, name), name
-
-
-def fresh1(prefix="fn", body=lambda x: x + 1):
-    """Like fresh(), with a real one-parameter signature named 'x'."""
-    name = unique_name(prefix)
-
-    def fun(x):
-        return body(x)
-
-    return named(fun, name), name
-
-
-def gated_compiler(until):
-    """A CountingCompiler whose compiles set `started`, then hold until
-    ``until()`` is true (e.g. ``lambda: jf.cache_info().waits >= 1``: until
-    another caller waits on the compile). A compile still held after 30 s
-    fails with AssertionError. Returns (compiler, started, held): ``held``
-    gets each hold's duration in seconds (time.monotonic)."""
-    started = threading.Event()
-    held = []
-
-    def hook(fun, args, kwargs):
-        t0 = time.monotonic()
-        started.set()
-        if not wait_for(until, 30):
-            raise AssertionError("the condition holding the compile never came true")
-        held.append(time.monotonic() - t0)
-
-    return CountingCompiler(on_compile=hook), started, held
 
 
 # --- cache_info() timings -----------------------------------------------------
@@ -428,11 +399,6 @@ def test_waiter_logs_debug_waited_record():
 # --- miss explanations -----------------------------------------------------------
 
 
-def _explanations(cap, name):
-    prefix = f"cache miss of {name}: "
-    return [m[len(prefix):] for m in cap.messages(WARNING) if m.startswith(prefix)]
-
-
 def test_explanations_show_with_default_logging():
     """explain_misses=True is a request to see them: with logging never
     configured (a fresh interpreter), they reach stderr; the logger is
@@ -467,22 +433,22 @@ def test_explain_shape_dtype_static_tree_changes():
                    explain_misses=True)
     with LogCapture(name) as cap:
         jf(z(8), n=3)
-        assert _explanations(cap, name) == []  # never on the very first compile
+        assert explanations(cap, name) == []  # never on the very first compile
         assert len(cap.messages(INFO)) == 1
         jf(z(8), n=3)  # a hit: nothing
         assert len(cap.messages(INFO)) == 1
         jf(z(16), n=3)
-        assert _explanations(cap, name) == ["argument 'x': float32[8] -> float32[16]"]
+        assert explanations(cap, name) == ["argument 'x': float32[8] -> float32[16]"]
         jf(z(8), n=4)
-        assert _explanations(cap, name)[-1] == "static 'n': 3 -> 4"
+        assert explanations(cap, name)[-1] == "static 'n': 3 -> 4"
         jf(z(8, dtype=np.int32), n=3)
-        assert _explanations(cap, name)[-1] == "argument 'x': float32[8] -> int32[8]"
+        assert explanations(cap, name)[-1] == "argument 'x': float32[8] -> int32[8]"
         jf((z(8),), n=3)
-        last = _explanations(cap, name)[-1]
+        last = explanations(cap, name)[-1]
         assert last.startswith("argument 'x': tree structure "), last
         assert "->" in last
         jf(z(8), n=3)  # cached: no explanation
-    assert len(_explanations(cap, name)) == 4
+    assert len(explanations(cap, name)) == 4
 
 
 def test_warmup_and_precompile_are_not_explained_as_misses():
@@ -500,9 +466,9 @@ def test_warmup_and_precompile_are_not_explained_as_misses():
         report = jf.warmup([(z(1),), (z(2),), (z(4),)], workers=2)
         assert report.ok
         assert jf.precompile(z(8)) is True
-        assert _explanations(cap, name) == []
+        assert explanations(cap, name) == []
         jf(z(4, dtype=np.int32))  # closest to the warmed-up float32[4]: same shape
-        assert _explanations(cap, name) == ["argument 'x': float32[4] -> int32[4]"]
+        assert explanations(cap, name) == ["argument 'x': float32[4] -> int32[4]"]
     assert comp.calls == 5
 
 
@@ -518,7 +484,7 @@ def test_explain_names_path_inside_pytree():
         jf({"a": z(2), "b": 1.0})
         jf({"a": z(5), "b": 1.0})
         jf({"a": z(5), "b": 1})
-    assert _explanations(cap, name) == [
+    assert explanations(cap, name) == [
         "argument 'x'['a']: float32[2] -> float32[5]",
         "argument 'x'['b']: float -> int",
     ]
@@ -540,7 +506,7 @@ def test_explain_compares_with_the_closest_signature():
         jf(z(8))
         jf({"a": z(2)})
         jf({"a": z(5)})
-    got = _explanations(cap, name)
+    got = explanations(cap, name)
     assert len(got) == 2
     assert got[0].startswith("argument 'x': tree structure ")
     assert got[1] == "argument 'x'['a']: float32[2] -> float32[5]"
@@ -575,7 +541,7 @@ def test_a_miss_is_explained_against_a_bounded_number_of_signatures(monkeypatch)
             loud(1.0, n)
         loud({"a": 1.0}, 0)  # a new structure: compared with the newest of any structure
     assert len(compared) == sum(min(n, observe._EXPLAIN_CANDIDATES) for n in range(300)) + observe._EXPLAIN_CANDIDATES
-    got = _explanations(cap, name)
+    got = explanations(cap, name)
     assert got[0] == "static 'n': 0 -> 1"
     assert got[-2] == "static 'n': 283 -> 299"  # all 16 candidates differ by n alone: the oldest of them wins
     assert got[-1] == "argument 'x': tree structure * -> {'a' * }; static 'n': 284 -> 0"
@@ -587,7 +553,7 @@ def test_explain_off_by_default_and_explicit_false():
     with LogCapture(name) as cap:
         jf(z(1))
         jf(z(2))
-    assert _explanations(cap, name) == []
+    assert explanations(cap, name) == []
     assert len(cap.messages(INFO)) == 2  # the compiles are still logged
 
 
@@ -603,16 +569,16 @@ def test_global_explain_switch():
         jf2 = ftjit.jit(fun2, compiler=CountingCompiler(), cache=ftjit.FunctionCache(), explain_misses=False)
         with LogCapture(name) as cap, LogCapture(name2) as cap2:
             jf(z(1))
-            assert _explanations(cap, name) == []
+            assert explanations(cap, name) == []
             jf(z(2))
-            assert _explanations(cap, name) == ["argument 'x': float32[1] -> float32[2]"]
+            assert explanations(cap, name) == ["argument 'x': float32[1] -> float32[2]"]
             jf2(z(1))
             jf2(z(2))
-            assert _explanations(cap2, name2) == []
+            assert explanations(cap2, name2) == []
             assert len(cap2.messages(INFO)) == 2
             ftjit.set_explain_misses(False)  # read at each miss
             jf(z(3))
-            assert len(_explanations(cap, name)) == 1
+            assert len(explanations(cap, name)) == 1
             assert (len(cap.messages(INFO)), len(cap.messages(WARNING))) == (3, 1)  # 3 compiles, 1 explanation
     finally:
         ftjit.set_explain_misses(saved)
@@ -630,10 +596,10 @@ def test_global_explain_switch_turned_on_later_explains_existing_signatures():
         with LogCapture(name) as cap:
             jf(z(1))
             jf(z(2))
-            assert _explanations(cap, name) == []
+            assert explanations(cap, name) == []
             ftjit.set_explain_misses(True)
             jf(z(3))
-            got = _explanations(cap, name)
+            got = explanations(cap, name)
             assert len(got) == 1, got
             assert re.fullmatch(r"argument 'x': float32\[[12]\] -> float32\[3\]", got[0]), got
     finally:
@@ -648,7 +614,7 @@ def test_explain_concurrent_misses_one_per_signature():
     with LogCapture(name) as cap:
         jf(z(1))
         run_threads(n, lambda i: jf(z(i + 2)))
-    got = _explanations(cap, name)
+    got = explanations(cap, name)
     assert len(got) == n, got
     pat = re.compile(r"^argument 'x': float32\[(\d+)\] -> float32\[(\d+)\]$")
     pairs = [pat.match(g) for g in got]
@@ -777,7 +743,7 @@ def test_a_static_whose_repr_raises_never_fails_the_call(options):
         assert jf(2.0, _UnprintableStatic(3)) == 6.0
     assert jf.cache_info().compiles == 2
     if options.get("explain_misses"):
-        assert _explanations(cap, name) == [
+        assert explanations(cap, name) == [
             "static 's': <_UnprintableStatic object (repr failed)> -> <_UnprintableStatic object (repr failed)>"
             " (unequal values with the same repr)"
         ]
@@ -1425,7 +1391,7 @@ def test_explain_weak_type_changes_exactly():
         jf(jnp.asarray(2.0))  # weak-typed float32[]
         jf(jnp.float32(3.0))  # strong float32[]: the same signature as np.float32
         jf(jnp.asarray(np.float32(4.0)))  # strong too
-    assert _explanations(cap, name) == [
+    assert explanations(cap, name) == [
         "argument 'x': float -> float32[]",
         "argument 'x': float32[] -> float32[]{weak}",
     ]
@@ -1452,7 +1418,7 @@ def test_explain_weak_type_flip_is_explained_against_the_same_dtype_and_shape():
         jf(jnp.zeros((2,), jnp.float32))
         out = jf(weak)
     assert out.weak_type and out.tolist() == [2.0, 2.0]
-    assert _explanations(cap, name) == [
+    assert explanations(cap, name) == [
         "argument 'x': int32[2] -> float32[2]",
         "argument 'x': float32[2] -> float32[2]{weak}",
     ]
@@ -1632,24 +1598,11 @@ def test_max_signatures_count_outlives_the_wrappers():
     assert comp.calls == 1 and cache.size() == 1
 
 
-class _ContextCompiler:
-    """A custom compiler whose tracing context is whatever `cur` holds."""
-
-    def __init__(self):
-        self.cur = None
-
-    def context(self):
-        return self.cur
-
-    def __call__(self, fun, args, kwargs):
-        return fun
-
-
 def test_guard_state_holds_no_context_value():
     """The guard keys the compiler's context like static arguments (by type
     and hash): a context value that refers to the jitted function (here, an
     instance of a class holding it) is collected once its entries are cleared."""
-    comp = _ContextCompiler()
+    comp = ContextCompiler()
     filler = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=False)
     for i in range(300):  # past the core's process-wide table of remembered contexts (256)
         comp.cur = ("fill", i)
@@ -1704,19 +1657,6 @@ def test_pytree_aux_data_counts_by_equality_not_by_its_printed_address():
     assert jf.cache_info().compiles == 2
 
 
-def _meta_dataclass():
-    import dataclasses as dc
-
-    import jax
-
-    @dc.dataclass
-    class Layer:
-        w: Any
-        act: Any = dc.field(metadata=dict(static=True))
-
-    return jax.tree_util.register_dataclass(Layer)
-
-
 def test_pytree_aux_compared_by_identity_is_a_new_signature_each_time():
     """A new aux object per call (default __eq__: the core compiles each call)
     is a new signature for the guard too, so max_signatures stops the storm."""
@@ -1724,7 +1664,7 @@ def test_pytree_aux_compared_by_identity_is_a_new_signature_each_time():
     class Act:  # default __eq__/__hash__/__repr__ (the repr shows an address)
         pass
 
-    Layer = _meta_dataclass()
+    Layer = meta_dataclass()
     jf = ftjit.jit(lambda l: l.w * 2, cache=ftjit.FunctionCache(), max_signatures=3, on_excess="raise")
     for i in range(3):
         assert float(jf(Layer(np.float32(i), Act()))) == 2.0 * i
@@ -1736,7 +1676,7 @@ def test_pytree_aux_compared_by_identity_is_a_new_signature_each_time():
 def test_pytree_aux_equal_but_printed_differently_is_one_signature():
     """2.0 and np.float64(2.0) as aux data are equal (a hit for the core):
     after a clear, the second form recompiles within max_signatures=1."""
-    Layer = _meta_dataclass()
+    Layer = meta_dataclass()
     jf = ftjit.jit(lambda l: l.w + l.act, cache=ftjit.FunctionCache(), max_signatures=1, on_excess="raise")
     assert float(jf(Layer(np.float32(1), 2.0))) == 3.0
     jf.clear_cache()
@@ -1747,7 +1687,7 @@ def test_pytree_aux_equal_but_printed_differently_is_one_signature():
 def test_guard_holds_no_int_or_str_subclass_context_value():
     import enum
 
-    comp = _ContextCompiler()
+    comp = ContextCompiler()
     filler = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=False)
     for i in range(300):  # past the core's process-wide table of remembered contexts (256)
         comp.cur = ("fill", i)
@@ -1785,7 +1725,7 @@ def test_explain_names_the_jax_config_that_changed():
             jf(np.float32(1.0))
         with jax.numpy_rank_promotion("raise"):
             jf(np.float32(1.0))
-    assert _explanations(cap, name) == [
+    assert explanations(cap, name) == [
         "tracing context jax_enable_x64: False -> True",
         "tracing context jax_numpy_rank_promotion: 'allow' -> 'raise'",
     ]
@@ -1804,10 +1744,10 @@ def test_explain_names_the_context_item_of_the_public_fallback(monkeypatch):
         jf(np.float32(1.0))
         with jax.enable_x64(True):
             jf(np.float32(1.0))
-    assert _explanations(cap, name) == ["tracing context jax_enable_x64: False -> True"]
+    assert explanations(cap, name) == ["tracing context jax_enable_x64: False -> True"]
 
 
-class _NamedContextCompiler(_ContextCompiler):
+class _NamedContextCompiler(ContextCompiler):
     context_names = ("mode", ("a", "b"), "level")
 
 
@@ -1830,7 +1770,7 @@ def test_explain_names_custom_compiler_context_items(named_items):
     """A custom compiler's context: items are named by its ``context_names``
     (nested like the context) or else by position; a value that is not a plain
     value prints by its repr, and unequal values that print alike say so."""
-    comp = _NamedContextCompiler() if named_items else _ContextCompiler()
+    comp = _NamedContextCompiler() if named_items else ContextCompiler()
     fun, name = fresh1("explain_custom_context")
     jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=True)
     with LogCapture(name) as cap:
@@ -1848,7 +1788,7 @@ def test_explain_names_custom_compiler_context_items(named_items):
     else:
         first = ["tracing context[0]: 'train' -> 'eval'", "tracing context[1][1]: 2 -> 3"]
         second = ["tracing context[2]: SameRepr -> SameRepr (unequal values that print the same)"]
-    assert _explanations(cap, name) == [
+    assert explanations(cap, name) == [
         "; ".join(first),
         "; ".join(second),
         "tracing context: ('train', (1, 2), SameRepr) -> 'not a tuple'",
@@ -1857,7 +1797,7 @@ def test_explain_names_custom_compiler_context_items(named_items):
 
 
 def test_explain_cuts_long_context_values():
-    comp = _ContextCompiler()
+    comp = ContextCompiler()
     fun, name = fresh1("explain_long_context")
     jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache(), explain_misses=True)
     with LogCapture(name) as cap:
@@ -1865,19 +1805,19 @@ def test_explain_cuts_long_context_values():
         jf(1.0)
         comp.cur = "b" * 200
         jf(1.0)
-    assert _explanations(cap, name) == [f"tracing context: '{'a' * 76}... -> '{'b' * 76}..."]
+    assert explanations(cap, name) == [f"tracing context: '{'a' * 76}... -> '{'b' * 76}..."]
 
 
 def test_explain_unequal_pytree_node_data_that_prints_the_same():
     """Aux data that differs but prints alike is named as a tree difference,
     not blamed on the tracing context."""
-    Layer = _meta_dataclass()
+    Layer = meta_dataclass()
     fun, name = fresh1("explain_aux", body=lambda l: l.w * 2)
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
     with LogCapture(name) as cap:
         jf(Layer(np.float32(1), _SameRepr(1)))
         jf(Layer(np.float32(1), _SameRepr(2)))
-    [why] = _explanations(cap, name)
+    [why] = explanations(cap, name)
     assert re.fullmatch(r"argument 'x': tree structure (PyTreeDef\(CustomNode\(Layer\[\(SameRepr,\)\], \[\*\]\)\)) -> \1 "
                         r"\(unequal node data that prints the same\)", why), why
     assert jf.cache_info().compiles == 2
@@ -1936,7 +1876,7 @@ def test_max_signatures_warn_counts_statics_with_equal_hashes():
     assert comp.calls == 3
 
 
-class _WholeContextNamed(_ContextCompiler):
+class _WholeContextNamed(ContextCompiler):
     context_names = "mode"
 
 
@@ -1949,7 +1889,7 @@ def test_explain_context_names_may_name_the_whole_context():
         jf(1.0)
         comp.cur = "eval"
         jf(1.0)
-    assert _explanations(cap, name) == ["tracing context mode: 'train' -> 'eval'"]
+    assert explanations(cap, name) == ["tracing context mode: 'train' -> 'eval'"]
 
 
 def test_explain_names_the_placement_of_a_precompiled_sharded_spec():
@@ -1962,4 +1902,4 @@ def test_explain_names_the_placement_of_a_precompiled_sharded_spec():
     with LogCapture(name) as cap:
         jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(jax.devices()[0])))
         jf(np.ones(4, np.float32))
-    assert _explanations(cap, name) == ["argument 'x': float32[4]@cpu:0 -> float32[4]"]
+    assert explanations(cap, name) == ["argument 'x': float32[4]@cpu:0 -> float32[4]"]
