@@ -8,7 +8,9 @@ would be shared by the parallel copies of one test.
 
 import gc
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -215,6 +217,17 @@ def reachable_from(root, target, limit=100_000):
                 seen.add(id(obj))
                 todo.append(obj)
     return False
+
+
+def run_script(script: str, env: dict | None = None) -> str:
+    """Runs `script` (dedented) in a fresh interpreter, with ``env`` added to
+    the environment; returns its stdout, stripped (fails the test on errors)."""
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=240, env=full_env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
 
 
 # --- functions with unique names, log capture, miss explanations ----------------
