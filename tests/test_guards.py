@@ -39,6 +39,7 @@ from helpers import (
     meta_dataclass,
     named,
     reachable_from,
+    run_script,
     run_threads,
     unique_name,
     wait_for,
@@ -647,6 +648,41 @@ def test_pytree_aux_equal_but_printed_differently_is_one_signature():
     jf.clear_cache()
     assert float(jf(Layer(np.float32(1), np.float64(2.0)))) == 3.0
     assert jf.cache_info().compiles == 2
+
+
+MAX_SIGNATURES_PER_DEVICE = """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"
+    import jax, jax.numpy as jnp
+    import ftjit
+
+    @ftjit.jit(max_signatures=2, on_excess="raise")
+    def f(x):
+        return x + 1
+
+    devices = jax.devices()
+    assert len(devices) == 3, devices
+    for d in devices[:2]:
+        f(jax.device_put(jnp.ones(2), d))
+    try:
+        f(jax.device_put(jnp.ones(2), devices[2]))
+    except ftjit.RecompileLimitError as e:
+        print(str(e).split("(differs from the closest cached one by: ")[1].split(")")[0])
+    print(f.cache_info().compiles)
+    print(sorted(s.signature for s in f.signatures()))
+"""
+
+
+# Python copy of the signature: committed placements are counted as C++ keys them
+@pytest.mark.thread_unsafe(reason="spawns an interpreter; slow to repeat 8x")
+@pytest.mark.timeout(timeout=None)  # the run's --timeout (or pyproject.toml's), not this file's 120 s
+def test_max_signatures_counts_arrays_committed_to_different_devices():
+    out = run_script(MAX_SIGNATURES_PER_DEVICE).splitlines()
+    assert len(out) == 3, out
+    assert re.fullmatch(r"argument 'x': float32\[2\]@cpu:[01] -> float32\[2\]@cpu:2", out[0]), out
+    assert out[1] == "2"
+    # signatures() prints placements as the explanation does.
+    assert out[2] == "['f(float32[2]@cpu:0)', 'f(float32[2]@cpu:1)']", out
 
 
 # Python copy of the signature: the guard's state holds static arguments' types only weakly
