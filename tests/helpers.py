@@ -27,12 +27,26 @@ if _ROOT not in sys.path:
 
 from stress.gc_wait import gc_collect_until  # noqa: E402
 
+# Exactly what the test files import (or, for decorated_double, use as helpers.decorated_double).
 __all__ = [
+    "ContextCompiler",
     "CountingCompiler",
+    "LogCapture",
+    "classes_can_die",
+    "decorated_double",
+    "explanations",
+    "fresh1",
+    "gated_compiler",
     "gc_collect_until",
+    "meta_dataclass",
+    "named",
+    "reachable_from",
+    "run_script",
     "run_threads",
+    "unique_name",
     "wait_for",
     "weak_executable",
+    "z",
 ]
 
 
