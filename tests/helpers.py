@@ -7,19 +7,46 @@ would be shared by the parallel copies of one test.
 """
 
 import gc
+import os
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
 
+import numpy as np
 import pytest
 
+# gc_collect_until is defined once, in the stress package (which cannot import
+# from tests/): the repository root is on sys.path under `python -m pytest`
+# from there; added here for any other way of running the suite.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
+
+from stress.gc_wait import gc_collect_until  # noqa: E402
+
+# Exactly what the test files import (or, for decorated_double, use as helpers.decorated_double).
 __all__ = [
+    "ContextCompiler",
     "CountingCompiler",
+    "LogCapture",
+    "classes_can_die",
+    "decorated_double",
+    "explanations",
+    "fresh1",
+    "gated_compiler",
     "gc_collect_until",
+    "meta_dataclass",
+    "named",
+    "reachable_from",
+    "run_script",
     "run_threads",
+    "unique_name",
     "wait_for",
     "weak_executable",
+    "z",
 ]
 
 
@@ -206,23 +233,18 @@ def reachable_from(root, target, limit=100_000):
     return False
 
 
-def gc_collect_until(predicate, timeout=5.0):
-    """Run gc.collect() until ``predicate()`` is true; return its last value.
-
-    One gc.collect() may be a no-op while another thread is collecting, so a
-    single call is not enough when tests run in parallel threads.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        gc.collect()
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return bool(predicate())
-        time.sleep(0.01)
+def run_script(script: str, env: dict | None = None) -> str:
+    """Runs `script` (dedented) in a fresh interpreter, with ``env`` added to
+    the environment; returns its stdout, stripped (fails the test on errors)."""
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=240, env=full_env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
 
 
-# --- helpers for tests/test_observe.py -----------------------------------------
+# --- functions with unique names, log capture, miss explanations ----------------
 
 import logging as _logging
 import uuid as _uuid
@@ -316,6 +338,77 @@ class LogCapture:
                 self.logger.setLevel(entry[1])
                 del _level_users[name]
         return False
+
+
+def z(*shape, dtype=np.float32):
+    """A numpy array of zeros of this shape (float32 unless ``dtype`` says otherwise)."""
+    return np.zeros(shape, dtype)
+
+
+def fresh1(prefix="fn", body=lambda x: x + 1):
+    """A new function ``fun(x)`` that returns ``body(x)``, with a unique name
+    (unique_name(prefix)); returns (function, name)."""
+    name = unique_name(prefix)
+
+    def fun(x):
+        return body(x)
+
+    return named(fun, name), name
+
+
+def gated_compiler(until):
+    """A CountingCompiler whose compiles set `started`, then hold until
+    ``until()`` is true (e.g. ``lambda: jf.cache_info().waits >= 1``: until
+    another caller waits on the compile). A compile still held after 30 s
+    fails with AssertionError. Returns (compiler, started, held): ``held``
+    gets each hold's duration in seconds (time.monotonic)."""
+    started = threading.Event()
+    held = []
+
+    def hook(fun, args, kwargs):
+        t0 = time.monotonic()
+        started.set()
+        if not wait_for(until, 30):
+            raise AssertionError("the condition holding the compile never came true")
+        held.append(time.monotonic() - t0)
+
+    return CountingCompiler(on_compile=hook), started, held
+
+
+def explanations(cap, name):
+    """The miss explanations of the function named ``name`` that the
+    LogCapture ``cap`` saw (WARNING records), without their prefix."""
+    prefix = f"cache miss of {name}: "
+    return [m[len(prefix):] for m in cap.messages(_logging.WARNING) if m.startswith(prefix)]
+
+
+class ContextCompiler:
+    """A custom compiler whose tracing context is whatever `cur` holds."""
+
+    def __init__(self):
+        self.cur = None
+
+    def context(self):
+        return self.cur
+
+    def __call__(self, fun, args, kwargs):
+        return fun
+
+
+def meta_dataclass():
+    """A new JAX-registered dataclass Layer(w, act): ``w`` a child, ``act``
+    static (the pytree node's aux data). Imports JAX (this module does not)."""
+    import dataclasses as dc
+    from typing import Any
+
+    import jax
+
+    @dc.dataclass
+    class Layer:
+        w: Any
+        act: Any = dc.field(metadata=dict(static=True))
+
+    return jax.tree_util.register_dataclass(Layer)
 
 
 @__import__("ftjit").jit(compiler=lambda fun, args, kwargs: fun)

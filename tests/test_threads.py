@@ -270,7 +270,7 @@ def test_06_failed_compile_reaches_every_waiter_once():
     assert (info.compiles, info.misses, info.size) == (1, 2, 1)
 
 
-def test_06c_waiters_of_an_uncopyable_compile_error_each_raise_their_own_exception():
+def test_06b_waiters_of_an_uncopyable_compile_error_each_raise_their_own_exception():
     """When a waiter cannot make its own copy of the compile's exception, it
     raises a fresh RuntimeError caused by it, never the object the other
     threads raise too (they would race on its __traceback__ and __context__)."""
@@ -299,36 +299,6 @@ def test_06c_waiters_of_an_uncopyable_compile_error_each_raise_their_own_excepti
     assert jf.cache_info().failures == 1
 
 
-def test_07_executable_error_propagates_and_entry_stays():
-    """Executables raising in many threads: each caller gets its own error and
-    the compiled entry stays (no recompiles)."""
-
-    def f(x):
-        if x < 0:
-            raise ArithmeticError(f"negative {x}")
-        return x * 2
-
-    comp = CountingCompiler()
-    jf = ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache())
-
-    def target(i):
-        out = []
-        for k in range(20):
-            v = -float(i * 100 + k + 1)
-            try:
-                jf(v)
-            except ArithmeticError as e:
-                out.append(str(e) == f"negative {v}")
-            out.append(jf(-v) == -2 * v)
-        return all(out) and len(out) == 40
-
-    assert run_threads(8, target) == [True] * 8
-    assert comp.calls == 1
-    assert comp.exec_calls == 8 * 40
-    info = jf.cache_info()
-    assert (info.size, info.compiles, info.misses) == (1, 1, 1)
-
-
 class _TwoArgError(Exception):
     """copy.copy cannot rebuild it: __init__ does not take its own args."""
 
@@ -348,7 +318,7 @@ class _UncopyableError(Exception):
 
 
 @pytest.mark.parametrize("error_type", [_TwoArgError, _UncopyableError])
-def test_06d_waiters_never_share_the_compile_error_object(error_type):
+def test_06c_waiters_never_share_the_compile_error_object(error_type):
     """A compile error whose type copy.copy cannot rebuild still reaches each
     waiter as an object of its own: a copy of the same type made without
     __init__, or, when even that fails, a RuntimeError caused by it."""
@@ -377,7 +347,7 @@ class _Interrupt(BaseException):
 
 
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt, SystemExit, _Interrupt])
-def test_06b_interrupted_compile_is_retried_not_spread_to_waiters(interruption):
+def test_06d_interrupted_compile_is_retried_not_spread_to_waiters(interruption):
     """The compiling thread is interrupted (KeyboardInterrupt, SystemExit: a
     BaseException that is not an Exception). That is the thread's, not the
     compile's result: only it raises; one waiter compiles again and every
@@ -483,7 +453,7 @@ def test_06e_retry_after_an_abandoned_compile_keeps_its_signature(how):
     assert sorted(s.signature.count("S") for s in jf.signatures()) == [1, 1]
 
 
-def test_06c_precompile_waiting_on_an_interrupted_compile_compiles_it():
+def test_06f_precompile_waiting_on_an_interrupted_compile_compiles_it():
     """A precompile that waited on a compile the compiling thread abandoned
     (KeyboardInterrupt) compiles the signature itself and says so (True)."""
     first = [True]
@@ -514,6 +484,36 @@ def test_06c_precompile_waiting_on_an_interrupted_compile_compiles_it():
     assert comp.calls == 2
     assert comp.exec_calls == 0
     assert jf(3.0) == 4.0 and comp.calls == 2
+
+
+def test_07_executable_error_propagates_and_entry_stays():
+    """Executables raising in many threads: each caller gets its own error and
+    the compiled entry stays (no recompiles)."""
+
+    def f(x):
+        if x < 0:
+            raise ArithmeticError(f"negative {x}")
+        return x * 2
+
+    comp = CountingCompiler()
+    jf = ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache())
+
+    def target(i):
+        out = []
+        for k in range(20):
+            v = -float(i * 100 + k + 1)
+            try:
+                jf(v)
+            except ArithmeticError as e:
+                out.append(str(e) == f"negative {v}")
+            out.append(jf(-v) == -2 * v)
+        return all(out) and len(out) == 40
+
+    assert run_threads(8, target) == [True] * 8
+    assert comp.calls == 1
+    assert comp.exec_calls == 8 * 40
+    info = jf.cache_info()
+    assert (info.size, info.compiles, info.misses) == (1, 1, 1)
 
 
 @pytest.mark.thread_unsafe(reason="delivers SIGINT to the main thread")
@@ -661,7 +661,7 @@ def test_a_swallowed_keyboard_interrupt_is_not_re_armed_where_it_would_misfire(w
 
 
 @pytest.mark.thread_unsafe(reason="delivers SIGUSR1 to the main thread")
-def test_08c_a_signal_handler_that_compiles_inside_a_wait_closes_no_false_cycle():
+def test_08b_a_signal_handler_that_compiles_inside_a_wait_closes_no_false_cycle():
     """The main thread waits on f, which thread B compiles. A signal handler
     runs in the main thread during that wait and compiles g; B's compile of f
     then needs g. Nothing is deadlocked (the handler is running, not waiting:
@@ -716,7 +716,7 @@ def test_08c_a_signal_handler_that_compiles_inside_a_wait_closes_no_false_cycle(
 
 @pytest.mark.thread_unsafe(reason="delivers SIGUSR1 to the main thread")
 @pytest.mark.parametrize("cycle_closes", ["after_nested_wait", "during_nested_wait"])
-def test_08b_nested_wait_in_a_signal_handler_keeps_cycle_detection(cycle_closes):
+def test_08c_nested_wait_in_a_signal_handler_keeps_cycle_detection(cycle_closes):
     """The main thread compiles h, whose compile waits on f, which thread A is
     compiling. While main waits, a signal handler runs in it and itself waits
     on a third compile (g, by thread B): a nested wait. Then A's compile of f

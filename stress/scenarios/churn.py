@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import ftjit
 
+from ..gc_wait import gc_collect_until
 from ..registry import Context, Result, register
 from ._calls import ARG_SPECS, mismatch, weak_executable
 from ._pool import Pool, WorkerLog
@@ -37,7 +38,6 @@ PAYLOAD_BYTES = 16 * 1024
 #: the evicted executables grows it by ~35 MiB at quick size.
 RSS_GROWTH_LIMIT = 10 * _MIB
 RSS_TEETH = 4  #: the ballast moved between the two windows must be >= RSS_TEETH x the limit, or the check is void
-_GC_UNTIL_S = 5.0
 
 
 def rss_bytes() -> int:
@@ -182,18 +182,6 @@ class Churn:
             time.sleep(rng.uniform(*GC_SLEEP_S))
 
 
-def collect_until(predicate: Callable[[], bool], timeout: float = _GC_UNTIL_S) -> bool:
-    """gc.collect() until ``predicate()`` holds or ``timeout`` passed (one collect can race another thread's)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        gc.collect()
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return predicate()
-        time.sleep(0.01)
-
-
 def rss_windows(samples: list[tuple[int, int]], total: int) -> Optional[tuple[float, float]]:
     """Median RSS in the run's second quarter and in its last quarter (by closures done); None if either is empty.
 
@@ -237,11 +225,11 @@ def check(churn: Churn, aborted: list[str]) -> list[str]:
     violations = list(aborted) + churn.size_violations
     if churn.closure_compiles != churn.compiler.calls:
         violations.append(f"closures' compiles sum to {churn.closure_compiles} != {churn.compiler.calls} compiler calls")
-    if not collect_until(lambda: len(churn.alive) == 0):
+    if not gc_collect_until(lambda: len(churn.alive) == 0):
         alive = [f"{type(o).__name__} of closure {_tag_of(o)}" for o in list(churn.alive)[:5]]
         violations.append(f"{len(churn.alive)} of {churn.dropped} dropped objects (closures and their jitted "
                           f"wrappers) still alive: {alive}")
-    if not collect_until(lambda: churn.shared.size() == 0):
+    if not gc_collect_until(lambda: churn.shared.size() == 0):
         violations.append(f"shared cache holds {churn.shared.size()} entries after all its functions died")
     full = [c.size() for c in churn.kept_caches if c.size() != 0]
     if full:

@@ -1,0 +1,358 @@
+"""warmup() and ftjit.Spec: compiling a list of signatures ahead of traffic,
+in worker threads (or in the caller's thread when its tracing context would
+not carry over to them), the report (results in spec order, errors without
+raising, strict=True), and the progress bar.
+
+Every test builds its own FunctionCache and fresh functions. Functions whose
+names show up in process-wide places (logs, stats()) get a unique name per
+test run (helpers.unique_name), so parallel copies of a test never see each
+other's records. Thread tests start on a Barrier (helpers.run_threads), join
+with a timeout and re-raise worker exceptions.
+"""
+
+import logging
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import ftjit
+from helpers import CountingCompiler, LogCapture, fresh1, named, unique_name, z
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --- warmup(): results, duplicates, errors ------------------------------------
+
+
+def test_warmup_results_in_order_then_hits():
+    name = unique_name("warm")
+
+    def fun(x, n):
+        return x * n
+
+    named(fun, name)
+    comp = CountingCompiler(delay=0.02)
+    jf = ftjit.jit(fun, static_argnames="n", compiler=comp, cache=ftjit.FunctionCache())
+    specs = [(z(4), 2), ftjit.Spec((z(4),), {"n": 3}), (z(2, 2, dtype=np.int32), 2), (1.5, 2)]
+    report = jf.warmup(specs, workers=2)
+    assert isinstance(report, ftjit.WarmupReport)
+    assert report.ok and report.errors == ()
+    assert [r.signature for r in report.results] == [
+        f"{name}(float32[4], 2)",
+        f"{name}(float32[4], n=3)",
+        f"{name}(int32[2,2], 2)",
+        f"{name}(float, 2)",
+    ]
+    assert all(isinstance(r, ftjit.WarmupResult) for r in report.results)
+    assert all(r.compiled and r.error is None and r.seconds >= 0.02 for r in report.results)
+    # A report is the sequence of its results: len, iteration and indexing.
+    assert len(report) == 4
+    assert list(report) == list(report.results)
+    assert report[0] is report.results[0] and report[-1].signature == f"{name}(float, 2)"
+    assert comp.calls == 4
+    assert comp.exec_calls == 0  # nothing executed
+    info = jf.cache_info()
+    assert (info.compiles, info.hits) == (4, 0)
+    # Real calls of those signatures are hits.
+    assert np.array_equal(jf(np.ones(4, np.float32), 2), np.full(4, 2, np.float32))
+    assert np.array_equal(jf(np.ones(4, np.float32), n=3), np.full(4, 3, np.float32))
+    assert jf(1.5, 2) == 3.0
+    assert comp.calls == 4
+    assert jf.cache_info().hits == 3
+    text = str(report)
+    for r in report.results:
+        assert r.signature in text
+    assert "compiled" in text
+    assert text.splitlines()[-1].startswith("warmup: 4/4 ok")
+    assert "2 worker(s)" in text.splitlines()[-1]
+    # Warming again: everything is cached already.
+    again = jf.warmup(specs)
+    assert [r.compiled for r in again.results] == [False] * 4
+    assert "cached" in str(again)
+    assert comp.calls == 4
+
+
+def test_warmup_duplicates_compile_once():
+    comp = CountingCompiler(delay=0.1)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    specs = [(z(1),), (z(1),), (z(2),), (z(1),)]
+    report = jf.warmup(specs, workers=4)
+    assert report.ok
+    assert comp.calls == 2
+    assert jf.cache_info().compiles == 2
+    assert sum(report.results[i].compiled for i in (0, 1, 3)) == 1
+    assert report.results[2].compiled
+    sigs = [r.signature for r in report.results]
+    assert sigs[0] == sigs[1] == sigs[3] != sigs[2]
+    serial = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+    rep = serial.warmup(specs, workers=1)
+    assert [r.compiled for r in rep.results] == [True, False, True, False]
+
+
+def _picky_compiler(bad_sizes, delay=0.0):
+    inner = CountingCompiler(delay=delay)
+
+    def compiler(fun, args, kwargs):
+        size = args[0].shape[0]
+        if size in bad_sizes:
+            raise bad_sizes[size]
+        return inner(fun, args, kwargs)
+
+    return compiler, inner
+
+
+def test_warmup_reports_errors_without_raising():
+    compiler, inner = _picky_compiler({3: ValueError("bad size 3")})
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache())
+    specs = [(z(1),), (z(3),), (object(),), (z(2),)]
+    report = jf.warmup(specs, workers=2)
+    assert not report.ok
+    res = report.results
+    assert [r.error is None for r in res] == [True, False, False, True]
+    assert [r.compiled for r in res] == [True, False, False, True]
+    assert isinstance(res[1].error, ValueError) and str(res[1].error) == "bad size 3"
+    assert isinstance(res[2].error, ftjit.UnsupportedArgumentError)
+    assert report.errors == (res[1], res[2])
+    assert inner.calls == 2
+    text = str(report)
+    assert "ValueError: bad size 3" in text
+    assert "UnsupportedArgumentError" in text
+    assert text.splitlines()[-1].startswith("warmup: 2/4 ok")
+
+
+def test_warmup_strict_raises_first_error_in_spec_order_after_all_ran():
+    compiler, inner = _picky_compiler({3: ValueError("bad size 3"), 5: KeyError("bad size 5")}, delay=0.05)
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache())
+    specs = [(z(1),), (z(5),), (z(3),), (z(2),), (z(4),)]
+    with pytest.raises(KeyError, match=r"^'bad size 5'$"):  # str(KeyError) is the repr of its key
+        jf.warmup(specs, workers=3, strict=True)
+    assert inner.calls == 3  # every good spec still ran
+    assert jf.cache_info().compiles == 3
+    specs2 = [(z(1),), (z(3),), (z(5),)]
+    with pytest.raises(ValueError, match="^bad size 3$"):
+        jf.warmup(specs2, workers=1, strict=True)
+
+
+def test_warmup_lets_a_keyboard_interrupt_through():
+    class Interrupting:
+        def __hash__(self):
+            raise KeyboardInterrupt
+
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, s: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(KeyboardInterrupt):
+        jf.warmup([(1.0, 1), (1.0, Interrupting()), (1.0, 2)], progress=False)
+    assert comp.calls == 1
+
+
+# --- specs and workers --------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers, error", [(0, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError),
+                                             ("2", TypeError)])
+def test_warmup_invalid_workers(workers, error):
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(error) as info:
+        jf.warmup([(z(1),)], workers=workers)
+    assert type(info.value) is error and str(info.value) == f"workers must be a positive int, got {workers!r}"
+    assert comp.calls == 0
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((np.ones(3),), {}, "ftjit.Spec: args must be a tuple of positional arguments, got ndarray (one argument x is "
+                        "Spec((x,)))"),
+    (([1],), {}, "ftjit.Spec: args must be a tuple of positional arguments, got list (one argument x is Spec((x,)))"),
+    (((1,), None), {}, "ftjit.Spec: kwargs must be a mapping of str to arguments, got None"),
+    (((1,), {1: 2}), {}, "ftjit.Spec: kwargs must be a mapping of str to arguments, got {1: 2}"),
+])
+def test_spec_validates_its_fields(args, kwargs, message):
+    with pytest.raises(TypeError) as info:
+        ftjit.Spec(*args, **kwargs)
+    assert str(info.value) == message
+
+
+def test_warmup_rejects_bad_spec():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(TypeError) as info:
+        jf.warmup([z(1)])
+    assert str(info.value) == (
+        f"a warmup spec must be a tuple of positional arguments or ftjit.Spec(args, kwargs), got {z(1)!r}"
+    )
+    assert comp.calls == 0
+
+
+def test_warmup_jax_shape_dtype_structs():
+    import jax
+    fun, name = fresh1("warm_jax", body=lambda x: x * 2 + 1)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
+    sizes = [4, 8, 16, 32]
+    specs = [(jax.ShapeDtypeStruct((n,), np.float32),) for n in sizes]
+    report = jf.warmup(specs, workers=2)
+    assert report.ok, str(report)
+    assert [r.signature for r in report.results] == [f"{name}(float32[{n}])" for n in sizes]
+    assert all(r.compiled for r in report.results)
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.hits) == (4, 4, 0)
+    out = jf(np.ones(8, np.float32))
+    np.testing.assert_array_equal(np.asarray(out), np.full(8, 3, np.float32))
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.hits) == (4, 4, 1)
+    assert {s.signature for s in jf.signatures()} == {f"{name}(float32[{n}])" for n in sizes}
+
+
+def test_warmup_workers_run_in_parallel():
+    """workers=4 runs 4 compiles at once (they meet at a 4-party barrier, which
+    a serial warm-up could never pass); workers=1 runs them one at a time."""
+    specs = [(z(i + 1),) for i in range(8)]
+
+    def run(workers):
+        lock = threading.Lock()
+        state = {"now": 0, "peak": 0}
+        barrier = threading.Barrier(workers, timeout=30)
+
+        def meet(fun, args, kwargs):
+            with lock:
+                state["now"] += 1
+                state["peak"] = max(state["peak"], state["now"])
+            try:
+                barrier.wait()  # BrokenBarrierError after 30 s if fewer run at once
+            finally:
+                with lock:
+                    state["now"] -= 1
+
+        comp = CountingCompiler(on_compile=meet)
+        jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+        report = jf.warmup(specs, workers=workers)
+        assert report.ok, report
+        assert comp.calls == 8 and report.workers == workers
+        return state["peak"]
+
+    assert run(1) == 1
+    assert run(4) == 4
+
+
+@pytest.mark.thread_unsafe(reason="records warnings (process-global warning filters)")
+def test_warmup_under_a_thread_local_jax_config_compiles_in_this_thread():
+    # Worker threads do not inherit jax.enable_x64(); warming there would
+    # compile float32 signatures for float64 traffic.
+    import jax
+    fun, name = fresh1("warm_x64", body=lambda x: x * 2)
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
+    specs = [(np.ones(n),) for n in (1, 2, 3)]
+    with jax.enable_x64(True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = jf.warmup(specs, workers=2, progress=False)
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(messages) == 1, messages
+        assert messages[0].startswith(f"warmup of {name}: this thread's tracing context")
+        assert messages[0].endswith("(workers=2 ignored)")
+        assert caught[0].filename == __file__
+        assert report.ok and report.workers == 1
+        assert [r.signature for r in report.results] == [f"{name}(float64[{n}])" for n in (1, 2, 3)]
+        outs = [jf(*spec) for spec in specs]
+    assert [str(o.dtype) for o in outs] == ["float64"] * 3
+    info = jf.cache_info()
+    assert (info.compiles, info.hits) == (3, 3)
+
+
+def test_warmup_with_the_default_config_uses_its_workers():
+    import jax  # noqa: F401
+    fun, name = fresh1("warm_plain")
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
+    assert ftjit._warmup._same_context_in_a_new_thread(jf)
+    report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=2, progress=False)
+    assert report.ok and report.workers == 2
+
+
+# --- the progress bar ---------------------------------------------------------
+
+
+def _bar(label, done, total, width=30):
+    filled = width * done // total
+    return f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_warmup_progress_bar_on_a_stream_draws_every_count_then_a_newline(workers):
+    import io
+
+    fun, name = fresh1("warm_bar")
+    comp = CountingCompiler()
+    jf = ftjit.jit(fun, compiler=comp, cache=ftjit.FunctionCache())
+    out = io.StringIO()
+    report = jf.warmup([(z(1),), (z(2),), (z(3),)], workers=workers, progress=out)
+    assert report.ok and comp.calls == 3
+    # Counts are taken under the bar's lock, so they come out 1, 2, 3 whichever worker finishes first.
+    assert out.getvalue() == "".join(_bar(f"warmup {name}", k, 3) for k in (1, 2, 3)) + "\n"
+
+
+def test_warmup_progress_rejects_what_is_not_a_bool_none_or_stream():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(TypeError, match=r"^progress must be True, False, None or a writable text stream, got 'yes'$"):
+        jf.warmup([(z(1),)], progress="yes")
+    assert comp.calls == 0
+
+
+@pytest.mark.thread_unsafe(reason="capsys and a patched sys.stderr are process-global")
+def test_warmup_progress_true_draws_on_stderr_none_only_on_a_terminal(capsys, monkeypatch):
+    import io
+    import sys
+
+    specs = [(z(1),), (z(2),), (z(3),)]
+
+    def warm(progress):
+        fun, name = fresh1("warm_tty")
+        jf = ftjit.jit(fun, compiler=CountingCompiler(), cache=ftjit.FunctionCache())
+        assert jf.warmup(specs, workers=2, progress=progress).ok
+        return name
+
+    assert not sys.stderr.isatty()  # pytest's capture: not a terminal
+    warm(None)
+    warm(False)
+    assert capsys.readouterr() == ("", "")
+    name = warm(True)
+    assert capsys.readouterr() == ("", "".join(_bar(f"warmup {name}", k, 3) for k in (1, 2, 3)) + "\n")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    name = warm(None)
+    assert terminal.getvalue() == "".join(_bar(f"warmup {name}", k, 3) for k in (1, 2, 3)) + "\n"
+    warm(False)
+    assert terminal.getvalue().count("\n") == 1
+
+
+class _FailingStream:
+    def __init__(self, tag="stream closed"):
+        self.writes = 0
+        self.tag = tag
+
+    def write(self, text):
+        self.writes += 1
+        raise OSError(self.tag)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_warmup_survives_a_progress_stream_that_fails(workers):
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    tag = unique_name("closed")  # this copy's records only, when copies run in parallel
+    stream = _FailingStream(tag)
+    with LogCapture(tag) as cap:
+        report = jf.warmup([(z(n),) for n in (1, 2, 3)], workers=workers, progress=stream)
+    assert report.ok and [r.compiled for r in report.results] == [True, True, True]
+    assert comp.calls == 3
+    assert stream.writes == 1  # the bar is dropped after its first failure
+    assert cap.messages(logging.WARNING) == [f"warmup: progress bar disabled, its stream failed: OSError('{tag}')"]
