@@ -265,12 +265,13 @@ def serve(server: Any, listener: socket.socket, app: App) -> int:
 
     The signal closes the port, then waitress's own stop runs: its loop ends and its workers finish
     the requests they are running, writing their answers, for up to 5 s (requests still waiting for a
-    worker are cancelled). 1 if a request was still in the app then, else 0. A second signal kills.
+    worker are cancelled). 1 if a request was still in the app then, else 0. A second signal is
+    ignored, so that it cannot cut the stop short; that stop is bounded by waitress's 5 s anyway.
     """
 
     def stop(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         app.stopping = True
         listener.close()
         logger.info("%s: stopping; answering the requests being served", signal.Signals(signum).name)

@@ -318,7 +318,7 @@ def test_the_server_under_200_clients_at_once_then_sigterm():
 
 # Runs in a child process: serve.serve() must own the main thread, where signals arrive. A request is
 # held inside the model when the signal comes; it is released once the handler has run (the port is
-# closed by then); its answer must still arrive, and serve() must return 0.
+# closed by then) and a second signal was sent; its answer must still arrive, and serve() must return 0.
 IN_FLIGHT_CHILD = r"""
 import http.client, json, os, socket, sys, threading, time
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
@@ -350,6 +350,7 @@ def conductor():
     assert entered.wait(60)
     os.kill(os.getpid(), int(sys.argv[2]))
     seen["handler ran"] = wait_for(lambda: app.stopping, 60)
+    os.kill(os.getpid(), int(sys.argv[2]))  # a second signal, while the request is still held: ignored
     try:
         socket.create_connection(("127.0.0.1", port), timeout=10).close()
         seen["port"] = "open"
