@@ -6,8 +6,8 @@ guard answers a JSON error, /stats numbers are exact, /metrics parses and
 carries ftjit's series, and the app's own errors are JSON. Over the wire,
 examples/serve.py under waitress in a child process (thread_unsafe: processes
 and ports): warm-up before the port opens, 200 clients at once all answered
-with the GIL still off, SIGTERM and SIGINT answering the request in flight,
-and the demo. HTTP mechanics are waitress's and are not tested here. Nothing
+with the GIL still off, the load generator's count and time limits, SIGTERM
+and SIGINT answering the request in flight, and the demo. HTTP mechanics are waitress's and are not tested here. Nothing
 asserts on speed; timeouts are hang guards.
 """
 
@@ -279,7 +279,7 @@ def test_warmup_happens_before_the_port_opens(monkeypatch, capsys):
 
 @starts_servers
 @pytest.mark.timeout(300)
-def test_the_server_under_200_clients_at_once_then_sigterm():
+def test_the_server_under_200_clients_at_once_then_sigterm(capsys):
     server = ServerProcess("--max-batch", "8", "--warmup-workers", "2", "--threads", "4")
     try:
         output = server.output
@@ -308,6 +308,11 @@ def test_the_server_under_200_clients_at_once_then_sigterm():
         report = load.run_load(server.port, threads=4, requests=100, seconds=None, seed=1, max_batch=8, progress=False)
         assert (report.requests, report.errors, report.wrong, report.stopped_by) == (100, 0, 0, "request count")
         assert report.compiles == 4 and report.stats["function"]["cache_info"]["hits"] == 300
+        # Stopped by its time limit instead; and a run that sent nothing is a failure (exit code 1), not a pass.
+        timed = load.run_load(server.port, threads=2, requests=10**9, seconds=1.0, seed=2, max_batch=8, progress=False)
+        assert (timed.stopped_by, timed.errors, timed.wrong, timed.compiles) == ("time limit", 0, 0, 4)
+        assert load.main(["--port", str(server.port), "--threads", "2", "--seconds", "0.000001"]) == 1
+        assert re.search(r"^requests +0$", capsys.readouterr().out, re.M)
     finally:
         code = server.stop(signal.SIGTERM)
     assert code == 0, server.output
