@@ -34,7 +34,7 @@ setup() {
     "$PY" -m venv "$VENV"
   fi
   # jax >= 0.10.2 as pyproject requires (the editable install uses --no-deps, so it is checked here).
-  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, chex, waitress, numpy, jax
+  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, chex, waitress, prometheus_client, numpy, jax
 v = tuple(int(p) for p in jax.__version__.split('.')[:3])
 assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     log "installing build and test dependencies"
@@ -46,9 +46,10 @@ assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     "$VPY" -m pip install -q --only-binary=:all: "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
       "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10" \
       chex \
-      "waitress>=3.0.2,<4"
+      "waitress>=3.0.2,<4" "prometheus_client>=0.20"
     # chex: tests/test_jax_fixes.py, what chex (a JAX user's test tool) sees of a jitted function.
-    # waitress (pure Python, a py3-none-any wheel): examples/serve.py --server waitress and its tests.
+    # waitress and prometheus_client (both pure Python, py3-none-any wheels): the serve extra, which
+    # examples/serve.py (the demo) and tests/test_serve.py need.
   fi
 }
 
