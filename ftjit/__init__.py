@@ -39,6 +39,7 @@ except ImportError as _error:
 del _, _core_not_loaded
 
 from . import errors
+from ._hooks import CompilerHooks
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
 from ._observe import FunctionStats, Stats, set_explain_misses, stats
@@ -56,6 +57,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit",
+    "CompilerHooks",
     "JaxCompiler",
     "JitFunction",
     "FunctionCache",

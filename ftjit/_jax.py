@@ -36,6 +36,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from ._hooks import CompilerHooks
+
 __all__ = ["JaxCompiler", "fast_callable", "FAST_PATH"]
 
 # Whether fast_callable() may use Compiled's private C++ callable. Tests turn
@@ -610,12 +612,37 @@ class _ThroughJaxJit:
             return jitted
         return fast_callable(traced.lower().compile())
 
-    def lower(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        return self.jax_jit(fun).lower(*args, **kwargs)
+    def hooks(self, fun: Callable[..., Any]) -> CompilerHooks:
+        """The compiler protocol's hooks for ``fun`` (ftjit/_hooks.py): jax.jit's
+        signature (every config that changes tracing, committed placements),
+        JAX's pytree registry, and ``fun``'s jax.jit for the calls ftjit must
+        not cache (a JAX trace is active, or jax.disable_jit()) and for
+        ``lower``, ``trace`` and ``eval_shape``."""
+        from ._observe import placement_label
 
-    def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
-        """JAX's own path, for calls ftjit must not cache (a JAX trace is active, or jax.disable_jit())."""
-        return self.jax_jit(fun)
+        jitted = self.jax_jit(fun)
+        hooks = _jax_hooks()
+        return CompilerHooks(
+            context=hooks["signature_hooks"],
+            context_names=hooks["context_names"],
+            pytree_flatten=hooks["pytree_flatten"],
+            custom_namedtuple=hooks["custom_namedtuple"],
+            fallback=jitted,
+            fallback_types=hooks["fallback_types"],
+            plain_types=hooks["plain_types"],
+            aval_types=hooks["aval_types"],
+            redo_types=hooks["redo_types"],
+            strip_static=True,
+            jax_style_errors=True,
+            lower=jitted.lower,
+            trace=jitted.trace,
+            eval_shape=jitted.eval_shape,
+            clear_cache=self._clear_cache_hook(),
+            placement_label=placement_label,
+        )
+
+    def _clear_cache_hook(self) -> Callable[[], None] | None:
+        return None
 
 
 def _pytree_hook(fast: frozenset[str], public: Callable[[Any], Any], is_hijax: Callable[[Any], bool],
@@ -702,12 +729,10 @@ class JaxCompiler(_ThroughJaxJit):
 
     Equal (and hashing equal) for equal options, so that two ``ftjit.jit``
     wrappers of one function share compiled entries. Executables take the
-    dynamic arguments only (``strip_static``); the core strips the statics.
+    dynamic arguments only (``strip_static``: the core strips the statics),
+    and a static argument's failing ``__eq__`` raises jax.jit's ValueError
+    (``jax_style_errors``): see ``hooks``.
     """
-
-    strip_static = True
-    #: a static argument's failing __eq__ raises jax.jit's ValueError (as jaxlib raises it)
-    jax_style_errors = True
 
     __slots__ = ("static_argnums", "static_argnames", "jit_options")
 
@@ -733,48 +758,6 @@ class JaxCompiler(_ThroughJaxJit):
         """This compiler for ``fun`` only, compiling through ``jitted`` (its ``jax.jit``)."""
         return BoundJaxCompiler(self, fun, jitted)
 
-
-    @property
-    def context(self) -> Callable[[], Any]:
-        return _jax_hooks()["context"]
-
-    @property
-    def context_names(self) -> Any:
-        """() -> the names of context()'s items, for miss explanations."""
-        return _jax_hooks()["context_names"]
-
-    @property
-    def signature_hooks(self) -> SignatureHooks:
-        """The core's context hook: context, trace probe, disable_jit, placement."""
-        return _jax_hooks()["signature_hooks"]
-
-    @property
-    def pytree_flatten(self) -> Callable[[Any], Any]:
-        return _jax_hooks()["pytree_flatten"]
-
-    @property
-    def redo_types(self) -> tuple[type[BaseException], ...]:
-        """Exceptions of the executable after which the call is made again
-        through jax.jit: a NaN or inf found under ``jax_debug_nans`` /
-        ``jax_debug_infs``, which jax.jit reports by re-running the function
-        de-optimised (a ``FloatingPointError`` naming the op)."""
-        return _jax_hooks()["redo_types"]
-
-    @property
-    def custom_namedtuple(self) -> Callable[[type], bool]:
-        return _jax_hooks()["custom_namedtuple"]
-
-    @property
-    def fallback_types(self) -> tuple[type, ...]:
-        return _jax_hooks()["fallback_types"]
-
-    @property
-    def plain_types(self) -> tuple[type, ...]:
-        return _jax_hooks()["plain_types"]
-
-    @property
-    def aval_types(self) -> tuple[type, ...]:
-        return _jax_hooks()["aval_types"]
 
     # -- identity ----------------------------------------------------------
     def _key(self) -> tuple:
@@ -824,6 +807,8 @@ class BoundJaxCompiler(_ThroughJaxJit):
     def jax_jit(self, fun: Callable[..., Any]) -> Any:
         return self.jitted if fun is self.fun else self.compiler.jax_jit(fun)
 
+    def _clear_cache_hook(self) -> Callable[[], None] | None:
+        return self.clear_cache
 
     def clear_cache(self) -> None:
         """What ``clear_cache()`` of the function's jax.jit clears: its own

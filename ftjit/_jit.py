@@ -1,9 +1,11 @@
-"""ftjit.jit() and the Python side of JitFunction, around the C++ core.
+"""ftjit.jit(), clear_caches() and disable_jit(), around the C++ core.
 
 jit() checks and resolves its options (ftjit/_options.py), picks the
-compiler (_choose_compiler) and builds the core object (_construct); below
-it, the methods that JitFunction gets from Python (lower, warmup,
-signatures, pickling...), and clear_caches/disable_jit.
+compiler (_choose_compiler), reads its hooks (ftjit/_hooks.py) and builds
+the JitFunction (_construct): a C++ type (cpp/jit/jit_type.cc) that defines
+every method of a jitted function. Below: the records the core returns
+(CacheInfo, SignatureInfo), the one-time integration with JAX, and
+_rebuild, which unpickles a jitted function.
 
 Shared state: _DEFAULT_CACHE (a FunctionCache: its own locks, see
 cpp/function_cache.h) and _jax_integration, written once under _jax_lock
@@ -14,16 +16,13 @@ beyond the one-time integration). Everything else is per call.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import os
 import sys
 import threading
 import types
 import weakref
-from typing import Any, Callable, Iterator, NamedTuple, ParamSpec, Sequence, TextIO, TypeVar, overload
-
-import numpy as np
+from typing import Any, Callable, Iterator, NamedTuple, ParamSpec, Sequence, TypeVar, overload
 
 # Names from the submodules themselves, never from ftjit/__init__.py (which imports this module).
 from ._options import (
@@ -37,21 +36,14 @@ from ._options import (
     seconds,
     static_args,
 )
-from ._core import _after_fork_in_child, _disable_jit_enter, _disable_jit_exit, _make_jit_function, _set_python_types
+from ._core import _after_fork_in_child, _disable_jit_enter, _disable_jit_exit, _make_jit_function
 from ._core import clear_caches as _core_clear_caches
-from ._jax import BoundJaxCompiler, JaxCompiler, JaxIntegration, integrate as _integrate_with_jax, jax_jit
-from ._jax import _identity
-from ._observe import Describer, GuardedCompiler, compiling_ahead, on_compile, on_wait, placement_label
-from .errors import (
-    CompileCycleError,
-    CompileTimeoutError,
-    RecursiveCompileError,
-    UnhashableStaticArgumentError,
-    UnsupportedArgumentError,
-)
-from ._warmup import warmup as _warmup_impl
+from ._hooks import hooks_of
+from ._jax import JaxCompiler, JaxIntegration, integrate as _integrate_with_jax, jax_jit
+from ._jax import _identity, _jax_hooks
+from ._observe import Describer, GuardedCompiler
 
-__all__ = ["jit", "JitFunction", "FunctionCache", "CacheInfo", "clear_caches", "disable_jit"]
+__all__ = ["jit", "JitFunction", "FunctionCache", "CacheInfo", "SignatureInfo", "clear_caches", "disable_jit"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -76,6 +68,14 @@ class CacheInfo(NamedTuple):
     failures: int  #: compiles that raised
     compile_seconds: float  #: total time spent compiling
     wait_seconds: float  #: total time spent waiting for other threads' compiles
+
+
+class SignatureInfo(NamedTuple):
+    """One cached, compiled signature of a function (see ``JitFunction.signatures()``)."""
+
+    signature: str  #: readable, e.g. "f(float32[8,128], n=3)"
+    hits: int  #: calls served by this entry from the cache
+    compile_seconds: float
 
 
 _DEFAULT_CACHE = FunctionCache(4096)
@@ -388,29 +388,23 @@ def _construct(
         on_excess if max_signatures is not None else None,
     )
     name = name_of(fun)
+    # One object the compile runs through and one set of hooks, for JAX
+    # bound to this function and its one jax.jit.
+    compiling = compiler.bind(fun, jitted) if jitted is not None and isinstance(compiler, JaxCompiler) else compiler
+    hooks = hooks_of(compiling, fun)
     describer = Describer(argnums, argnames, static.arg_names, use_jax=isinstance(compiler, JaxCompiler))
-    context_fn = getattr(compiler, "context", None)
-    describer.context = context_fn if callable(context_fn) else None
-    describer.context_names = getattr(compiler, "context_names", None) if describer.context is not None else None
-    # The JAX compiler's context hook also probes for an active trace and
-    # jax_disable_jit (those calls go to jax.jit), and keys committed arrays
-    # on their placement (see cpp/signature.h).
-    core_context = getattr(compiler, "signature_hooks", None) or context_fn
+    if isinstance(compiler, JaxCompiler):
+        describer.context = _jax_hooks()["context"]  # trace_context() with the extras, as the core keys it
+    else:
+        describer.context = hooks.context if callable(hooks.context) else None
+    describer.context_names = hooks.context_names if describer.context is not None else None
     # JAX compilers run under jax's traceback boundary (see _integrate_jax).
     guarded_type = _integrate_jax() if isinstance(compiler, JaxCompiler) else GuardedCompiler
-    guarded = guarded_type(
-        compiler.bind(fun, jitted) if jitted is not None and isinstance(compiler, JaxCompiler) else compiler,
-        name,
-        describer,
-        max_signatures,
-        on_excess,
-        explain_misses,
-    )
-    # The optional compiler protocol (see JaxCompiler): hooks the core uses.
-    fallback_maker = getattr(compiler, "fallback", None)
+    guarded = guarded_type(compiling, name, describer, max_signatures, on_excess, explain_misses)
     jf: JitFunction[Any, Any] = _make_jit_function(  # type: ignore[assignment]
         fun=fun,
-        compiler=guarded,
+        compile=guarded,
+        hooks=hooks,
         cache=cache,
         static_argnums=argnums,
         static_argnames=argnames,
@@ -418,19 +412,7 @@ def _construct(
         name=name,
         options=options,
         pickle_options=pickle_options,
-        pytree_flatten=getattr(compiler, "pytree_flatten", None),
-        custom_namedtuple=getattr(compiler, "custom_namedtuple", None),
-        redo_types=getattr(compiler, "redo_types", None),
-        context_fn=core_context,
-        strip_static=bool(getattr(compiler, "strip_static", False)),
-        jax_style_errors=bool(getattr(compiler, "jax_style_errors", False)),
-        fallback=jitted if jitted is not None else fallback_maker(fun) if callable(fallback_maker) else None,
-        fallback_types=getattr(compiler, "fallback_types", None),
-        plain_types=getattr(compiler, "plain_types", None),
-        aval_types=getattr(compiler, "aval_types", None),
         compile_timeout=seconds(compile_timeout),
-        on_compile=on_compile,
-        on_wait=on_wait,
     )
     # Wrappers of one function with equal options share its entries, so the
     # guard counts for all of them (the first wrapper's state while it lives).
@@ -438,199 +420,13 @@ def _construct(
     if max_signatures is not None:
         guarded.ready_count = _ready_counter(jf)
     if isinstance(compiler_key, _IdentityKey):
-        compiler_key.when_dead(jf._entries_forgetter())
+        compiler_key.when_dead(jf._store_forgetter())
     functools.update_wrapper(jf, fun)
     if static.sig is not None:
         # As on a jax.jit function: the attribute itself, not only what
         # inspect.signature() derives through __wrapped__.
         jf.__signature__ = static.sig
     return jf
-
-
-def _jax_jitted(self: Any, method: str) -> Any:
-    """The ``jax.jit`` of this function with its options (the JAX compiler only)."""
-    compiler = self._compiler.inner
-    make = getattr(compiler, "jax_jit", None)
-    if make is None:
-        raise TypeError(f"{method}() needs the JAX compiler; this function uses {compiler!r}")
-    return make(self._fun)
-
-
-def _lower(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``jax.stages.Lowered`` for these arguments (the JAX compiler only).
-
-    Thread-safe; does not touch the cache.
-    """
-    return _jax_jitted(self, "lower").lower(*args, **kwargs)
-
-
-def _trace(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``jax.stages.Traced`` for these arguments (the JAX compiler only). Does not touch the cache."""
-    return _jax_jitted(self, "trace").trace(*args, **kwargs)
-
-
-def _eval_shape(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """Output shapes/dtypes (``jax.ShapeDtypeStruct`` pytree) without compiling (the JAX compiler only)."""
-    return _jax_jitted(self, "eval_shape").eval_shape(*args, **kwargs)
-
-
-def _cache_size(self: Any) -> int:
-    """Number of signatures of this function in the cache now (jax.jit's ``_cache_size``)."""
-    return self.cache_info().size
-
-
-def _precompile(self: Any, *args: Any, **kwargs: Any) -> bool:
-    """Compiles the signature of these arguments into the cache, executing nothing.
-
-    Arguments may be concrete values or ``jax.ShapeDtypeStruct`` (anything
-    with ``.dtype``/``.shape``). Returns True if this call compiled it, False
-    if it was cached already (or compiled meanwhile by another thread, which
-    this call then waited for). Thread-safe; compile-once holds. A compile
-    asked for ahead of traffic is not logged as a miss (explain_misses).
-    """
-    with compiling_ahead():
-        return self._precompile(*args, **kwargs)
-
-
-class SignatureInfo(NamedTuple):
-    """One cached, compiled signature of a function (see ``signatures()``)."""
-
-    signature: str  #: readable, e.g. "f(float32[8,128], n=3)"
-    hits: int  #: calls served by this entry from the cache
-    compile_seconds: float
-
-
-def _signatures(self: Any) -> list[SignatureInfo]:
-    """The compiled signatures now cached for this function, readable, with hits and compile time.
-
-    Newest first: ordered by when each compile finished, the latest first
-    (hits do not reorder them). A snapshot; entries may be added or evicted
-    concurrently.
-    """
-    return [SignatureInfo(*row) for row in self._cached_signatures()]
-
-
-def _warmup(self: Any, specs: Any, workers: int = 1, strict: bool = False, progress: bool | TextIO | None = None) -> Any:
-    """Compiles a list of signatures in ``workers`` threads; returns a WarmupReport (see ftjit._warmup)."""
-    return _warmup_impl(self, specs, workers=workers, strict=strict, progress=progress)
-
-
-_core_clear_cache = JitFunction.clear_cache  # the C++ method: drops this function's entries
-
-
-def _clear_cache(self: Any) -> None:
-    """Drops this function's compiled entries; the next call of each
-    signature compiles again. With the JAX compiler, also clears what
-    jax.jit's ``clear_cache()`` clears (the function's trace caches), so the
-    next compile traces the function again, as jax.jit does.
-
-    Thread-safe; compiles in progress finish and serve their waiters, but
-    their entries are not kept.
-    """
-    # jax's trace caches first: a compile racing with this call then either
-    # finds its entry dropped below or traces afresh, never re-caches a stale trace.
-    inner = getattr(self._compiler, "inner", None)
-    if isinstance(inner, BoundJaxCompiler):  # other compilers may be shared by many functions
-        inner.clear_cache()
-    _core_clear_cache(self)
-
-
-class _JaxBoundaryMethod:
-    """A JitFunction method that, on a function compiled by JAX, runs as jax's
-    traceback boundary (see _integrate_jax), as jax.jit's own methods do: a
-    tracing error then shows the caller's frame, then the user's function,
-    with this method's frame and ftjit's and jax's below it hidden.
-    Other compilers' errors keep their tracebacks untouched.
-    """
-
-    def __init__(self, impl: Callable[..., Any]):
-        functools.update_wrapper(self, impl)  # type: ignore[arg-type]  # a descriptor, not a function
-        self.impl = impl
-        self.boundary_impl: Callable[..., Any] | None = None  # set once by _integrate_jax
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self.impl
-        jax_compiled = _jax_guarded_type is not None and type(obj._compiler) is _jax_guarded_type
-        return types.MethodType((self.boundary_impl or self.impl) if jax_compiled else self.impl, obj)
-
-
-for _name, _impl in (("lower", _lower), ("trace", _trace), ("eval_shape", _eval_shape), ("precompile", _precompile),
-                     ("clear_cache", _clear_cache), ("signatures", _signatures), ("warmup", _warmup)):
-    # Named as the user calls them (messages such as "warmup() got an
-    # unexpected keyword argument", help(), tracebacks).
-    _impl.__name__ = _name
-    _impl.__qualname__ = f"JitFunction.{_name}"
-    _impl.__code__ = _impl.__code__.replace(co_name=_name, co_qualname=f"JitFunction.{_name}") \
-        if sys.version_info >= (3, 11) else _impl.__code__.replace(co_name=_name)
-del _name, _impl
-
-
-def _function_name(fun: Any) -> str:
-    """The name jax gives a function: its ``__name__``, through unnamed ``functools.partial`` layers."""
-    name = getattr(fun, "__name__", None)
-    if isinstance(name, str):
-        return name
-    if isinstance(fun, functools.partial):
-        return _function_name(fun.func)
-    return "<unnamed function>"
-
-
-def _getstate(self: Any) -> dict[str, Any]:
-    """What jax.jit's ``__getstate__()`` reports of the function (its name), for code that reads it."""
-    return {"function_name": _function_name(self._fun)}
-
-
-_core_reduce = JitFunction.__reduce__  # the C++ method: (rebuild, (fun, options))
-
-
-def _reduce(self: Any) -> Any:
-    """Pickles by reference when this very object is reachable by its module
-    and qualified name (the decorated form, ``@ftjit.jit`` on a module-level
-    function), as ``functools.lru_cache`` wrappers do; otherwise by value:
-    the wrapped function (itself by reference) and the options, rebuilt by
-    ftjit.jit on unpickling."""
-    name = getattr(self, "__qualname__", None)
-    module = sys.modules.get(getattr(self, "__module__", None) or "")
-    if isinstance(name, str) and module is not None and "<locals>" not in name:
-        found: Any = module
-        for part in name.split("."):
-            found = getattr(found, part, None)
-        if found is self:
-            return name
-    return _core_reduce(self)
-
-
-def _copy(self: Any) -> Any:
-    """A jitted function is immutable: copies are itself, as for Python functions."""
-    return self
-
-
-def _deepcopy(self: Any, memo: dict) -> Any:
-    return self
-
-
-_BOUNDARY_METHODS = {
-    "lower": _JaxBoundaryMethod(_lower),
-    "trace": _JaxBoundaryMethod(_trace),
-    "eval_shape": _JaxBoundaryMethod(_eval_shape),
-    "precompile": _JaxBoundaryMethod(_precompile),
-}
-_PLAIN_METHODS: dict[str, Any] = {
-    "clear_cache": _clear_cache,
-    "_cache_size": _cache_size,
-    "signatures": _signatures,
-    "warmup": _warmup,
-    "__copy__": _copy,
-    "__deepcopy__": _deepcopy,
-    "__reduce__": _reduce,
-    "__getstate__": _getstate,
-    # Generic for type checkers (JitFunction[P, R], see _core.pyi); subscriptable at run time too.
-    "__class_getitem__": classmethod(types.GenericAlias),
-}
-for _name, _method in {**_BOUNDARY_METHODS, **_PLAIN_METHODS}.items():
-    setattr(JitFunction, _name, _method)
-del _name, _method
 
 
 _jax_lock = threading.Lock()
@@ -656,8 +452,6 @@ def _integrate_jax() -> type:
             package_dir = os.path.dirname(os.path.abspath(__file__))
             _jax_integration = _integrate_with_jax(package_dir, _core_clear_caches)
             boundary = api_boundary
-            for method in _BOUNDARY_METHODS.values():
-                method.boundary_impl = boundary(method.impl)
             # Published last: a function of this type finds its methods' boundaries set.
             _jax_guarded_type = type(
                 "JaxGuardedCompiler",
@@ -681,19 +475,6 @@ def api_boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
     lower/trace/eval_shape/precompile methods."""
     integration = _jax_integration
     return integration.api_boundary(fn) if integration is not None else fn
-
-
-def _python_namespace(self: Any) -> dict[str, Any]:
-    """A jitted function's ``__globals__``: the namespace of the module that
-    defines its Python-level API (this one), as a Python wrapper function of
-    this module would have. Tools that recognise JAX-wrapped functions by the
-    ``api_boundary`` their wrappers are defined with (chex's is_traceable)
-    then see a jitted function for what it is; ``isinstance(f,
-    jax.stages.Wrapped)`` (JAX's protocol) holds too."""
-    return globals()
-
-
-JitFunction.__globals__ = property(_python_namespace)  # type: ignore[attr-defined]
 
 
 def _rebuild(fun: Callable[..., Any], options: dict) -> Any:
@@ -722,18 +503,3 @@ def disable_jit() -> Iterator[None]:
         yield
     finally:
         _disable_jit_exit()
-
-
-_set_python_types(
-    UnhashableStaticArgumentError,
-    UnsupportedArgumentError,
-    RecursiveCompileError,
-    CompileCycleError,
-    CompileTimeoutError,
-    CacheInfo,
-    _rebuild,
-    copy.copy,
-    np.ndarray,
-    np.generic,
-    placement_label,
-)

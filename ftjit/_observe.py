@@ -8,7 +8,6 @@ compared (explain), the guard (GuardState, GuardedCompiler), stats().
 Shared state and what guards it:
 
 | _explain_all          | a bool rebound whole (set_explain_misses): atomic  |
-| _ahead                | threading.local: this thread's only                |
 | GuardState (one per function and options, shared by its wrappers):       |
 |   seen, running, compiled, warned, by_structure, recent | GuardState.lock  |
 | GuardedCompiler.state | rebound once (share_state) before any call         |
@@ -31,7 +30,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
-from ._core import _live_functions
+from ._core import _ahead_enter, _ahead_exit, _compiling_ahead, _live_functions
 from .errors import RecompileLimitError
 
 logger = logging.getLogger("ftjit")
@@ -61,22 +60,17 @@ def explain_misses_enabled() -> bool:
     return _explain_all
 
 
-# Compiles asked for ahead of traffic (precompile, warmup) are not misses to
-# explain: this thread's count of such requests in progress.
-_ahead = threading.local()
-
-
 @contextlib.contextmanager
 def compiling_ahead() -> Iterator[None]:
     """Marks this thread's compiles as requested ahead of traffic
     (``precompile``/``warmup``): they are not explained as misses (the
-    ``max_signatures`` guard still counts them)."""
-    depth = getattr(_ahead, "depth", 0)
-    _ahead.depth = depth + 1
+    ``max_signatures`` guard still counts them). The mark is the core's
+    (``JitFunction.precompile`` sets it too)."""
+    _ahead_enter()
     try:
         yield
     finally:
-        _ahead.depth = depth
+        _ahead_exit()
 
 
 # --- logging hooks (called by the C++ core after each compile / wait) --------
@@ -616,7 +610,7 @@ class GuardedCompiler:
         self.state.warned = value
 
     def _explaining(self) -> bool:
-        if getattr(_ahead, "depth", 0):
+        if _compiling_ahead():
             return False
         return _explain_all if self.explain_misses is None else self.explain_misses
 

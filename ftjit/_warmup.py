@@ -204,7 +204,7 @@ def warmup(
             "jax config such as jax.enable_x64(), which worker threads do not inherit) differs from a new "
             f"thread's, so the specs are compiled in this thread, one at a time (workers={workers} ignored)",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=2,  # the caller of JitFunction.warmup (a C method: no frame of its own)
         )
         workers = 1
     t0 = time.perf_counter()

@@ -35,7 +35,7 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "compile-once latch: a waiter compiles too",
-        "cpp/jit_function.cc",
+        "cpp/jit/call.cc",
         "    if (found.inserted) return {std::move(found.entry), true, false};\n",
         "    if (found.inserted || (found.entry->latch.state() == CompileLatch::State::kCompiling &&\n"
         "                           found.entry->latch.owner() != ThisThreadOwner()))\n"
@@ -45,7 +45,7 @@ MUTATIONS = (
     ),
     Mutation(
         "weakref callback does nothing",
-        "cpp/function_cache.cc",
+        "cpp/store/function_cache.cc",
         "    if (c && f) c->ForgetFunction(f.get());\n    if (f) f->Clear();\n",
         "",
         "churn",
@@ -53,7 +53,7 @@ MUTATIONS = (
     ),
     Mutation(
         "evicted executables leak (only RSS can see it)",
-        "cpp/entry_store.h",
+        "cpp/store/entry_store.h",
         "    for (EntryPtr& e : evicted) {\n",
         "    for (EntryPtr& e : evicted) {\n"
         "      if (e->payload.executable.is_valid()) Py_INCREF(e->payload.executable.ptr());\n",

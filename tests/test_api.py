@@ -497,43 +497,41 @@ def test_many_jit_functions_do_not_leak():
     gc.collect()
 
 
-def test_malformed_signature_hooks_are_rejected_at_decoration():
-    # The compiler protocol's signature_hooks tuple is unpacked once, when the
+def _with_context(context):
+    """A counting compiler whose hooks give the core this context hook."""
+
+    class Compiler(CountingCompiler):
+        def hooks(self, fun):
+            return ftjit.CompilerHooks(context=context)
+
+    return Compiler()
+
+
+def test_malformed_context_tuples_are_rejected_at_decoration():
+    # The compiler protocol's context tuple is unpacked once, when the
     # function is jitted, not on every call: a malformed one fails jit().
-    class BadHooks(CountingCompiler):
-        signature_hooks = (None, None, None)
-
     with pytest.raises(TypeError, match=r"a tuple context hook must be \(context, probe"):
-        ftjit.jit(lambda x: x, compiler=BadHooks(), cache=ftjit.FunctionCache())
+        ftjit.jit(lambda x: x, compiler=_with_context((None, None, None)), cache=ftjit.FunctionCache())
 
-    class GoodHooks(CountingCompiler):
-        # context() folded into the signature; no probe, requires or placement.
-        signature_hooks = (lambda: ("ctx",), None, None, None, None, None, None, None)
-
-    comp = GoodHooks()
+    # context() folded into the signature; no probe, requires or placement.
+    comp = _with_context((lambda: ("ctx",), None, None, None, None, None, None, None))
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
     assert jf(1.0) == 2.0 and jf(2.0) == 3.0
     assert comp.calls == 1
 
     for extras in ("not a tuple", ((len,),), ((1, 2),), tuple((len, ()) for _ in range(9))):
-        class BadExtras(CountingCompiler):
-            signature_hooks = (lambda: ("ctx",), None, None, None, None, None, None, None, extras)
-
+        bad = _with_context((lambda: ("ctx",), None, None, None, None, None, None, None, extras))
         with pytest.raises(TypeError, match=r"extras a tuple of at most 8 \(getter, arg\) pairs"):
-            ftjit.jit(lambda x: x, compiler=BadExtras(), cache=ftjit.FunctionCache())
+            ftjit.jit(lambda x: x, compiler=bad, cache=ftjit.FunctionCache())
 
 
-def test_signature_hooks_extras_are_keyed_with_the_context():
-    # A 9th item of the hook tuple: (getter, arg) pairs read on every call
+def test_context_tuple_extras_are_keyed_with_the_context():
+    # A 9th item of the context tuple: (getter, arg) pairs read on every call
     # and keyed with context() (JAX uses it for configs of jax.jit's key that
     # trace_context() leaves out).
     mode = {"level": "O0"}
 
-    class ExtrasHooks(CountingCompiler):
-        signature_hooks = (lambda: ("ctx",), None, None, None, None, None, None, None,
-                           ((lambda d: d["level"], mode),))
-
-    comp = ExtrasHooks()
+    comp = _with_context((lambda: ("ctx",), None, None, None, None, None, None, None, ((lambda d: d["level"], mode),)))
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
     assert jf(1.0) == 2.0 and jf(2.0) == 3.0
     mode["level"] = "O1"

@@ -908,17 +908,17 @@ def test_ftjit_is_hooked_into_jax_once_per_process():
     assert traceback_util._exclude_paths.count(PACKAGE_DIR) == 1
     assert source_info_util._exclude_paths.count(PACKAGE_DIR + os.sep) == 1
     assert [name for cache, name in util._caches.items() if cache is hooks.clear_caches_hook] == ["ftjit.clear_caches"]
-    # ftjit's topmost frames are jax's traceback boundaries, for JAX-compiled functions only
+    # The compile of a JAX-compiled function runs under jax's traceback
+    # boundary; lower/trace/eval_shape are its jax.jit's own (jax's
+    # boundaries), reached from methods the C++ type defines once for all.
     from helpers import CountingCompiler
 
     other = ftjit.jit(lambda x: x, compiler=CountingCompiler())
     boundary_code = traceback_util.api_boundary(len).__code__
-    for method in ("lower", "trace", "eval_shape", "precompile"):
-        plain = getattr(ftjit.JitFunction, method)
-        assert plain.__module__ == "ftjit._jit" and plain.__code__ is not boundary_code
-        assert getattr(jfs[0], method).__func__.__code__ is boundary_code
-        assert getattr(jfs[0], method).__func__.__wrapped__ is plain
-        assert getattr(other, method).__func__ is plain
+    for method in ("lower", "trace", "eval_shape"):
+        assert type(getattr(ftjit.JitFunction, method)).__name__ == "method_descriptor"
+        assert getattr(jfs[0]._hooks, method) == getattr(jfs[0]._hooks.fallback, method)
+        assert getattr(other._hooks, method) is None
     assert type(jfs[0]._compiler).__call__.__code__ is boundary_code
     assert type(other._compiler) is ftjit._observe.GuardedCompiler
 
@@ -1025,7 +1025,7 @@ def test_ftjit_works_without_jaxs_private_hooks():
             "after clear_cache 0 3.0 2",
             "lower [3.0, 3.0]",
             "frames ['__call__', '__call__', 'bad']",  # GuardedCompiler, BoundJaxCompiler
-            "frames ['lower', 'bad', 'meth']",
+            "frames ['bad', 'meth', '_reshape']",  # lower: jax.jit's own, reached from a C method (no frame)
         ],
     ), proc.stderr[-3000:]
 

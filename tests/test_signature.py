@@ -827,6 +827,9 @@ class _AvalCompiler(CountingCompiler):
         self.aval_types = (array_type,)
         self.signature_hooks = (None, None, None, None, None, (array_type,), "placed", "where")
 
+    def hooks(self, fun):
+        return ftjit.CompilerHooks(context=self.signature_hooks, aval_types=self.aval_types)
+
 
 def _make_aval_array_type():
     class AvalArray:
@@ -937,7 +940,8 @@ def test_more_contexts_than_the_intern_table_holds():
     state = {"ctx": None}
 
     class CtxCompiler(CountingCompiler):
-        signature_hooks = (lambda: state["ctx"], None, None, None, None, None, None, None)
+        def hooks(self, fun):
+            return ftjit.CompilerHooks(context=(lambda: state["ctx"], None, None, None, None, None, None, None))
 
     comp = CtxCompiler()
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache(capacity=1000))
@@ -950,7 +954,7 @@ def test_more_contexts_than_the_intern_table_holds():
     assert (info.hits, info.misses) == (300, 300)
 
 
-@pytest.mark.parametrize("hook", ["context", "signature_hooks"])
+@pytest.mark.parametrize("hook", ["context", "context tuple"])
 def test_unhashable_context_is_a_typeerror_naming_the_context(hook):
     """A compiler's context is part of every signature: an unhashable one is a
     TypeError that says so (the hash's own error as its cause), not cached."""
@@ -961,7 +965,8 @@ def test_unhashable_context_is_a_typeerror_naming_the_context(hook):
     if hook == "context":
         ListContext.context = lambda self: ["mode", 1]
     else:
-        ListContext.signature_hooks = (lambda: ["mode", 1], None, None, None, None, None, None, None)
+        ListContext.hooks = lambda self, fun: ftjit.CompilerHooks(
+            context=(lambda: ["mode", 1], None, None, None, None, None, None, None))
     comp = ListContext()
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
     for _ in range(2):
@@ -991,7 +996,8 @@ def test_the_core_keeps_its_own_copy_of_a_compilers_type_lists(attr):
         comp = CountingCompiler()
         make = lambda t: t()  # noqa: E731
     types = [ArrayType]
-    setattr(comp, attr, types)
+    given = ftjit.CompilerHooks(**{attr: types})
+    comp.hooks = lambda fun: given
     jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
     ref = weakref.ref(ArrayType)
     types.clear()

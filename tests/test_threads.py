@@ -430,7 +430,7 @@ def test_06e_retry_after_an_abandoned_compile_keeps_its_signature(how):
     def run(name):
         try:
             if name == "B" and how == "precompile":
-                out[name] = jf._precompile(1.0, S(1))
+                out[name] = jf.precompile(1.0, S(1))
             else:
                 out[name] = jf(1.0, S(1))
         except BaseException as e:  # noqa: BLE001 - examined below
@@ -476,7 +476,7 @@ def test_06f_precompile_waiting_on_an_interrupted_compile_compiles_it():
             return "not interrupted"
         assert wait_for(lambda: comp.calls == 1, 5)
         try:
-            return jf._precompile(2.0)
+            return jf.precompile(2.0)
         except BaseException as e:  # noqa: BLE001 - a KeyboardInterrupt must fail the test, not end the run
             return e
 

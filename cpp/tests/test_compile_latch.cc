@@ -1,5 +1,5 @@
 // ftjit tests: ftjit::CompileLatch publication and ftjit::WaitForGraph cycle detection with real threads (run under TSAN).
-#include "compile_latch.h"
+#include "primitives/compile_latch.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,5 +1,5 @@
 // ftjit tests: ftjit::EntryStore, the map + ready table + LRU + latch wired as the extension wires them, driven the way a jitted call drives them (run under TSAN).
-#include "entry_store.h"
+#include "store/entry_store.h"
 
 #include <atomic>
 #include <chrono>
@@ -16,7 +16,7 @@
 // tsan-ft against a ThreadSanitizer-built free-threaded CPython) with the
 // extension's own lock, LeafMutex, which is a PyMutex there.
 #ifdef FTJIT_TEST_LEAF_MUTEX
-#include "leaf_mutex.h"
+#include "pyutil/leaf_mutex.h"
 #ifndef Py_GIL_DISABLED
 #error "the LeafMutex build of this test needs a free-threaded CPython's headers"
 #endif
@@ -77,7 +77,7 @@ using Slot = ftjit::ThreadSlot<TestTraits>;
 using Domain = ftjit::EpochDomain<TestMutex>;
 
 using Store = ftjit::EntryStore<TestTraits>;
-using Core = ftjit::StoreCore<TestTraits>;
+using Lru = Store::Lru;
 using Entry = Store::Entry;
 using State = ftjit::CompileLatch::State;
 
@@ -143,11 +143,11 @@ int CallOnce(Store& store, int key, Ledger& ledger, ftjit::EpochDomain<TestMutex
 void RunCallsAgainstEvictions(int clearers) {
   const int kKeys = 24, kStores = 3, kCallers = 6;
   const size_t kCapacity = 16;
-  auto core = std::make_shared<Core>(kCapacity);
+  auto lru = std::make_shared<Lru>(kCapacity);
   std::vector<std::shared_ptr<Store>> stores;
   std::vector<std::unique_ptr<Ledger>> ledgers;
   for (int i = 0; i < kStores; ++i) {
-    stores.push_back(std::make_shared<Store>(core));
+    stores.push_back(std::make_shared<Store>(lru));
     ledgers.push_back(std::make_unique<Ledger>(kKeys, /*strict=*/clearers == 0));
   }
   std::atomic<uint64_t> calls{0}, clears{0};
@@ -177,14 +177,14 @@ void RunCallsAgainstEvictions(int clearers) {
     for (auto& e : st->Entries()) CHECK(e->latch.state() == State::kReady);
     CHECK_EQ(st->ready_size(), st->size());  // the table lists exactly the map's ready entries
   }
-  CHECK_EQ(core->lru.size(), in_stores);
+  CHECK_EQ(lru->size(), in_stores);
   CHECK(in_stores <= kCapacity);
   uint64_t evictions = 0;
   for (auto& st : stores) evictions += st->counters().evictions.load();
   CHECK(evictions > 0);
   stores.clear();
   CHECK_EQ(TestTraits::Epochs().retired_count(), size_t{0});
-  CHECK_EQ(core->lru.size(), size_t{0});
+  CHECK_EQ(lru->size(), size_t{0});
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
 }
 
@@ -194,8 +194,8 @@ void TestCallsAgainstEvictionsAndClears() { RunCallsAgainstEvictions(1); }
 // A thread in flight on an entry keeps it (and its payload) alive after
 // every table, the map and the LRU let go of it; the last FinishCall frees it.
 void TestInFlightEntryOutlivesItsUnlinking() {
-  auto core = std::make_shared<Core>(8);
-  auto store = std::make_shared<Store>(core);
+  auto lru = std::make_shared<Lru>(8);
+  auto store = std::make_shared<Store>(lru);
   Ledger ledger(4, /*strict=*/true);
   auto& epochs = TestTraits::Epochs();
   auto* rec = Slot::Get().rec;
@@ -219,8 +219,8 @@ void TestInFlightEntryOutlivesItsUnlinking() {
 // a clearer keeps replacing; nothing is used after it is freed and nothing
 // leaks.
 void TestInFlightRacesWithClears() {
-  auto core = std::make_shared<Core>(8);
-  auto store = std::make_shared<Store>(core);
+  auto lru = std::make_shared<Lru>(8);
+  auto store = std::make_shared<Store>(lru);
   Ledger ledger(2, /*strict=*/false);
   auto deadline = std::chrono::steady_clock::now() + 1000ms;
   ftjit_test::RunThreads(5, [&](size_t i) {
@@ -245,8 +245,8 @@ void TestInFlightRacesWithClears() {
 // its call ends (a hit: FinishCall) or, missing, before its slow path
 // (AfterMiss). No later write and no Reclaim() call is needed.
 void RunRetirementRacingAReader(bool hit) {
-  auto core = std::make_shared<Core>(8);
-  auto store = std::make_shared<Store>(core);
+  auto lru = std::make_shared<Lru>(8);
+  auto store = std::make_shared<Store>(lru);
   Ledger ledger(4, /*strict=*/true);
   auto& epochs = TestTraits::Epochs();
   CHECK_EQ(CallOnce(*store, 1, ledger, Slot::Get().rec, 0), 2);
@@ -311,8 +311,8 @@ thread_local LateUse t_late_use;
 
 void TestLateUseAfterThreadExitTakesAFreshRecord() {
   auto& epochs = TestTraits::Epochs();
-  auto core = std::make_shared<Core>(8);
-  g_late_store = std::make_shared<Store>(core);
+  auto lru = std::make_shared<Lru>(8);
+  g_late_store = std::make_shared<Store>(lru);
   Ledger ledger(4, /*strict=*/true);
   CHECK_EQ(CallOnce(*g_late_store, 1, ledger, Slot::Get().rec, 0), 2);
   size_t owned_before = epochs.owned_records();

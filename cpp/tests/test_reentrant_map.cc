@@ -1,5 +1,5 @@
 // ftjit tests: ftjit::ReentrantMap under real threads, re-entrant and throwing equality (run under TSAN).
-#include "reentrant_map.h"
+#include "primitives/reentrant_map.h"
 
 #include <algorithm>
 #include <atomic>

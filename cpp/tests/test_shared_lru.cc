@@ -1,5 +1,5 @@
 // ftjit tests: ftjit::SharedLru capacity, CLOCK second chance, pinning, removal and concurrent use (run under TSAN).
-#include "shared_lru.h"
+#include "primitives/shared_lru.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,5 +1,5 @@
 // ftjit tests: ftjit::SnapshotTable/SnapshotPtr read lock-free under ftjit::EpochDomain, against publishers, evictors and clears (run under TSAN).
-#include "snapshot_table.h"
+#include "primitives/snapshot_table.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "check.h"
-#include "epoch.h"
+#include "primitives/epoch.h"
 
 namespace {
 

@@ -59,7 +59,7 @@
 
 #include <atomic>
 
-#include "small_vector.h"
+#include "primitives/small_vector.h"
 
 namespace ftjit {
 

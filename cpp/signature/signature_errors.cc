@@ -4,8 +4,8 @@
 // spec asks for them). ThrowWithCause and ClearErrorKeepingInterrupt serve
 // the whole core.
 //
-// Shared state: none (Types(), which names the error classes, is fixed after
-// module init). Off the hot path: nothing here runs while a signature is
+// Shared state: none (the error classes, pyutil/imported.h, are imported at
+// their first use, then fixed). Off the hot path: nothing here runs while a signature is
 // built successfully (Unsupported may instead send the call to the
 // compiler's fallback, for a leaf the compiler defers).
 //
@@ -17,10 +17,11 @@
 
 #include <string>
 
-#include "py_compat.h"
-#include "signature.h"
-#include "signature_builder.h"
-#include "signature_internal.h"
+#include "pyutil/imported.h"
+#include "pyutil/py_compat.h"
+#include "signature/signature.h"
+#include "signature/signature_builder.h"
+#include "signature/signature_internal.h"
 
 namespace ftjit {
 
@@ -114,7 +115,8 @@ void Builder::Unsupported(PyObject* obj) {
           "problematic value is of type " + Py_TYPE(obj)->tp_name + " and was passed to the "
           "function at path " + path + ". (ftjit: " + msg + ")";
   }
-  PyErr_SetString(Types().unsupported_argument, msg.c_str());
+  PyObject* type = kUnsupportedArgumentError.Get();
+  if (type) PyErr_SetString(type, msg.c_str());
   throw nb::python_error();
 }
 
@@ -126,7 +128,9 @@ void UnhashableStatic(const SignatureSpec& spec, PyObject* value, const std::str
                     "Pass a hashable value (e.g. a tuple instead of a list), or make "
                     "the argument dynamic by removing it from static_argnums/"
                     "static_argnames.";
-  ThrowWithCause(Types().unhashable_static, msg);
+  PyObject* type = kUnhashableStaticArgumentError.Get();
+  if (!type) throw nb::python_error();
+  ThrowWithCause(type, msg);
 }
 
 // Raises jax.jit's report of a static argument whose __eq__ raised, as jax

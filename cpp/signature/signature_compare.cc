@@ -13,8 +13,8 @@
 #include <cstddef>
 #include <cstring>
 
-#include "signature.h"
-#include "signature_internal.h"
+#include "signature/signature.h"
+#include "signature/signature_internal.h"
 
 namespace ftjit {
 

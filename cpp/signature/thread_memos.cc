@@ -6,7 +6,7 @@
 //
 // Lock order: takes no lock of its own (releasing a context may take
 // g_contexts_mu, a leaf: interned_context.h).
-#include "thread_memos.h"
+#include "signature/thread_memos.h"
 
 #include <memory>
 #include <utility>

@@ -24,12 +24,12 @@
 #include <utility>
 #include <vector>
 
-#include "interned_context.h"
-#include "signature.h"
-#include "signature_builder.h"
-#include "signature_internal.h"
-#include "small_vector.h"
-#include "thread_memos.h"
+#include "signature/interned_context.h"
+#include "signature/signature.h"
+#include "signature/signature_builder.h"
+#include "signature/signature_internal.h"
+#include "primitives/small_vector.h"
+#include "signature/thread_memos.h"
 
 namespace ftjit {
 

@@ -18,12 +18,12 @@
 #include <string>
 #include <utility>
 
-#include "py_compat.h"
-#include "signature.h"
-#include "signature_builder.h"
-#include "signature_internal.h"
-#include "signature_leaf.h"
-#include "small_vector.h"
+#include "pyutil/py_compat.h"
+#include "signature/signature.h"
+#include "signature/signature_builder.h"
+#include "signature/signature_internal.h"
+#include "signature/signature_leaf.h"
+#include "primitives/small_vector.h"
 
 namespace ftjit {
 

@@ -41,7 +41,7 @@
 #include <utility>
 #include <vector>
 
-#include "small_vector.h"
+#include "primitives/small_vector.h"
 
 namespace ftjit {
 

@@ -8,15 +8,15 @@
 // Lock order: g_contexts_mu is a leaf: no Python code runs under it (only
 // user counts are written and pointers moved), and no other lock is taken
 // while it is held.
-#include "interned_context.h"
+#include "signature/interned_context.h"
 
 #include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
 
-#include "leaf_mutex.h"
-#include "small_vector.h"
+#include "pyutil/leaf_mutex.h"
+#include "primitives/small_vector.h"
 
 namespace ftjit {
 

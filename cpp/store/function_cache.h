@@ -7,14 +7,14 @@
 // Objects, their lifetimes and their guards (the entries themselves, their
 // ready table and the hit path: entry_store.h):
 //
-//   CacheCore (one per FunctionCache; shared_ptr held by the Python object,
-//   by every FunctionEntries using it; listed, not held, by the live-core
+//   Cache (one per FunctionCache; shared_ptr held by the Python object,
+//   by every FunctionStore using it; listed, not held, by the live-core
 //   registry)
 //   | lru        | SharedLru: its own leaf lock                            |
 //   | functions  | ReentrantMap: its own leaf lock                         |
 //
-//   FunctionEntries (one per (function, options); an EntryStore; shared_ptr
-//   held by the JitFunctions of that function and by CacheCore::functions
+//   FunctionStore (one per (function, options); an EntryStore; shared_ptr
+//   held by the JitFunctions of that function and by Cache::functions
 //   while the function lives; weakly by each Entry)
 //   | name_, private_ | fixed after construction                          |
 //   | weakref_        | set once at registration, before publication      |
@@ -36,12 +36,12 @@
 #include <string>
 #include <vector>
 
-#include "compile_latch.h"
-#include "entry_store.h"
-#include "epoch.h"
-#include "leaf_mutex.h"
-#include "reentrant_map.h"
-#include "signature.h"
+#include "primitives/compile_latch.h"
+#include "store/entry_store.h"
+#include "primitives/epoch.h"
+#include "pyutil/leaf_mutex.h"
+#include "primitives/reentrant_map.h"
+#include "signature/signature.h"
 
 namespace ftjit {
 
@@ -85,7 +85,7 @@ using Counters = StoreCounters;
 using ThreadCtx = ThreadSlot<PyEntryTraits>::Ctx;
 inline const ThreadCtx& ThisThread() { return ThreadSlot<PyEntryTraits>::Get(); }
 
-class FunctionEntries;
+class FunctionStore;
 
 struct FunKey {
   PyObject* fun_id;     // identity of the function; never dereferenced
@@ -93,25 +93,34 @@ struct FunKey {
 };
 using FunKeyPtr = std::shared_ptr<const FunKey>;
 
-struct CacheCore : StoreCore<PyEntryTraits>, std::enable_shared_from_this<CacheCore> {
-  explicit CacheCore(size_t capacity) : StoreCore<PyEntryTraits>(capacity) {}
-  ~CacheCore();  // leaves the registry of live cores
-  ReentrantMap<FunKeyPtr, std::shared_ptr<FunctionEntries>, LeafMutex> functions;
+// One FunctionCache's shared state: the capacity bound of every store using
+// it, and the map from functions to their stores.
+struct Cache : std::enable_shared_from_this<Cache> {
+  explicit Cache(size_t capacity) : lru(capacity) {}
+  ~Cache();  // leaves the registry of live caches
+  EntryStore<PyEntryTraits>::Lru lru;
+  ReentrantMap<FunKeyPtr, std::shared_ptr<FunctionStore>, LeafMutex> functions;
 
   // Drops every entry of every function (FunctionCache.clear()).
   void ClearAll();
-  // Removes a dead function's entries (the weakref callback).
-  void ForgetFunction(const FunctionEntries* fe);
+  // Removes a dead function's store (the weakref callback).
+  void ForgetFunction(const FunctionStore* fs);
 };
 
-class FunctionEntries : public EntryStore<PyEntryTraits> {
+class FunctionStore : public EntryStore<PyEntryTraits> {
  public:
-  FunctionEntries(std::shared_ptr<CacheCore> core, std::string name, bool is_private)
-      : EntryStore<PyEntryTraits>(core), name_(std::move(name)), private_(is_private) {}
-  ~FunctionEntries();  // leaves the registry of live entries
+  FunctionStore(std::shared_ptr<Cache> cache, std::string name, bool is_private)
+      // The LRU pointer shares the cache's ownership (aliasing): a store
+      // keeps its whole cache alive.
+      : EntryStore<PyEntryTraits>(std::shared_ptr<Lru>(cache, &cache->lru)),
+        cache_(std::move(cache)),
+        name_(std::move(name)),
+        private_(is_private) {}
+  ~FunctionStore();  // leaves the registry of live stores
 
   const std::string& name() const { return name_; }
-  CacheCore& cache_core() const { return static_cast<CacheCore&>(*core()); }
+  Cache& cache() const { return *cache_; }
+  const std::shared_ptr<Cache>& shared_cache() const { return cache_; }
   bool is_private() const { return private_; }
 
   void set_weakref(nb::object w) { weakref_ = std::move(w); }
@@ -137,6 +146,7 @@ class FunctionEntries : public EntryStore<PyEntryTraits> {
   nb::object SharedState(nb::handle offered);
 
  private:
+  const std::shared_ptr<Cache> cache_;
   const std::string name_;
   const bool private_;
   nb::object weakref_;  // weakref(fun, callback); set once before sharing
@@ -149,11 +159,11 @@ class FunctionEntries : public EntryStore<PyEntryTraits> {
 
 // A callable (any arguments, so it can be a weakref callback) that removes
 // `fe` from its cache and drops its entries, as when its function dies.
-nb::object Forgetter(const std::shared_ptr<FunctionEntries>& fe);
+nb::object Forgetter(const std::shared_ptr<FunctionStore>& fe);
 
 // Finds or creates the entries of (fun, options) in `cache`; falls back to a
-// private FunctionEntries when fun cannot be weakly referenced.
-std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
+// private FunctionStore when fun cannot be weakly referenced.
+std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun,
                                            nb::handle options, const std::string& name);
 
 // Clears every live FunctionCache (ftjit.clear_caches()).
@@ -168,11 +178,11 @@ void ClearAllCaches();
 // (it may have forked from inside one) and stay.
 void AfterForkInChildCaches();
 
-// Every live FunctionEntries (for ftjit.stats()); a snapshot.
-std::vector<std::shared_ptr<FunctionEntries>> LiveEntries();
+// Every live FunctionStore (for ftjit.stats()); a snapshot.
+std::vector<std::shared_ptr<FunctionStore>> LiveStores();
 
 // CacheInfo(...) snapshot of one function's counters (a new reference).
-nb::object MakeCacheInfo(FunctionEntries& fe);
+nb::object MakeCacheInfo(FunctionStore& fe);
 
 // Module init: the epoch domain.
 void InitCaches();

@@ -31,10 +31,10 @@
 #include <cxxabi.h>  // abi::__forced_unwind
 #endif
 
-#include "signature.h"
-#include "signature_internal.h"
-#include "small_vector.h"
-#include "thread_memos.h"
+#include "signature/signature.h"
+#include "signature/signature_internal.h"
+#include "primitives/small_vector.h"
+#include "signature/thread_memos.h"
 
 namespace ftjit {
 

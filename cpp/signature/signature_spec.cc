@@ -17,8 +17,8 @@
 
 #include <utility>
 
-#include "signature.h"
-#include "signature_internal.h"
+#include "signature/signature.h"
+#include "signature/signature_internal.h"
 
 namespace ftjit {
 

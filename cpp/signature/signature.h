@@ -21,8 +21,7 @@
 //   | SignatureSpec and its   | fixed after the jitted function's            |
 //   |   ContextHook,          |   construction (until the GC's tp_clear      |
 //   |   DirectGetters         |   empties an unreachable one)                |
-//   | PythonTypes (Types())   | set once by _set_python_types at import,     |
-//   |                         | fixed afterwards                             |
+//   | Numpy()                 | set once at module init, fixed afterwards    |
 //   | interned names, dtypes  | signature.cc                                 |
 //
 // Lock order: building takes two leaf locks, each briefly and never both at
@@ -39,8 +38,8 @@
 #include <string>
 #include <vector>
 
-#include "interned_context.h"
-#include "small_vector.h"
+#include "signature/interned_context.h"
+#include "primitives/small_vector.h"
 
 namespace ftjit {
 
@@ -113,6 +112,8 @@ enum class NodeKind : uint8_t {
   kStatic,      // a static argument: one entry in `statics`
 };
 
+struct SignatureSpec;
+
 struct CallSignature {
   CallSignature() = default;
   CallSignature(const CallSignature&) = delete;
@@ -160,8 +161,9 @@ struct CallSignature {
   // signature again.
   [[nodiscard]] bool AdoptContext() { return context.Adopt(); }
 
-  // Readable form, e.g. "f(float32[8,128], int, n=3)". May run __repr__.
-  std::string ToString(const std::string& fun_name) const;
+  // Readable form, e.g. "f(float32[8,128], int, n=3)": spec.fun_name, and
+  // committed placements printed by spec.placement_label. May run __repr__.
+  std::string ToString(const SignatureSpec& spec) const;
 };
 
 // Thrown by BuildSignature when the call must take the compiler's fallback.
@@ -290,6 +292,33 @@ struct SignatureSpec {
   // __cause__, exactly as jaxlib raises it. Otherwise the original propagates.
   bool jax_style_errors = false;
 
+  // How a committed leaf's placement prints (sharding -> str), or null:
+  // str(sharding).
+  nb::object placement_label;
+
+  // Every Python object the spec owns, each once (for the GC: the owner's
+  // traverse and clear).
+  template <class F>
+  void ForEachObject(F&& f) {
+    for (nb::object& o : static_argnames) f(o);
+    for (nb::object* o : {&arg_names, &pytree_flatten, &registry_flatten, &defer_leaf, &custom_namedtuple,
+                          &custom_namedtuple_dict, &context_fn, &fallback_types, &plain_types_owner,
+                          &aval_types_owner, &placement_label}) {
+      f(*o);
+    }
+    for (AvalType& t : aval_types) {
+      f(t.aval.fget);
+      f(t.committed.fget);
+    }
+  }
+  // After ForEachObject moved the objects out (the GC's clear): forgets what
+  // was borrowed from them.
+  void ForgetBorrowed() {
+    hook = ContextHook();
+    plain_types.clear();
+    aval_types.clear();
+  }
+
   // Sets context_fn and unpacks it into `hook` (once, not per call).
   void SetContextFn(nb::object fn);
   // Adds an exact aval type and resolves its getters (after SetContextFn,
@@ -388,24 +417,15 @@ struct SignatureSpec {
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
                     size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false);
 
-// Python classes the core raises or builds, set once by ftjit/__init__.py
-// through _core._set_python_types(); fixed afterwards (module lifetime).
-struct PythonTypes {
-  PyObject* unhashable_static = nullptr;   // UnhashableStaticArgumentError
-  PyObject* unsupported_argument = nullptr;
-  PyObject* recursive_compile = nullptr;
-  PyObject* compile_cycle = nullptr;
-  PyObject* compile_timeout = nullptr;     // CompileTimeoutError
-  PyObject* cache_info = nullptr;          // CacheInfo(...) factory
-  PyObject* rebuild = nullptr;             // rebuild(fun, options) for pickle
-  PyObject* copy = nullptr;                // copy.copy
-  PyObject* ndarray = nullptr;             // numpy.ndarray
-  PyObject* generic = nullptr;             // numpy.generic
-  PyObject* placement_label = nullptr;     // placement_label(sharding) -> str, for printing
+// numpy's array and scalar base types, which the builder checks per leaf:
+// imported at module init (InitSignatures), fixed afterwards.
+struct NumpyTypes {
+  PyObject* ndarray = nullptr;  // numpy.ndarray
+  PyObject* generic = nullptr;  // numpy.generic
 };
 // Inline: the builder reads it per leaf. Constant-initialised (no guard).
-inline PythonTypes& Types() {
-  static PythonTypes types;
+inline NumpyTypes& Numpy() {
+  static NumpyTypes types;
   return types;
 }
 

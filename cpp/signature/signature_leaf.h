@@ -8,7 +8,7 @@
 //
 // Shared state: none of its own. The aval memo and the hash memos are this
 // thread's (thread_memos.h); the spec and hook are fixed after the jitted
-// function's construction; Types() and N() are fixed after module init.
+// function's construction; Numpy() and N() are fixed after module init.
 //
 // Lock order: StoreAval takes g_dtypes_mu (InternDtype), a leaf; nothing
 // else here takes a lock. Reading attributes runs Python (properties,
@@ -21,11 +21,11 @@
 #include <cstdint>
 #include <utility>
 
-#include "py_compat.h"
-#include "signature.h"
-#include "signature_builder.h"
-#include "signature_internal.h"
-#include "thread_memos.h"
+#include "pyutil/py_compat.h"
+#include "signature/signature.h"
+#include "signature/signature_builder.h"
+#include "signature/signature_internal.h"
+#include "signature/thread_memos.h"
 
 namespace ftjit {
 
@@ -46,7 +46,7 @@ inline bool Builder::IsKnownArrayType(PyTypeObject* type) const {
   for (const AvalType& t : spec_.aval_types) {
     if (t.type == type) return true;
   }
-  const PythonTypes& t = Types();
+  const NumpyTypes& t = Numpy();
   return (t.ndarray && type == reinterpret_cast<PyTypeObject*>(t.ndarray)) ||
          (t.generic && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t.generic)));
 }
@@ -78,7 +78,7 @@ inline bool Builder::ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& m
     s.dims.push_back(static_cast<int64_t>(d));
     h = Mix(h, static_cast<size_t>(d));
   }
-  const PythonTypes& t = Types();
+  const NumpyTypes& t = Numpy();
   bool is_numpy = (t.ndarray && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.ndarray))) ||
                   (t.generic && PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(t.generic)));
   if (!is_numpy) {

@@ -32,8 +32,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "interned_context.h"
-#include "small_vector.h"
+#include "signature/interned_context.h"
+#include "primitives/small_vector.h"
 
 namespace ftjit {
 

@@ -4,8 +4,8 @@
 // of Python objects every message of the signature code uses.
 //
 // Shared state: none. A CallSignature being printed is immutable (a stored
-// key) or the caller's own (a probe); Types().placement_label is fixed
-// after module init.
+// key) or the caller's own (a probe); the spec's placement_label is fixed
+// after the function's construction.
 //
 // Lock order: takes no locks. Printing runs Python (__repr__, __str__, the
 // placement_label hook), so it must never run under a C++ lock.
@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <string>
 
-#include "signature.h"
-#include "signature_internal.h"
+#include "signature/signature.h"
+#include "signature/signature_internal.h"
 
 namespace ftjit {
 
@@ -49,11 +49,11 @@ std::string Str(PyObject* o) {
 
 namespace {
 
-// How a committed leaf's placement prints: the Python placement_label hook
+// How a committed leaf's placement prints: the spec's placement_label hook
 // (e.g. "cpu:1" for a single-device sharding), else str(sharding).
-std::string PlacementLabel(PyObject* sharding) {
-  if (PyObject* fn = Types().placement_label) {
-    PyObject* r = PyObject_CallOneArg(fn, sharding);
+std::string PlacementLabel(PyObject* label, PyObject* sharding) {
+  if (label) {
+    PyObject* r = PyObject_CallOneArg(label, sharding);
     if (r && PyUnicode_Check(r)) {
       const char* s = PyUnicode_AsUTF8(r);
       if (s) {
@@ -72,7 +72,7 @@ std::string PlacementLabel(PyObject* sharding) {
 // objects, leaves, dims and statics in the order the builder recorded them.
 class Printer {
  public:
-  explicit Printer(const CallSignature& s) : s_(s) {}
+  Printer(const CallSignature& s, PyObject* placement_label) : s_(s), label_(placement_label) {}
 
   std::string Node() {
     uint32_t tok = s_.tree[t_++];
@@ -146,18 +146,20 @@ class Printer {
     }
     out += "]";
     if (l.weak_type) out += "{weak}";
-    if (l.sharding.is_valid()) out += "@" + PlacementLabel(l.sharding.ptr());
+    if (l.sharding.is_valid()) out += "@" + PlacementLabel(label_, l.sharding.ptr());
     return out;
   }
 
   const CallSignature& s_;
+  PyObject* label_;  // borrowed from the spec, or null
   size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
 };
 
 }  // namespace
 
-std::string CallSignature::ToString(const std::string& fun_name) const {
-  Printer p(*this);
+std::string CallSignature::ToString(const SignatureSpec& spec) const {
+  const std::string& fun_name = spec.fun_name;
+  Printer p(*this, spec.placement_label.ptr());
   std::string out = fun_name + "(";
   size_t total = num_positional + kwnames.size();
   for (size_t i = 0; i < total; ++i) {

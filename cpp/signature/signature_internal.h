@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-#include "signature.h"
+#include "signature/signature.h"
 
 namespace ftjit {
 

@@ -4,9 +4,9 @@
 //
 //   | state                          | protection                              |
 //   |--------------------------------|-----------------------------------------|
-//   | Cores(): every live CacheCore  | guarded by Cores().mu (raw pointers;    |
-//   | AllEntries(): every live       | guarded by AllEntries().mu  each object |
-//   |   FunctionEntries              |   removes itself as it dies)            |
+//   | Caches(): every live Cache  | guarded by Caches().mu (raw pointers;    |
+//   | AllStores(): every live       | guarded by AllStores().mu  each object |
+//   |   FunctionStore              |   removes itself as it dies)            |
 //   | FunctionCache::core            | fixed after construction                |
 //   | g_epochs                       | set once at module init (InitCaches)    |
 //   | each thread's ThreadCtx        | thread-local (entry_store.h ThreadSlot) |
@@ -14,10 +14,12 @@
 // Lock order: the two registries' locks are leaves, never held together
 // nor with any other lock (callers take strong references out, then work
 // unlocked, and drop them unlocked). Only the test hook
-// FunctionEntries::LockAllForTest nests locks, in this order: the store's
+// FunctionStore::LockAllForTest nests locks, in this order: the store's
 // publish_mu_, its map's lock, the LRU's, the function map's, shared_mu_,
-// Cores().mu, AllEntries().mu.
-#include "function_cache.h"
+// Caches().mu, AllStores().mu.
+#include "store/function_cache.h"
+
+#include "pyutil/imported.h"
 
 #include <limits>
 
@@ -31,7 +33,7 @@ namespace ftjit {
 
 namespace {
 
-// Every live object of one kind (CacheCore, FunctionEntries), for
+// Every live object of one kind (Cache, FunctionStore), for
 // clear_caches(), stats() and the after-fork hook. Each object adds itself
 // once a shared_ptr owns it and removes itself in its destructor, so the
 // registry never holds a dead one (weak_ptrs to them did: with make_shared
@@ -70,12 +72,12 @@ class LiveRegistry {
 };
 
 // Process lifetime (never destroyed: threads may use them at exit).
-LiveRegistry<CacheCore>& Cores() {
-  static auto* cores = new LiveRegistry<CacheCore>();
+LiveRegistry<Cache>& Caches() {
+  static auto* cores = new LiveRegistry<Cache>();
   return *cores;
 }
-LiveRegistry<FunctionEntries>& AllEntries() {
-  static auto* all = new LiveRegistry<FunctionEntries>();
+LiveRegistry<FunctionStore>& AllStores() {
+  static auto* all = new LiveRegistry<FunctionStore>();
   return *all;
 }
 
@@ -86,8 +88,8 @@ class FunctionCache {
       throw nb::value_error(
           ("FunctionCache capacity must be at least 1, got " + std::to_string(capacity)).c_str());
     }
-    core = std::make_shared<CacheCore>(static_cast<size_t>(capacity));
-    Cores().Add(core.get());
+    cache = std::make_shared<Cache>(static_cast<size_t>(capacity));
+    Caches().Add(cache.get());
   }
   // The cache's map holds each function's entries, and those hold the core:
   // a cycle that, for a long-lived function, would keep the core, its LRU
@@ -96,12 +98,12 @@ class FunctionCache {
   // Python object is gone, so the map is emptied here; wrappers still alive
   // keep their own function's entries (and through them the core) usable.
   ~FunctionCache() {
-    if (core) {
-      auto removed = core->functions.Clear();
+    if (cache) {
+      auto removed = cache->functions.Clear();
       // `removed` is dropped here, outside the map's lock.
     }
   }
-  std::shared_ptr<CacheCore> core;  // fixed after construction
+  std::shared_ptr<Cache> cache;  // fixed after construction
 };
 
 }  // namespace
@@ -128,7 +130,7 @@ void InitCaches() {
   if (!g_epochs) g_epochs = new EpochDomain<LeafMutex>(&ThreadIsAttached);  // process lifetime
 }
 
-void CacheCore::ClearAll() {
+void Cache::ClearAll() {
   std::vector<EntryPtr> all = lru.Clear();
   for (EntryPtr& e : all) {
     if (auto store = e->store.lock()) store->Discard(e);
@@ -138,70 +140,70 @@ void CacheCore::ClearAll() {
   // their function's own clear; visit every function using this core, the
   // private ones (callables that cannot be weakly referenced, never in
   // `functions`) included.
-  for (auto& fe : LiveEntries()) {
-    if (fe->core().get() == this) fe->Clear();
+  for (auto& fe : LiveStores()) {
+    if (&fe->cache() == this) fe->Clear();
   }
 }
 
-void CacheCore::ForgetFunction(const FunctionEntries* fe) {
+void Cache::ForgetFunction(const FunctionStore* fe) {
   auto removed = functions.EraseIf(
-      [fe](const FunKeyPtr&, const std::shared_ptr<FunctionEntries>& v) { return v.get() == fe; });
+      [fe](const FunKeyPtr&, const std::shared_ptr<FunctionStore>& v) { return v.get() == fe; });
   for (auto& kv : removed) kv.second->Clear();
-  // `removed` (and possibly the FunctionEntries itself) is dropped here.
+  // `removed` (and possibly the FunctionStore itself) is dropped here.
 }
 
-nb::object FunctionEntries::SharedState(nb::handle offered) {
+nb::object FunctionStore::SharedState(nb::handle offered) {
   std::lock_guard<LeafMutex> lock(shared_mu_);
   if (!shared_state_.is_valid()) shared_state_ = nb::borrow(offered);
   return shared_state_;  // a new reference, taken under the lock
 }
 
-CacheCore::~CacheCore() { Cores().Remove(this); }
+Cache::~Cache() { Caches().Remove(this); }
 
-FunctionEntries::~FunctionEntries() { AllEntries().Remove(this); }
+FunctionStore::~FunctionStore() { AllStores().Remove(this); }
 
 namespace {
 // The weakref callback (and _IdentityKey's forget hook) of one
-// FunctionEntries: removes it from its cache and drops its entries, as when
+// FunctionStore: removes it from its cache and drops its entries, as when
 // its function dies. An instance of a bound class, not a function object:
 // nanobind makes every function it creates immortal on free-threaded
 // builds, which would keep one per jitted function (and what it refers
 // to) for the life of the process. Holds only weak pointers, so it keeps
 // neither the entries nor the cache alive. Fixed after construction.
-struct EntriesForgetter {
-  std::weak_ptr<CacheCore> core;
-  std::weak_ptr<FunctionEntries> entries;
+struct StoreForgetter {
+  std::weak_ptr<Cache> core;
+  std::weak_ptr<FunctionStore> entries;
   void operator()() const {
-    std::shared_ptr<CacheCore> c = core.lock();
-    std::shared_ptr<FunctionEntries> f = entries.lock();
+    std::shared_ptr<Cache> c = core.lock();
+    std::shared_ptr<FunctionStore> f = entries.lock();
     if (c && f) c->ForgetFunction(f.get());
     if (f) f->Clear();
   }
 };
 }  // namespace
 
-nb::object Forgetter(const std::shared_ptr<FunctionEntries>& fe) {
-  return nb::cast(EntriesForgetter{std::static_pointer_cast<CacheCore>(fe->core()), fe});
+nb::object Forgetter(const std::shared_ptr<FunctionStore>& fe) {
+  return nb::cast(StoreForgetter{fe->shared_cache(), fe});
 }
 
-std::shared_ptr<FunctionEntries> MakeFunctionEntries(std::shared_ptr<CacheCore> core,
+std::shared_ptr<FunctionStore> MakeFunctionStore(std::shared_ptr<Cache> core,
                                                      const std::string& name, bool is_private) {
   // Not make_shared: a weak pointer that outlives the entries (an entry's
   // back pointer while a call is in flight) then keeps only the control
   // block, not the whole object.
-  std::shared_ptr<FunctionEntries> fe(new FunctionEntries(std::move(core), name, is_private));
-  AllEntries().Add(fe.get());
+  std::shared_ptr<FunctionStore> fe(new FunctionStore(std::move(core), name, is_private));
+  AllStores().Add(fe.get());
   return fe;
 }
 
-std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
+std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun,
                                            nb::handle options, const std::string& name) {
   FunctionCache& fc = nb::cast<FunctionCache&>(cache);
-  std::shared_ptr<CacheCore> core = fc.core;
+  std::shared_ptr<Cache> core = fc.cache;
 
-  // Probe weak-referenceability first: a private FunctionEntries otherwise.
+  // Probe weak-referenceability first: a private FunctionStore otherwise.
   if (!PyType_SUPPORTS_WEAKREFS(Py_TYPE(fun.ptr()))) {
-    return MakeFunctionEntries(core, name, /*is_private=*/true);
+    return MakeFunctionStore(core, name, /*is_private=*/true);
   }
 
   Py_hash_t oh = PyObject_Hash(options.ptr());
@@ -214,9 +216,9 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
     if (r < 0) throw nb::python_error();
     return r == 1;
   };
-  std::shared_ptr<FunctionEntries> fresh;
+  std::shared_ptr<FunctionStore> fresh;
   auto make = [&]() {
-    fresh = MakeFunctionEntries(core, name, /*is_private=*/false);
+    fresh = MakeFunctionStore(core, name, /*is_private=*/false);
     nb::object callback = Forgetter(fresh);
     nb::object ref = nb::steal(PyWeakref_NewRef(fun.ptr(), callback.ptr()));
     if (!ref.is_valid()) throw nb::python_error();
@@ -228,48 +230,50 @@ std::shared_ptr<FunctionEntries> EntriesFor(nb::handle cache, nb::handle fun,
 }
 
 void ClearAllCaches() {
-  for (auto& c : Cores().Live()) c->ClearAll();
+  for (auto& c : Caches().Live()) c->ClearAll();
 }
 
-void FunctionEntries::LockAllForTest(bool lock) {
+void FunctionStore::LockAllForTest(bool lock) {
   if (lock) {
     LockStoreForTest(true);
-    cache_core().lru.LockForTest();
-    cache_core().functions.LockForTest();
+    cache().lru.LockForTest();
+    cache().functions.LockForTest();
     shared_mu_.lock();
-    Cores().mu.lock();
-    AllEntries().mu.lock();
+    Caches().mu.lock();
+    AllStores().mu.lock();
   } else {
-    AllEntries().mu.unlock();
-    Cores().mu.unlock();
+    AllStores().mu.unlock();
+    Caches().mu.unlock();
     shared_mu_.unlock();
-    cache_core().functions.UnlockForTest();
-    cache_core().lru.UnlockForTest();
+    cache().functions.UnlockForTest();
+    cache().lru.UnlockForTest();
     LockStoreForTest(false);
   }
 }
 
 void AfterForkInChildCaches() {
-  ReinitInChild(Cores().mu);
-  ReinitInChild(AllEntries().mu);
-  for (auto& c : Cores().Live()) {
+  ReinitInChild(Caches().mu);
+  ReinitInChild(AllStores().mu);
+  for (auto& c : Caches().Live()) {
     c->lru.ReinitLockInChild();
     c->functions.ReinitLockInChild();
   }
   g_epochs->AfterForkInChild(ThisThread().rec);
-  std::vector<std::shared_ptr<FunctionEntries>> all = LiveEntries();
+  std::vector<std::shared_ptr<FunctionStore>> all = LiveStores();
   for (auto& fe : all) fe->ReinitLocksInChild();
   // Every lock is usable again: now the orphans can go.
   for (auto& fe : all) fe->DropOrphans();
 }
 
-std::vector<std::shared_ptr<FunctionEntries>> LiveEntries() { return AllEntries().Live(); }
+std::vector<std::shared_ptr<FunctionStore>> LiveStores() { return AllStores().Live(); }
 
-nb::object MakeCacheInfo(FunctionEntries& fe) {
+nb::object MakeCacheInfo(FunctionStore& fe) {
   Counters& c = fe.counters();
   auto r = std::memory_order_relaxed;
+  PyObject* cache_info = kCacheInfo.Get();
+  if (!cache_info) throw nb::python_error();
   PyObject* info = PyObject_CallFunction(
-      Types().cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.hits.Load()),
+      cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.hits.Load()),
       static_cast<unsigned long long>(c.misses.load(r)),
       static_cast<unsigned long long>(c.compiles.load(r)),
       static_cast<unsigned long long>(c.waits.load(r)),
@@ -284,10 +288,10 @@ nb::object MakeCacheInfo(FunctionEntries& fe) {
 bool IsFunctionCache(nb::handle h) { return nb::isinstance<FunctionCache>(h); }
 
 void RegisterFunctionCache(nb::module_& m) {
-  nb::class_<EntriesForgetter>(m, "_EntriesForgetter",
+  nb::class_<StoreForgetter>(m, "_EntriesForgetter",
                                "Drops one function's compiled entries from its cache when called\n"
                                "(with any arguments: it is a weakref callback); holds them weakly.")
-      .def("__call__", [](const EntriesForgetter& f, nb::args) { f(); });
+      .def("__call__", [](const StoreForgetter& f, nb::args) { f(); });
 
   nb::class_<FunctionCache>(
       m, "FunctionCache",
@@ -320,19 +324,19 @@ void RegisterFunctionCache(nb::module_& m) {
           },
           nb::arg("capacity").none() = 4096,
           nb::sig("def __init__(self, capacity: int = 4096) -> None"))
-      .def("size", [](const FunctionCache& c) { return c.core->lru.size(); },
+      .def("size", [](const FunctionCache& c) { return c.cache->lru.size(); },
            "Number of cached entries (all functions). A snapshot: may be stale\n"
            "as soon as it returns when other threads compile or evict.")
-      .def("capacity", [](const FunctionCache& c) { return c.core->lru.capacity(); },
+      .def("capacity", [](const FunctionCache& c) { return c.cache->lru.capacity(); },
            "The LRU bound given at construction (fixed).")
-      .def("clear", [](FunctionCache& c) { c.core->ClearAll(); },
+      .def("clear", [](FunctionCache& c) { c.cache->ClearAll(); },
            "Drops every entry. Compiles in progress finish and serve their\n"
            "waiters, but are not kept. Safe to call from any thread.")
-      .def("_functions", [](const FunctionCache& c) { return c.core->functions.size(); },
+      .def("_functions", [](const FunctionCache& c) { return c.cache->functions.size(); },
            "Number of live (function, options) pairs registered (diagnostics).")
       .def("__repr__", [](const FunctionCache& c) {
-        return "FunctionCache(capacity=" + std::to_string(c.core->lru.capacity()) +
-               ", size=" + std::to_string(c.core->lru.size()) + ")";
+        return "FunctionCache(capacity=" + std::to_string(c.cache->lru.capacity()) +
+               ", size=" + std::to_string(c.cache->lru.size()) + ")";
       });
 }
 

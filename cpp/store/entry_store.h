@@ -1,5 +1,5 @@
-// ftjit: the compiled entries of one function (EntryStore) and the capacity
-// bound many functions share (StoreCore), wired from the primitives:
+// ftjit: the compiled entries of one function (EntryStore), bounded by the
+// capacity many functions share (its LRU), wired from the primitives:
 //   ReentrantMap   every entry (compiling or ready), found by an equality
 //                  that may re-enter: the slow path and all writers;
 //   SnapshotTable  the ready entries, immutable, behind an atomic pointer:
@@ -38,7 +38,7 @@
 //   | lru                   | shared_lru.h                                  |
 //
 //   EntryStore (one per function and options)
-//   | core_                 | fixed after construction                      |
+//   | lru_                  | fixed after construction (the LRU: its lock)  |
 //   | map_                  | ReentrantMap: its own leaf lock               |
 //   | ready_                | SnapshotPtr: swapped under publish_mu_        |
 //   | publish_mu_           | leaf lock: serialises rebuilds of ready_      |
@@ -101,11 +101,11 @@
 #include <utility>
 #include <vector>
 
-#include "compile_latch.h"
-#include "epoch.h"
-#include "reentrant_map.h"
-#include "shared_lru.h"
-#include "snapshot_table.h"
+#include "primitives/compile_latch.h"
+#include "primitives/epoch.h"
+#include "primitives/reentrant_map.h"
+#include "primitives/shared_lru.h"
+#include "primitives/snapshot_table.h"
 
 namespace ftjit {
 
@@ -263,14 +263,6 @@ struct StoreEntry {
   };
 };
 
-// What functions sharing one capacity bound share.
-template <class Traits>
-struct StoreCore {
-  using EntryPtr = std::shared_ptr<StoreEntry<Traits>>;
-  explicit StoreCore(size_t capacity) : lru(capacity) {}
-  SharedLru<EntryPtr, typename Traits::Mutex> lru;
-};
-
 template <class Traits>
 class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
  public:
@@ -279,9 +271,10 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   using Entry = StoreEntry<Traits>;
   using EntryPtr = std::shared_ptr<Entry>;
   using SigPtr = std::shared_ptr<const Sig>;
-  using Core = StoreCore<Traits>;
+  // The capacity bound shared by every store of one cache.
+  using Lru = SharedLru<EntryPtr, Mutex>;
 
-  explicit EntryStore(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  explicit EntryStore(std::shared_ptr<Lru> lru) : lru_(std::move(lru)) {}
   EntryStore(const EntryStore&) = delete;
   EntryStore& operator=(const EntryStore&) = delete;
   ~EntryStore() {
@@ -291,7 +284,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     if (map_.size() != 0) {
       const EntryStore* self = this;
       std::vector<EntryPtr> unlinked =
-          core_->lru.RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
+          lru_->RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
     }
     UnlistAll();
   }
@@ -373,13 +366,13 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
 
   // Links a freshly inserted entry into the shared LRU and evicts.
   void AdmitLru(const EntryPtr& e) {
-    std::vector<EntryPtr> evicted = core_->lru.Insert(e, Evictable);
+    std::vector<EntryPtr> evicted = lru_->Insert(e, Evictable);
     // A clear may have removed `e` from the map between its insertion and
     // this link. Every clear empties the map first and unlinks from the LRU
     // second, so checking the map after linking closes the gap: either that
     // clear's unlink comes after our link and removes it, or we see `e`
     // gone and unlink it ourselves.
-    if (!map_.ContainsValue(e->sig->hash, e)) core_->lru.Remove(e);
+    if (!map_.ContainsValue(e->sig->hash, e)) lru_->Remove(e);
     ReleaseEvicted(evicted);
   }
 
@@ -404,15 +397,15 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
 
   // Re-applies the LRU bound.
   void TrimLru() {
-    if (core_->lru.size() <= core_->lru.capacity()) return;
-    std::vector<EntryPtr> evicted = core_->lru.Trim(Evictable);
+    if (lru_->size() <= lru_->capacity()) return;
+    std::vector<EntryPtr> evicted = lru_->Trim(Evictable);
     ReleaseEvicted(evicted);
   }
 
   // Removes `e` from the map, the LRU and (if listed) the ready table.
   void Discard(const EntryPtr& e) {
     EntryPtr removed = map_.Erase(e->sig->hash, e);
-    core_->lru.Remove(e);
+    lru_->Remove(e);
     Unlist(e);
     // `removed` is dropped on return, outside every lock.
   }
@@ -423,7 +416,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     auto removed = map_.Clear();
     const EntryStore* self = this;
     std::vector<EntryPtr> unlinked =
-        core_->lru.RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
+        lru_->RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
     // Exactly the entries the clear removed: one inserted (and listed)
     // since belongs to the map now and stays listed.
     std::vector<Entry*> gone;
@@ -439,7 +432,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   void DropOrphans() {
     auto removed =
         map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
-    for (auto& kv : removed) core_->lru.Remove(kv.second);
+    for (auto& kv : removed) lru_->Remove(kv.second);
   }
 
   // In a forked child's only thread, before any use (leaf_mutex.h).
@@ -471,7 +464,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     for (auto& kv : map_.Snapshot()) out.push_back(std::move(kv.second));
     return out;
   }
-  const std::shared_ptr<Core>& core() const { return core_; }
+  const std::shared_ptr<Lru>& lru() const { return lru_; }
   StoreCounters& counters() { return counters_; }
 
   // Drops the evicted entries' map slots (outside the LRU's lock).
@@ -537,7 +530,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
 
-  const std::shared_ptr<Core> core_;
+  const std::shared_ptr<Lru> lru_;
   ReentrantMap<SigPtr, EntryPtr, Mutex> map_;
   SnapshotPtr<Entry> ready_;
   mutable Mutex publish_mu_;

@@ -6,7 +6,8 @@
 //   | state                   | protection                                      |
 //   |-------------------------|-------------------------------------------------|
 //   | g_names (declared in    | made here at module init (InitSignatures),      |
-//   |   signature_internal.h) | fixed afterwards                                |
+//   |   signature_internal.h),| fixed afterwards                                |
+//   |   Numpy()               |                                                 |
 //   | the dtype table         | guarded by g_dtypes_mu; entries are strong      |
 //   |   (InternDtype)         | references, never removed (process lifetime)    |
 //
@@ -22,10 +23,10 @@
 #include <mutex>
 #include <vector>
 
-#include "interned_context.h"
-#include "leaf_mutex.h"
-#include "signature.h"
-#include "signature_internal.h"
+#include "signature/interned_context.h"
+#include "pyutil/leaf_mutex.h"
+#include "signature/signature.h"
+#include "signature/signature_internal.h"
 
 namespace ftjit {
 
@@ -66,6 +67,13 @@ void InitSignatures() {
     g_names = new Names{Interned("dtype"), Interned("sharding"), Interned("shape"),
                         Interned("weak_type"), Interned("_fields"), Interned("aval"),
                         Interned("__jax_array__")};
+  }
+  // numpy is a dependency of ftjit: its types are looked up once, here.
+  NumpyTypes& t = Numpy();
+  if (!t.ndarray) {
+    nb::module_ numpy = nb::module_::import_("numpy");
+    t.ndarray = nb::object(numpy.attr("ndarray")).release().ptr();
+    t.generic = nb::object(numpy.attr("generic")).release().ptr();
   }
 }
 

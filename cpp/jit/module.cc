@@ -1,19 +1,16 @@
 // ftjit: the _core extension module: FunctionCache, JitFunction, switches.
 //
-// Shared state: Types() (signature.h), written once by _set_python_types
-// when ftjit/_jit.py is imported, before ftjit makes any jitted function,
-// and fixed afterwards (a second call is refused). Everything else belongs
-// to the file that registers it. Module init (NB_MODULE) runs once, under
-// the import lock.
+// Shared state: none of its own; everything belongs to the file that
+// registers it. Module init (NB_MODULE) runs once, under the import lock.
 //
 // Lock order: takes no locks.
 #include <nanobind/nanobind.h>
 
-#include "function_cache.h"
-#include "jit_function.h"
-#include "interned_context.h"
-#include "signature.h"
-#include "thread_memos.h"
+#include "store/function_cache.h"
+#include "jit/jit_type.h"
+#include "signature/interned_context.h"
+#include "signature/signature.h"
+#include "signature/thread_memos.h"
 
 #include <nanobind/stl/string.h>
 
@@ -33,7 +30,7 @@ NB_MODULE(_core, m) {
       "_live_functions",
       []() {
         nb::list out;
-        for (auto& fe : ftjit::LiveEntries()) {
+        for (auto& fe : ftjit::LiveStores()) {
           out.append(nb::make_tuple(fe->name(), ftjit::MakeCacheInfo(*fe)));
         }
         return out;
@@ -53,25 +50,4 @@ NB_MODULE(_core, m) {
         "or a thread's memo uses it.");
   m.def("clear_caches", &ftjit::ClearAllCaches,
         "Drops the compiled entries of every live FunctionCache.");
-  m.def(
-      "_set_python_types",
-      [](nb::object unhashable, nb::object unsupported, nb::object recursive,
-         nb::object cycle, nb::object timeout, nb::object cache_info, nb::object rebuild, nb::object copy,
-         nb::object ndarray, nb::object generic, nb::object placement_label) {
-        ftjit::PythonTypes& t = ftjit::Types();
-        if (t.cache_info) throw std::runtime_error("_set_python_types may be called once");
-        // Kept for the module's lifetime.
-        t.unhashable_static = unhashable.release().ptr();
-        t.unsupported_argument = unsupported.release().ptr();
-        t.recursive_compile = recursive.release().ptr();
-        t.compile_cycle = cycle.release().ptr();
-        t.compile_timeout = timeout.release().ptr();
-        t.cache_info = cache_info.release().ptr();
-        t.rebuild = rebuild.release().ptr();
-        t.copy = copy.release().ptr();
-        t.ndarray = ndarray.release().ptr();
-        t.generic = generic.release().ptr();
-        t.placement_label = placement_label.release().ptr();
-      },
-      "Internal: hands the core the Python classes it raises and builds.");
 }

@@ -1,0 +1,597 @@
+// ftjit: a JitFunction call: signature, lookup, compile-once, wait, call.
+//
+// The call path (docs/design.md, "The way a call flows"):
+//   BuildSignature (may run Python; no lock held)
+//   FindReady: the lock-free probe of the ready table      -> executable(*args)
+//   else FindOrInsert (leaf locks only around Python-free steps):
+//     ready     -> executable(*args)
+//     compiling -> owner is this thread? RecursiveCompileError
+//                  cycle in the wait-for graph? CompileCycleError
+//                  else wait, GIL released, waking every 100 ms for signals
+//     inserted  -> this thread compiles, publishes, wakes the waiters
+//
+//   | state      | protection                                                 |
+//   |------------|------------------------------------------------------------|
+//   | t_disabled | thread-local (disable_jit() depth)                         |
+//   | t_ahead    | thread-local (depth of compiles asked for ahead of traffic)|
+//   | g_graph    | atomic pointer, process lifetime; swapped for an empty     |
+//   |            | graph in a forked child (the old one leaks); the graph has |
+//   |            | its own leaf lock (compile_latch.h)                        |
+//   | JitState   | jit_state.h                                                |
+//
+// Lock order: this file takes no lock itself. The store's locks
+// (entry_store.h, which states their one nesting) and the wait-for graph's
+// leaf lock are taken inside those calls, around Python-free steps only:
+// never across Python code, the compiler or a wait (a waiter releases the
+// GIL holding no C++ lock).
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <chrono>
+#ifdef __GLIBCXX__
+#include <cxxabi.h>  // abi::__forced_unwind
+#endif
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "jit/jit_state.h"
+#include "pyutil/imported.h"
+#include "signature/signature.h"
+#include "store/function_cache.h"
+
+namespace ftjit {
+
+namespace {
+
+thread_local int t_disabled = 0;
+thread_local int t_ahead = 0;
+
+// Process lifetime; replaced (the old one leaked) in a forked child, where
+// it may hold a mutex locked by, and edges of, threads that do not exist.
+std::atomic<WaitForGraph*> g_graph{new WaitForGraph()};
+WaitForGraph& Graph() { return *g_graph.load(std::memory_order_acquire); }
+
+// --- calling the executable ----------------------------------------------------
+
+// The executable with the call's dynamic arguments only (strip_static: the
+// JAX compiler's executables take those). Out of line: its argument arrays
+// stay off the frame of calls that pass every argument, which recursion
+// through jitted functions stacks.
+[[gnu::noinline]] nb::object CallExecutableStripped(JitState& st, PyObject* exe, PyObject* const* args,
+                                                    size_t nargsf, PyObject* kwnames) {
+  size_t nargs = PyVectorcall_NARGS(nargsf);
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  SmallVector<PyObject*, 8> dyn;
+  for (size_t i = 0; i < nargs; ++i) {
+    if (!st.spec.IsStaticPosition(i, nargs)) dyn.push_back(args[i]);
+  }
+  size_t dyn_pos = dyn.size();
+  nb::object dyn_names;
+  if (nkw > 0) {
+    SmallVector<PyObject*, 8> names;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+      if (st.spec.static_argnames.empty() || !st.spec.IsStaticName(name)) {
+        names.push_back(name);
+        dyn.push_back(args[nargs + k]);
+      }
+    }
+    if (static_cast<Py_ssize_t>(names.size()) == nkw) {
+      dyn_names = nb::borrow(kwnames);
+    } else if (!names.empty()) {
+      dyn_names = nb::steal(PyTuple_New(names.size()));
+      if (!dyn_names.is_valid()) throw nb::python_error();
+      for (size_t j = 0; j < names.size(); ++j) {
+        PyTuple_SET_ITEM(dyn_names.ptr(), j, Py_NewRef(names[j]));
+      }
+    }
+  }
+#ifdef __GLIBCXX__
+  try {
+    return nb::steal(PyObject_Vectorcall(exe, dyn.data(), dyn_pos, dyn_names.ptr()));
+  } catch (abi::__forced_unwind&) {
+    dyn_names.release();  // ended at shutdown, no thread state: leaked, not deallocated
+    throw;
+  }
+#else
+  return nb::steal(PyObject_Vectorcall(exe, dyn.data(), dyn_pos, dyn_names.ptr()));
+#endif
+}
+
+// Calls the executable; when it fails with one of st.redo_types, the call is
+// made again through the fallback (see JitState::redo_types).
+nb::object CallExecutable(JitState& st, PyObject* exe, PyObject* const* args, size_t nargsf,
+                          PyObject* kwnames) {
+  nb::object out = st.strip_static ? CallExecutableStripped(st, exe, args, nargsf, kwnames)
+                                   : nb::steal(PyObject_Vectorcall(exe, args, nargsf, kwnames));
+  if (!out.is_valid() && st.redo_types.is_valid() && st.fallback.is_valid() &&
+      PyErr_ExceptionMatches(st.redo_types.ptr())) {
+    PyErr_Clear();
+    return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
+  }
+  return out;
+}
+
+// Logs a compile's outcome through ftjit._observe.on_compile (best effort).
+void LogCompile(const JitState& st, const Entry& e, double seconds, PyObject* error) {
+  PyObject* hook = kOnCompile.Get();
+  nb::object secs = nb::steal(PyFloat_FromDouble(seconds));
+  nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
+  nb::object sig = SignatureString(st, e);
+  if (hook && secs.is_valid() && name.is_valid() && sig.is_valid()) {
+    CallHook(hook, {name.ptr(), sig.ptr(), secs.ptr(), error ? error : Py_None});
+  }
+  if (PyErr_Occurred()) ClearErrorKeepingInterrupt();
+}
+
+// --- compiling -----------------------------------------------------------------
+
+// Whatever happens in a compile, the latch is published: waiters never hang.
+struct CompilePublisher {
+  JitState& st;
+  const EntryPtr& e;
+  bool done = false;
+  void Fail(CompileLatch::State how = CompileLatch::State::kFailed) {
+    done = true;
+    st.store->Discard(e);  // before publishing: the next call recompiles
+    st.store->counters().failures.fetch_add(1, std::memory_order_relaxed);
+    e->latch.Publish(how);
+  }
+  ~CompilePublisher() {
+    if (!done) {
+      // A C++ exception escaped (e.g. bad_alloc): report it to waiters.
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      e->payload.error = nb::steal(PyObject_CallFunction(
+          PyExc_RuntimeError, "s", "ftjit: the compile was aborted by an internal error"));
+      PyErr_Clear();
+      PyErr_Restore(t, v, tb);
+      Fail();
+    }
+  }
+};
+
+// compile(fun, args, kwargs) with the call's arguments; null with an error
+// set when it raised or returned something that cannot be called.
+nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  size_t nargs = PyVectorcall_NARGS(nargsf);
+  nb::object a = nb::steal(PyTuple_New(nargs));
+  nb::object kw = nb::steal(PyDict_New());
+  if (!a.is_valid() || !kw.is_valid()) return nb::object();
+  for (size_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(a.ptr(), i, Py_NewRef(args[i]));
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    if (PyDict_SetItem(kw.ptr(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) != 0) return nb::object();
+  }
+  PyObject* call_args[] = {st.fun.ptr(), a.ptr(), kw.ptr()};
+  nb::object exe;
+#ifdef __GLIBCXX__
+  try {
+    exe = nb::steal(PyObject_Vectorcall(st.compile.ptr(), call_args, 3, nullptr));
+  } catch (abi::__forced_unwind&) {
+    // Ended inside the compiler at interpreter shutdown, with no thread
+    // state: the argument tuple and dict, whose last references these are,
+    // must not be deallocated here. Leaked.
+    a.release();
+    kw.release();
+    throw;
+  }
+#else
+  exe = nb::steal(PyObject_Vectorcall(st.compile.ptr(), call_args, 3, nullptr));
+#endif
+  if (exe.is_valid() && !PyCallable_Check(exe.ptr())) {
+    // A failed compile (counted, not cached), rather than an entry that
+    // raises "'int' object is not callable" on every call.
+    PyErr_Format(PyExc_TypeError,
+                 "the compiler of %s() returned an object of type %s, which is not callable: "
+                 "compiler(fun, args, kwargs) must return the executable",
+                 st.spec.fun_name.c_str(), Py_TYPE(exe.ptr())->tp_name);
+    return nb::object();
+  }
+  return exe;
+}
+
+// This thread inserted `e`: compile it and publish the result (or the
+// error) to every waiter. Throws the compile's exception.
+void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
+                 PyObject* kwnames, CompilePublisher& publisher) {
+  Counters& c = st.store->counters();
+  st.store->AdmitLru(e);
+  auto t0 = std::chrono::steady_clock::now();
+  nb::object exe = RunCompiler(st, args, nargsf, kwnames);
+  if (!exe.is_valid()) {
+    nb::object error = FetchNormalized();
+    // An interruption of this thread (KeyboardInterrupt, SystemExit: any
+    // BaseException that is not an Exception) is not the compile's result:
+    // it stays with this thread, and a waiter compiles again instead.
+    if (PyObject_IsInstance(error.ptr(), PyExc_Exception) == 1) {
+      e->payload.error = ErrorForWaiters(error);
+      publisher.Fail();
+    } else {
+      PyErr_Clear();  // IsInstance may have raised (a hostile __class__)
+      publisher.Fail(CompileLatch::State::kAbandoned);
+    }
+    LogCompile(st, *e, static_cast<double>(NanosSince(t0)) * 1e-9, error.ptr());
+    Reraise(error.ptr());
+  }
+  uint64_t nanos = NanosSince(t0);
+  e->payload.executable = std::move(exe);
+  e->payload.compile_seconds = static_cast<double>(nanos) * 1e-9;
+  e->payload.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;
+  c.compiles.fetch_add(1, std::memory_order_relaxed);
+  c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
+  publisher.done = true;
+  e->latch.Publish(CompileLatch::State::kReady);
+  st.store->Published(e);
+  LogCompile(st, *e, e->payload.compile_seconds, nullptr);
+}
+
+void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  st.store->counters().misses.fetch_add(1, std::memory_order_relaxed);
+  CompilePublisher publisher{st, e};
+#ifdef __GLIBCXX__
+  try {
+    CompileBody(st, e, args, nargsf, kwnames, publisher);
+  } catch (abi::__forced_unwind&) {
+    // This thread is being ended by CPython at interpreter shutdown (it took
+    // the GIL back in the compiler): there is no thread state to report
+    // anything with, so the publisher must not run Python.
+    publisher.done = true;
+    throw;
+  }
+#else
+  CompileBody(st, e, args, nargsf, kwnames, publisher);
+#endif
+}
+
+// --- waiting for another thread's compile --------------------------------------
+
+[[noreturn]] void RaiseCycle(const JitState& st, const Entry& e) {
+  RaiseMessage(kCompileCycleError.Get(),
+               "compiling in this thread needs " + e.sig->ToString(st.spec) +
+                   ", which another thread is compiling while it waits (directly or through "
+                   "other threads) for a compile this thread is running: the compiles form a "
+                   "cycle and would deadlock. Compile one of the functions first, or break "
+                   "the mutual dependency.");
+}
+
+// One wait of this thread on `e`'s latch, registered in the wait-for graph
+// while it lasts, with its counters.
+class Wait {
+ public:
+  Wait(JitState& st, Entry& e) : st_(st), e_(e), self_(ThisThreadOwner()) {
+    if (e.latch.owner() == self_) {
+      RaiseMessage(kRecursiveCompileError.Get(),
+                   e.sig->ToString(st.spec) +
+                       " was called while this same thread was compiling it: the compiler "
+                       "(or the function it traces) re-entered the jitted function with the "
+                       "signature being compiled, which can never finish. Break the recursion, "
+                       "or call the un-jitted function (__wrapped__) inside.");
+    }
+    if (!Graph().BeginWait(self_, &e.latch)) RaiseCycle(st, e);
+    registered_ = true;
+    st.store->counters().waits.fetch_add(1, std::memory_order_relaxed);
+    if (st.compile_timeout > 0) {
+      deadline_ = t0_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(st.compile_timeout));
+    }
+  }
+  ~Wait() {
+    if (registered_) Graph().EndWait(self_);
+  }
+
+  // Waits until the compile ends: its final state, or kCompiling when the
+  // compile's owner was left in the parent of a fork (the caller looks
+  // again). Raises on a timeout, a signal handler's error or a cycle.
+  CompileLatch::State Run() {
+    CompileLatch::State s = e_.latch.state();
+    while (s == CompileLatch::State::kCompiling) {
+      s = Slice();
+      if (s != CompileLatch::State::kCompiling) break;
+      // A signal handler run by the check below may have forked, leaving
+      // this thread in a child where the compile's owner does not exist.
+      if (e_.latch.OrphanedByFork()) return s;
+      CheckSignals();
+      // A cycle may have closed while a nested wait (Python code run by the
+      // signal check, here or in another thread) hid an outer edge from the
+      // walk of BeginWait: see WaitForGraph.
+      if (!Graph().StillSafe(self_)) {
+        registered_ = false;
+        RaiseCycle(st_, e_);
+      }
+    }
+    return s;
+  }
+
+  // The wait is over: the hook and the error that follow run Python code,
+  // which may compile (nothing may take this thread for blocked meanwhile).
+  uint64_t End() {
+    uint64_t waited = Elapsed();
+    if (registered_) Graph().EndWait(self_);
+    registered_ = false;
+    return waited;
+  }
+
+ private:
+  // Up to 100 ms on the latch (less to the deadline), the GIL released.
+  CompileLatch::State Slice() {
+    auto slice = std::chrono::steady_clock::duration(std::chrono::milliseconds(100));
+    if (deadline_) {
+      auto left = *deadline_ - std::chrono::steady_clock::now();
+      if (left <= std::chrono::steady_clock::duration::zero()) TimeOut();
+      if (left < slice) slice = left;
+    }
+    // Explicit calls, not an RAII guard: during interpreter shutdown
+    // PyEval_RestoreThread may end this (daemon) thread with pthread_exit,
+    // whose forced unwind must not start inside a noexcept destructor.
+    PyThreadState* ts = PyEval_SaveThread();
+    CompileLatch::State s = e_.latch.WaitFor(slice);
+    PyEval_RestoreThread(ts);
+    return s;
+  }
+
+  // Signal handlers run here, and this thread is not blocked while they
+  // do: one may compile something another thread then waits for.
+  void CheckSignals() {
+    Graph().EnterPython(self_);
+    int signalled = PyErr_CheckSignals();
+    Graph().LeavePython(self_);
+    if (signalled != 0) throw nb::python_error();
+  }
+
+  [[noreturn]] void TimeOut() {
+    End();  // not waiting any more (the message below runs __repr__ code)
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%g", st_.compile_timeout);
+    RaiseMessage(kCompileTimeoutError.Get(),
+                 "gave up after compile_timeout=" + std::string(secs) + " s waiting for " +
+                     e_.sig->ToString(st_.spec) +
+                     ", which another thread is compiling; the compile carries on and "
+                     "later calls will use it");
+  }
+
+  uint64_t Elapsed() {
+    if (!counted_) {
+      counted_ = true;
+      waited_ = NanosSince(t0_);
+      st_.store->counters().wait_nanos.fetch_add(waited_, std::memory_order_relaxed);
+    }
+    return waited_;
+  }
+
+  JitState& st_;
+  Entry& e_;
+  const OwnerId self_;
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+  bool registered_ = false;
+  bool counted_ = false;
+  uint64_t waited_ = 0;
+};
+
+// `e` is being compiled by another thread (or by this one: recursion).
+// Returns true once it is ready, false when its compile was abandoned (the
+// caller looks the signature up again); raises the compile's error if it
+// failed.
+bool WaitForCompile(JitState& st, Entry& e) {
+  Wait wait(st, e);
+  CompileLatch::State s;
+  try {
+    s = wait.Run();
+  } catch (nb::python_error&) {
+    wait.End();  // counted, whatever ended it
+    throw;
+  }
+  uint64_t waited = wait.End();
+  if (s == CompileLatch::State::kCompiling) return false;  // orphaned by a fork: look again
+  if (PyObject* hook = kOnWait.Get()) {
+    nb::object secs = nb::steal(PyFloat_FromDouble(static_cast<double>(waited) * 1e-9));
+    nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
+    nb::object sig = SignatureString(st, e);
+    if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
+    CallHook(hook, {name.ptr(), sig.ptr(), secs.ptr()});
+  } else {
+    throw nb::python_error();
+  }
+  if (s == CompileLatch::State::kFailed) RaiseForWaiter(st, e.payload.error);
+  return s == CompileLatch::State::kReady;
+}
+
+// --- finding the entry after a miss -------------------------------------------
+
+// The entry of `sig` after the hot path missed: either one this thread
+// inserted and must compile, or a ready one (found ready, or waited for).
+// An abandoned compile (its thread was interrupted) is looked up again, and
+// this thread may then be the one to compile it.
+struct Resolved {
+  EntryPtr entry;
+  bool inserted;   // this thread owns the compile
+  bool was_ready;  // ready when found: a hit, no wait
+};
+
+// `sig` must have adopted its context (CallSignature::AdoptContext).
+Resolved Resolve(JitState& st, CallSignature& sig) {
+  for (;;) {
+    FunctionStore::Lookup found = st.store->FindOrInsert(sig);  // moves `sig` if inserted
+    if (found.inserted) return {std::move(found.entry), true, false};
+    if (found.entry->latch.state() == CompileLatch::State::kReady) {
+      return {std::move(found.entry), false, true};
+    }
+    if (found.entry->latch.OrphanedByFork()) {
+      // In a forked child: its compiling thread stayed in the parent (the
+      // after-fork hook drops these; this is the belt to its braces). Drop
+      // the entry and look again: this thread then compiles.
+      st.store->Discard(found.entry);
+      continue;
+    }
+    if (WaitForCompile(st, *found.entry)) return {std::move(found.entry), false, false};
+  }
+}
+
+// The adopted signature of these arguments, in which array specs
+// (jax.ShapeDtypeStruct) stand for arrays; false when the call would take
+// the compiler's fallback.
+bool BuildAdoptedSignature(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames,
+                           CallSignature& sig) {
+  for (;;) {
+    try {
+      BuildSignature(st.spec, args, nargs, kwnames, sig, /*allow_specs=*/true);
+    } catch (const NeedsFallback&) {
+      return false;
+    }
+    if (sig.AdoptContext()) return true;
+    sig.Clear();  // its context died meanwhile: build it again
+  }
+}
+
+nb::object CallAfterMiss(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
+                         size_t nargsf, PyObject* kwnames);
+
+nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* args, size_t nargsf,
+                             PyObject* kwnames) {
+  const ThreadCtx& t = ThisThread();
+  for (;;) {
+    try {
+      BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
+    } catch (const NeedsFallback&) {
+      // E.g. tracers of an outer transformation: the compiler's own path, uncached.
+      if (!st.fallback.is_valid()) {
+        RaiseMessage(PyExc_TypeError, st.spec.fun_name + "() got an argument that needs the "
+                                      "compiler's fallback path, but it has none");
+      }
+      return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
+    }
+    // The hot path: a ready entry found by the lock-free probe. No reference
+    // to the executable is taken: the entry (and so its executable) stays
+    // alive while this thread is counted in flight on it (entry_store.h).
+    if (Entry* e = st.store->FindReady(sig, t.rec, t.shard)) {
+      nb::object out;
+      try {
+        out = CallExecutable(st, e->payload.executable.ptr(), args, nargsf, kwnames);
+      } catch (...) {
+        // Also a thread ended by CPython at shutdown (no thread state): the
+        // epoch domain then frees nothing here, it only queues.
+        FunctionStore::FinishCall(e, t.rec, t.shard);
+        throw;
+      }
+      FunctionStore::FinishCall(e, t.rec, t.shard);
+      return out;
+    }
+    // Before any Python code runs with it (interned_context.h).
+    if (sig.AdoptContext()) break;
+    sig.Clear();  // its context died meanwhile: build it again
+  }
+  return CallAfterMiss(st, sig, t, args, nargsf, kwnames);
+}
+
+// The rest of a call that missed: find, compile or wait for its entry, and
+// call it. Not inlined into the hit path: a recursion through jitted
+// functions stacks the hit path's frame, which stays small without it.
+[[gnu::noinline]] nb::object CallAfterMiss(JitState& st, CallSignature& sig, const ThreadCtx& t,
+                                           PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  FunctionStore::AfterMiss(t.rec);  // may run deleters: Python
+  Resolved r = Resolve(st, sig);
+  if (r.inserted) {
+    Compile(st, r.entry, args, nargsf, kwnames);
+  } else {
+    if (r.was_ready) {
+      st.store->counters().hits.Add(t.shard);
+      r.entry->shards[t.shard].hits.fetch_add(1, std::memory_order_relaxed);
+    }
+    SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);
+  }
+  return CallExecutable(st, r.entry->payload.executable.ptr(), args, nargsf, kwnames);
+}
+
+}  // namespace
+
+[[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg) {
+  if (type) PyErr_SetString(type, msg.c_str());
+  throw nb::python_error();
+}
+
+void CallHook(PyObject* hook, std::initializer_list<PyObject*> args) {
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);  // keep a pending error (failed compile) intact
+  std::vector<PyObject*> argv(args);
+  PyObject* r = PyObject_Vectorcall(hook, argv.data(), argv.size(), nullptr);
+  if (!r) {
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+      ClearErrorKeepingInterrupt();  // a Ctrl-C in a logging hook is not "unraisable"
+    } else if (PyErr_ExceptionMatches(PyExc_RecursionError)) {
+      // At the recursion limit (a deep chain of nested compiles): reporting
+      // it would run sys.unraisablehook there and fail again, printing
+      // "Exception ignored in sys.unraisablehook". The log line is lost.
+      PyErr_Clear();
+    } else {
+      PyErr_WriteUnraisable(hook);
+    }
+  } else {
+    Py_DECREF(r);
+  }
+  PyErr_Restore(t, v, tb);
+}
+
+nb::object SignatureString(const JitState& st, const Entry& e) {
+  return nb::steal(PyUnicode_FromString(e.sig->ToString(st.spec).c_str()));
+}
+
+nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  CallSignature sig;
+#ifdef __GLIBCXX__
+  try {
+    return CallWithSignature(st, sig, args, nargsf, kwnames);
+  } catch (abi::__forced_unwind&) {
+    // Ended by CPython at interpreter shutdown, with no thread state: the
+    // signature's references must not be dropped here (a last one would
+    // deallocate without a thread state). Moved into a leaked copy.
+    new CallSignature(std::move(sig));
+    throw;
+  }
+#else
+  return CallWithSignature(st, sig, args, nargsf, kwnames);
+#endif
+}
+
+bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
+  CallSignature sig;
+  if (!BuildAdoptedSignature(st, args, nargs, kwnames, sig)) {
+    RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
+                                      "() here: the call would take the compiler's fallback "
+                                      "path, which is not cached (e.g. tracers among the "
+                                      "arguments, a JAX trace active, or jax.disable_jit() on)");
+  }
+  Resolved r = Resolve(st, sig);
+  if (!r.inserted) return false;
+  Compile(st, r.entry, args, nargs, kwnames);
+  return true;
+}
+
+std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
+  CallSignature sig;
+  if (!BuildAdoptedSignature(st, args, nargs, kwnames, sig)) return st.spec.fun_name + "(<traced>)";
+  return sig.ToString(st.spec);
+}
+
+int& JitDisabledDepth() { return t_disabled; }
+int& AheadDepth() { return t_ahead; }
+
+// os.register_at_fork(after_in_child=...): runs in the child's only thread,
+// the one that forked, before any other code of the child. Compiles in
+// flight in other threads of the parent will never finish here: their
+// entries are dropped (the next call compiles afresh), the locks they or
+// their waiters may have held are re-initialised, and the wait-for graph
+// starts empty. The forking thread keeps its owner id, so a compile it
+// forked from inside carries on and is published here as usual.
+void AfterForkInChild() {
+  NoteForkInChild();
+  g_graph.store(new WaitForGraph(), std::memory_order_release);
+  ReinitSignatureLocksInChild();
+  AfterForkInChildCaches();
+}
+
+size_t WaitingThreads() { return Graph().waiting(); }
+
+}  // namespace ftjit

@@ -1,0 +1,135 @@
+// ftjit: what the JitFunction files share: the per-function state, the
+// Python object's layout, and the few helpers more than one of them uses.
+// The type itself: jit_type.cc; the call, compile and wait path: call.cc;
+// a failed compile's error as each waiter raises it: waiter_errors.cc.
+//
+//   | state                  | protection                                      |
+//   |------------------------|-------------------------------------------------|
+//   | JitState (one per      | fixed after construction, except that the GC's  |
+//   |   JitFunction)         | tp_clear empties an unreachable one (every entry|
+//   |                        | point checks Cleared() first); freed by dealloc |
+//   | its store and counters | store/function_cache.h, store/entry_store.h     |
+//
+// Lock order: declares no lock.
+#pragma once
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "signature/signature.h"
+#include "store/function_cache.h"
+
+namespace ftjit {
+
+namespace nb = nanobind;
+
+// Per-JitFunction state; fixed after construction except where noted.
+struct JitState {
+  nb::object fun;             // the wrapped function; cleared only by tp_clear
+  nb::object compile;         // compile(fun, args, kwargs) -> executable
+  nb::object hooks;           // the compiler's ftjit.CompilerHooks (ftjit/_hooks.py)
+  nb::object cache;           // the FunctionCache Python object
+  nb::object options;         // hashable options key shared with other wrappers
+  nb::object pickle_options;  // dict handed back to ftjit.jit on unpickling
+  // Called instead of the executable when the call must not be cached
+  // (NeedsFallback), and after one of redo_types: the hooks' `fallback`.
+  nb::object fallback;
+  // Exception types (a tuple) after which a failed executable call is made
+  // again through `fallback`, which reports it its own way (JAX: a NaN found
+  // under jax_debug_nans, re-run de-optimised to name the op). May be null.
+  nb::object redo_types;
+  SignatureSpec spec;
+  std::shared_ptr<FunctionStore> store;
+  bool strip_static = false;   // call executables with dynamic arguments only
+  double compile_timeout = 0;  // seconds a waiter waits at most; <= 0: forever
+
+  // Every Python object the state holds, each once: for the GC's traverse
+  // and clear (jit_type.cc), so that no list of fields is kept twice.
+  template <class F>
+  void ForEachObject(F&& f) {
+    for (nb::object* o : {&fun, &compile, &hooks, &cache, &options, &pickle_options, &fallback, &redo_types}) {
+      f(*o);
+    }
+    spec.ForEachObject(f);
+  }
+};
+
+struct JitFunctionObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* dict;
+  PyObject* weaklist;
+  JitState* state;
+};
+
+inline JitState& StateOf(PyObject* self) { return *reinterpret_cast<JitFunctionObject*>(self)->state; }
+
+// RuntimeError (and true) when the GC's tp_clear already emptied this function.
+inline bool Cleared(const JitState& st) {
+  if (st.fun.is_valid()) return false;
+  PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
+  return true;
+}
+
+// Raises type(msg) (a C++ throw of the Python error; `type` null: the
+// failed import that left it so).
+[[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg);
+
+// Calls an observability hook (ftjit._observe.on_compile / on_wait); its
+// exceptions are reported as unraisable, never allowed to replace the
+// call's own result or error.
+void CallHook(PyObject* hook, std::initializer_list<PyObject*> args);
+
+// The readable signature of entry `e` (a new reference, or null with an error set).
+nb::object SignatureString(const JitState& st, const Entry& e);
+
+inline uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// --- waiter_errors.cc: a failed compile's error, once per waiter ------------
+
+// The pending exception, normalised, with its traceback attached; clears it.
+nb::object FetchNormalized();
+// Raises `exc` again (with its own traceback) as a C++ throw.
+[[noreturn]] void Reraise(PyObject* exc);
+// The compile's exception as waiters will read it: a private copy that
+// nobody raises or writes after Publish() (see waiter_errors.cc).
+nb::object ErrorForWaiters(const nb::object& original);
+// Raises this waiter's own copy of the compile's exception.
+[[noreturn]] void RaiseForWaiter(const JitState& st, const nb::object& error);
+
+// --- call.cc: the call, compile and wait path --------------------------------
+
+// A call of the jitted function (the vectorcall's body). Throws on error.
+nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
+// precompile(*args, **kwargs): compiles this signature if it is not cached;
+// true if this call compiled it. Executes nothing.
+bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+// The readable signature these arguments would have ("f(<traced>)" for a
+// call that would take the fallback).
+std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+// disable_jit(): this thread's nesting depth (call.cc).
+int& JitDisabledDepth();
+// This thread's compiles asked for ahead of traffic (precompile, warmup):
+// not misses to explain. A nesting depth (call.cc).
+int& AheadDepth();
+struct AheadOfTraffic {
+  AheadOfTraffic() { ++AheadDepth(); }
+  ~AheadOfTraffic() { --AheadDepth(); }
+  AheadOfTraffic(const AheadOfTraffic&) = delete;
+  AheadOfTraffic& operator=(const AheadOfTraffic&) = delete;
+};
+// os.register_at_fork(after_in_child=...), see call.cc.
+void AfterForkInChild();
+// Threads now registered in the wait-for graph (diagnostics).
+size_t WaitingThreads();
+
+}  // namespace ftjit

@@ -1,0 +1,676 @@
+// ftjit: the JitFunction type: a hand-built heap type (vectorcall, a
+// descriptor, GC support, pickling) with every method of a jitted function,
+// and its construction from ftjit.jit()'s resolved options and the
+// compiler's CompilerHooks (ftjit/_hooks.py).
+//
+// Errors cross from C++ into Python in one place: every C-API entry point
+// of the type runs its body through Translate().
+//
+//   | state      | protection                                               |
+//   |------------|----------------------------------------------------------|
+//   | g_jit_type | set once at module init                                  |
+//   | JitState   | jit_state.h                                              |
+//
+// Lock order: takes no lock itself. Only the test hook _debug_hold_locks
+// holds several: FunctionStore::LockAllForTest's (function_cache.cc), then
+// LockSignatureLocksForTest's (signature.cc).
+#include "jit/jit_type.h"
+
+#include <Python.h>
+#include <structmember.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "jit/jit_state.h"
+#include "pyutil/imported.h"
+#include "signature/signature.h"
+#include "store/function_cache.h"
+
+namespace ftjit {
+
+namespace {
+
+PyObject* g_jit_type = nullptr;  // set once at module init
+
+Imported kRebuild{"ftjit._jit", "_rebuild"};
+Imported kWarmup{"ftjit._warmup", "warmup"};
+Imported kJitModule{"ftjit._jit", "__dict__"};
+Imported kPartial{"functools", "partial"};
+
+// Runs an entry point's body: the one place where C++ exceptions become
+// Python errors. `failed` is what the entry point returns with an error set.
+// (A forced unwind at interpreter shutdown is neither: it passes through.)
+template <class Body>
+auto Translate(Body&& body, decltype(body()) failed) -> decltype(body()) {
+  try {
+    return body();
+  } catch (nb::python_error& err) {
+    err.restore();
+  } catch (const std::exception& err) {
+    PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
+  }
+  return failed;
+}
+
+// A method body returning an nb::object, as a new reference (or null).
+template <class Body>
+PyObject* Method(PyObject* self, Body&& body) {
+  if (Cleared(StateOf(self))) return nullptr;
+  return Translate([&]() -> PyObject* { return body(StateOf(self)).release().ptr(); }, nullptr);
+}
+
+// The attribute of a hook in the function's CompilerHooks, or null (None).
+nb::object HookOf(const JitState& st, const char* name) {
+  nb::object hook = nb::getattr(st.hooks, name, nb::none());
+  return hook.is_none() ? nb::object() : hook;
+}
+
+// --- the type's slots ------------------------------------------------------------
+
+extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
+                                            PyObject* kwnames) {
+  JitState& st = StateOf(self);
+  if (Cleared(st)) return nullptr;
+  if (JitDisabledDepth() > 0) return PyObject_Vectorcall(st.fun.ptr(), args, nargsf, kwnames);
+  // A jitted function calling itself (or another) recurses through this C
+  // frame, which takes far more C stack than a Python-to-Python call: count
+  // it, so that deep recursion is a RecursionError, not a stack overflow
+  // (CPython's own C calls of Python code do the same).
+  // Left explicitly, not by a destructor: a thread ended by CPython at
+  // interpreter shutdown (pthread_exit when a waiter or the executable takes
+  // the GIL back) unwinds through here with no thread state, where
+  // Py_LeaveRecursiveCall would crash (3.12+); Translate does not catch it.
+  if (Py_EnterRecursiveCall(" while calling a jitted function")) return nullptr;
+  PyObject* out = Translate([&]() -> PyObject* { return Call(st, args, nargsf, kwnames).release().ptr(); },
+                            static_cast<PyObject*>(nullptr));
+  Py_LeaveRecursiveCall();
+  return out;
+}
+
+extern "C" int JitFunction_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_VISIT(o->dict);
+  int rc = 0;
+  if (JitState* st = o->state) {
+    st->ForEachObject([&](nb::object& obj) {
+      if (rc == 0 && obj.is_valid()) rc = visit(obj.ptr(), arg);
+    });
+  }
+  return rc;
+}
+
+extern "C" int JitFunction_clear(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_CLEAR(o->dict);
+  if (JitState* st = o->state) {
+    // Moved out first: their destructors may run code that looks at us.
+    std::vector<nb::object> dropped;
+    st->ForEachObject([&](nb::object& obj) {
+      if (obj.is_valid()) dropped.push_back(std::move(obj));
+    });
+    st->spec.ForgetBorrowed();  // what the spec borrowed from them must not outlive them
+    // `dropped` dies here, with the state already cleared.
+  }
+  return 0;
+}
+
+extern "C" void JitFunction_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  PyTypeObject* tp = Py_TYPE(self);
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  if (o->weaklist) PyObject_ClearWeakRefs(self);
+  Py_CLEAR(o->dict);
+  if (JitState* st = o->state) {
+    o->state = nullptr;
+    if (st->store && st->store->is_private()) st->store->Clear();
+    delete st;
+  }
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+extern "C" PyObject* JitFunction_descr_get(PyObject* self, PyObject* obj, PyObject*) {
+  if (obj == nullptr || obj == Py_None) return Py_NewRef(self);
+  return PyMethod_New(self, obj);
+}
+
+extern "C" PyObject* JitFunction_repr(PyObject* self) {
+  JitState& st = StateOf(self);
+  if (!st.fun.is_valid()) return PyUnicode_FromString("<ftjit.JitFunction (cleared)>");
+  PyObject* r = PyUnicode_FromFormat("<ftjit.JitFunction of %R>", st.fun.ptr());
+  if (!r) {
+    // The function's own repr failed: a repr must not (it runs in error
+    // messages, debuggers, logging).
+    ClearErrorKeepingInterrupt();
+    if (PyErr_Occurred()) return nullptr;
+    r = PyUnicode_FromString("<ftjit.JitFunction>");
+  }
+  return r;
+}
+
+// --- methods -----------------------------------------------------------------------
+
+extern "C" PyObject* JitFunction_cache_info(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) { return MakeCacheInfo(*st.store); });
+}
+
+extern "C" PyObject* JitFunction_cache_size(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) { return nb::int_(st.store->size()); });
+}
+
+extern "C" PyObject* JitFunction_clear_cache(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) {
+    // The compiler's own caches of this function first (JAX: its trace
+    // caches): a compile racing with this call then either finds its entry
+    // dropped below or traces afresh, never re-caches a stale trace.
+    if (nb::object hook = HookOf(st, "clear_cache"); hook.is_valid()) hook();
+    st.store->Clear();
+    return nb::none();
+  });
+}
+
+extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) {
+    std::vector<EntryPtr> entries = st.store->Entries();
+    // Ready ones only (the payload is read after the latch's acquire), the
+    // latest compile first.
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const EntryPtr& e) { return e->latch.state() != CompileLatch::State::kReady; }),
+                  entries.end());
+    std::sort(entries.begin(), entries.end(), [](const EntryPtr& a, const EntryPtr& b) {
+      return a->payload.compiled_order > b->payload.compiled_order;
+    });
+    PyObject* info = kSignatureInfo.Get();
+    if (!info) throw nb::python_error();
+    nb::list out;
+    for (const EntryPtr& e : entries) {
+      out.append(nb::handle(info)(e->sig->ToString(st.spec), e->Hits(), e->payload.compile_seconds));
+    }
+    return nb::object(out);
+  });
+}
+
+extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                            PyObject* kwnames) {
+  return Method(self, [&](JitState& st) {
+    AheadOfTraffic ahead;  // not a miss to explain (ftjit/_observe.py)
+    return nb::bool_(Precompile(st, args, static_cast<size_t>(nargs), kwnames));
+  });
+}
+
+extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                              PyObject* kwnames) {
+  return Method(self, [&](JitState& st) {
+    return nb::str(SignatureOf(st, args, static_cast<size_t>(nargs), kwnames).c_str());
+  });
+}
+
+// lower/trace/eval_shape: the compiler's hook of that name, with the call's
+// arguments (the JAX compiler's: the function's jax.jit method).
+template <const char* kName>
+PyObject* ThroughHook(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return Method(self, [&](JitState& st) {
+    nb::object hook = HookOf(st, kName);
+    if (!hook.is_valid()) {
+      RaiseMessage(PyExc_TypeError, std::string(kName) + "() needs a compiler with a '" + kName +
+                                        "' hook, as the JAX compiler has; the compiler of " +
+                                        st.spec.fun_name + "() has none");
+    }
+    return nb::steal(PyObject_Vectorcall(hook.ptr(), args, static_cast<size_t>(nargs), kwnames));
+  });
+}
+constexpr char kLower[] = "lower";
+constexpr char kTrace[] = "trace";
+constexpr char kEvalShape[] = "eval_shape";
+
+// Binds a method's arguments to `names` (positionally in that order, or by
+// keyword) and checks them as CPython checks a function's, in its words
+// ("JitFunction.warmup() got an unexpected keyword argument 'worker'").
+// out[i] is the argument bound to names[i] (borrowed), or null.
+void BindArguments(const char* method, PyObject* const* args, size_t nargs, PyObject* kwnames,
+                   const std::vector<const char*>& names, size_t required, std::vector<PyObject*>& out) {
+  std::string where = std::string("JitFunction.") + method + "()";
+  out.assign(names.size(), nullptr);
+  if (nargs > names.size()) {
+    RaiseMessage(PyExc_TypeError, where + " takes from " + std::to_string(required) + " to " +
+                                      std::to_string(names.size()) + " positional arguments but " +
+                                      std::to_string(nargs) + " were given");
+  }
+  for (size_t i = 0; i < nargs; ++i) out[i] = args[i];
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+    size_t i = 0;
+    while (i < names.size() && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) ++i;
+    if (i == names.size()) {
+      RaiseMessage(PyExc_TypeError, where + " got an unexpected keyword argument '" +
+                                        nb::cast<std::string>(nb::str(key)) + "'");
+    }
+    if (out[i]) RaiseMessage(PyExc_TypeError, where + " got multiple values for argument '" + names[i] + "'");
+    out[i] = args[nargs + k];
+  }
+  for (size_t i = 0; i < required; ++i) {
+    if (!out[i]) {
+      RaiseMessage(PyExc_TypeError, where + " missing required argument '" + names[i] + "'");
+    }
+  }
+}
+
+extern "C" PyObject* JitFunction_warmup(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                        PyObject* kwnames) {
+  return Method(self, [&](JitState&) {
+    // ftjit._warmup.warmup(self, specs, workers=..., strict=..., progress=...):
+    // the warm-up's thread pool and report are Python.
+    static const std::vector<const char*> kNames{"specs", "workers", "strict", "progress"};
+    std::vector<PyObject*> bound;
+    BindArguments("warmup", args, static_cast<size_t>(nargs), kwnames, kNames, 1, bound);
+    PyObject* warmup = kWarmup.Get();
+    if (!warmup) throw nb::python_error();
+    nb::object call_args = nb::make_tuple(nb::handle(self), nb::handle(bound[0]));
+    nb::dict call_kwargs;
+    for (size_t i = 1; i < kNames.size(); ++i) {
+      if (bound[i]) call_kwargs[kNames[i]] = nb::handle(bound[i]);
+    }
+    return nb::steal(PyObject_Call(warmup, call_args.ptr(), call_kwargs.ptr()));
+  });
+}
+
+extern "C" PyObject* JitFunction_store_forgetter(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) { return Forgetter(st.store); });
+}
+
+extern "C" PyObject* JitFunction_shared_state(PyObject* self, PyObject* offered) {
+  return Method(self, [&](JitState& st) { return st.store->SharedState(offered); });
+}
+
+extern "C" PyObject* JitFunction_ready_count(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) {
+    Py_ssize_t n = 0;
+    for (const EntryPtr& e : st.store->Entries()) {
+      if (e->latch.state() == CompileLatch::State::kReady) ++n;
+    }
+    return nb::int_(n);
+  });
+}
+
+// Pickling by reference when this very object is reachable by its module
+// and qualified name (the decorated form, @ftjit.jit on a module-level
+// function), as functools.lru_cache wrappers are; otherwise by value: the
+// wrapped function (itself by reference) and the options, rebuilt by
+// ftjit.jit on unpickling.
+extern "C" PyObject* JitFunction_reduce(PyObject* self, PyObject*) {
+  JitState& st = StateOf(self);
+  if (!st.fun.is_valid()) {
+    PyErr_SetString(PyExc_TypeError, "cannot pickle a cleared jitted function");
+    return nullptr;
+  }
+  return Translate([&]() -> PyObject* {
+    nb::handle me(self);
+    nb::object name = nb::getattr(me, "__qualname__", nb::none());
+    nb::object module_name = nb::getattr(me, "__module__", nb::none());
+    nb::object modules = nb::module_::import_("sys").attr("modules");
+    nb::object module = module_name.is_none() ? nb::none() : modules.attr("get")(module_name);
+    if (nb::isinstance<nb::str>(name) && !module.is_none() &&
+        nb::cast<std::string>(name).find("<locals>") == std::string::npos) {
+      nb::object found = module;
+      for (nb::handle part : name.attr("split")(".")) {
+        found = nb::getattr(found, part, nb::none());
+      }
+      if (found.is(me)) return name.release().ptr();
+    }
+    PyObject* rebuild = kRebuild.Get();
+    if (!rebuild) throw nb::python_error();
+    return Py_BuildValue("O(OO)", rebuild, st.fun.ptr(), st.pickle_options.ptr());
+  }, nullptr);
+}
+
+nb::object FunctionName(nb::handle name) {
+  nb::dict d;
+  d["function_name"] = name;
+  return std::move(d);
+}
+
+// What jax.jit's __getstate__() reports of the function: its name, through
+// unnamed functools.partial layers.
+extern "C" PyObject* JitFunction_getstate(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) {
+    nb::object fun = st.fun;
+    PyObject* partial = kPartial.Get();
+    if (!partial) throw nb::python_error();
+    for (;;) {
+      nb::object name = nb::getattr(fun, "__name__", nb::none());
+      if (nb::isinstance<nb::str>(name)) return FunctionName(name);
+      if (PyObject_IsInstance(fun.ptr(), partial) != 1) break;
+      fun = fun.attr("func");
+    }
+    PyErr_Clear();
+    return FunctionName(nb::str("<unnamed function>"));
+  });
+}
+
+// A jitted function is immutable: copies are itself, as for Python functions.
+extern "C" PyObject* JitFunction_copy(PyObject* self, PyObject*) { return Py_NewRef(self); }
+extern "C" PyObject* JitFunction_deepcopy(PyObject* self, PyObject*) { return Py_NewRef(self); }
+
+// JitFunction[P, R] for type checkers (see _core.pyi); subscriptable at run time.
+extern "C" PyObject* JitFunction_class_getitem(PyObject* cls, PyObject* arg) { return Py_GenericAlias(cls, arg); }
+
+extern "C" PyObject* JitFunction_get_fun(PyObject* self, void*) {
+  JitState& st = StateOf(self);
+  return Py_NewRef(st.fun.is_valid() ? st.fun.ptr() : Py_None);
+}
+
+extern "C" PyObject* JitFunction_get_compiler(PyObject* self, void*) {
+  JitState& st = StateOf(self);
+  return Py_NewRef(st.compile.is_valid() ? st.compile.ptr() : Py_None);
+}
+
+extern "C" PyObject* JitFunction_get_hooks(PyObject* self, void*) {
+  JitState& st = StateOf(self);
+  return Py_NewRef(st.hooks.is_valid() ? st.hooks.ptr() : Py_None);
+}
+
+extern "C" PyObject* JitFunction_get_cache(PyObject* self, void*) {
+  JitState& st = StateOf(self);
+  return Py_NewRef(st.cache.is_valid() ? st.cache.ptr() : Py_None);
+}
+
+// A jitted function's __globals__: the namespace of the module that defines
+// ftjit's Python API (ftjit._jit), as a Python wrapper function of that
+// module would have. Tools that recognise JAX-wrapped functions by the
+// api_boundary their wrappers are defined with (chex's is_traceable) then
+// see a jitted function for what it is.
+extern "C" PyObject* JitFunction_get_globals(PyObject*, void*) {
+  PyObject* globals = kJitModule.Get();
+  return globals ? Py_NewRef(globals) : nullptr;
+}
+
+template <auto Fn>
+PyCFunction Fast() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Fn));
+}
+
+PyMethodDef kMethods[] = {
+    {"cache_info", JitFunction_cache_info, METH_NOARGS,
+     "cache_info() -> CacheInfo\n\nA snapshot of this function's counters (shared by every\n"
+     "wrapper of the same function and options in the same cache). Each\nfield is read "
+     "atomically, the tuple as a whole is not: under\nconcurrent calls it may be stale."},
+    {"clear_cache", JitFunction_clear_cache, METH_NOARGS,
+     "clear_cache() -> None\n\nDrops this function's compiled entries; the next call of each\n"
+     "signature compiles again. With the JAX compiler, also clears what jax.jit's\n"
+     "clear_cache() clears (the function's trace caches). Thread-safe; compiles in\n"
+     "progress finish and serve their waiters, but their entries are not kept."},
+    {"signatures", JitFunction_signatures, METH_NOARGS,
+     "signatures() -> list[SignatureInfo]\n\nThe compiled signatures now cached for this function, "
+     "readable, with\nhits and compile time; newest compile first (hits do not reorder\nthem). "
+     "A snapshot; entries may be added or evicted concurrently."},
+    {"precompile", Fast<JitFunction_precompile>(), METH_FASTCALL | METH_KEYWORDS,
+     "precompile(*args, **kwargs) -> bool\n\nCompiles the signature of these arguments into the "
+     "cache, executing\nnothing. Arguments may be concrete values or jax.ShapeDtypeStruct\n"
+     "(anything with .dtype/.shape). True if this call compiled it, False\nif it was cached "
+     "already (or compiled meanwhile by another thread,\nwhich this call then waited for). "
+     "Thread-safe; compile-once holds. A\ncompile asked for ahead of traffic is not logged as a "
+     "miss."},
+    {"lower", Fast<ThroughHook<kLower>>(), METH_FASTCALL | METH_KEYWORDS,
+     "lower(*args, **kwargs) -> jax.stages.Lowered for these arguments\n(the compiler's 'lower' "
+     "hook: the JAX compiler's). Thread-safe; does\nnot touch the cache."},
+    {"trace", Fast<ThroughHook<kTrace>>(), METH_FASTCALL | METH_KEYWORDS,
+     "trace(*args, **kwargs) -> jax.stages.Traced for these arguments (the\ncompiler's 'trace' "
+     "hook). Does not touch the cache."},
+    {"eval_shape", Fast<ThroughHook<kEvalShape>>(), METH_FASTCALL | METH_KEYWORDS,
+     "eval_shape(*args, **kwargs) -> output shapes and dtypes\n(jax.ShapeDtypeStruct pytree) "
+     "without compiling (the compiler's\n'eval_shape' hook)."},
+    {"warmup", Fast<JitFunction_warmup>(), METH_FASTCALL | METH_KEYWORDS,
+     "warmup(specs, workers=1, strict=False, progress=None) -> WarmupReport\n\nCompiles a list "
+     "of signatures in `workers` threads (see ftjit._warmup)."},
+    {"_cache_size", JitFunction_cache_size, METH_NOARGS,
+     "Number of signatures of this function in the cache now (jax.jit's _cache_size)."},
+    {"_ready_count", JitFunction_ready_count, METH_NOARGS,
+     "The number of compiled signatures now cached (shared by every wrapper of the same\n"
+     "function and options in the same cache)."},
+    {"_signature_of", Fast<JitFunction_signature_of>(), METH_FASTCALL | METH_KEYWORDS,
+     "_signature_of(*args, **kwargs) -> str: the readable signature these arguments have."},
+    {"_store_forgetter", JitFunction_store_forgetter, METH_NOARGS,
+     "A callable (any arguments) that drops this function's entries from its cache, as when\n"
+     "the function dies; holds them only weakly."},
+    {"_shared_state", JitFunction_shared_state, METH_O,
+     "_shared_state(offered) -> object: the object shared by every wrapper of this\n"
+     "function and options (the first offered is kept)."},
+    {"__reduce__", JitFunction_reduce, METH_NOARGS, nullptr},
+    {"__getstate__", JitFunction_getstate, METH_NOARGS,
+     "What jax.jit's __getstate__() reports of the function (its name)."},
+    {"__copy__", JitFunction_copy, METH_NOARGS, nullptr},
+    {"__deepcopy__", JitFunction_deepcopy, METH_O, nullptr},
+    {"__class_getitem__", JitFunction_class_getitem, METH_O | METH_CLASS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyMemberDef kMembers[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)),
+     READONLY, nullptr},
+    {"__dictoffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(JitFunctionObject, dict)), READONLY,
+     nullptr},
+    {"__weaklistoffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(JitFunctionObject, weaklist)),
+     READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+PyGetSetDef kGetSet[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {"__globals__", JitFunction_get_globals, nullptr, "The namespace of ftjit's Python API module.",
+     nullptr},
+    {"_fun", JitFunction_get_fun, nullptr, "The wrapped function (fixed).", nullptr},
+    {"_compiler", JitFunction_get_compiler, nullptr, "compile(fun, args, kwargs), as the core calls it (fixed).",
+     nullptr},
+    {"_hooks", JitFunction_get_hooks, nullptr, "The compiler's ftjit.CompilerHooks (fixed).", nullptr},
+    {"_cache", JitFunction_get_cache, nullptr, "The FunctionCache (fixed).", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyType_Slot kSlots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(JitFunction_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(JitFunction_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(JitFunction_clear)},
+    {Py_tp_descr_get, reinterpret_cast<void*>(JitFunction_descr_get)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_repr, reinterpret_cast<void*>(JitFunction_repr)},
+    {Py_tp_methods, reinterpret_cast<void*>(kMethods)},
+    {Py_tp_members, reinterpret_cast<void*>(kMembers)},
+    {Py_tp_getset, reinterpret_cast<void*>(kGetSet)},
+    {Py_tp_doc, const_cast<char*>("A jitted function: computes each call's signature, compiles it once\n"
+                                  "(other threads wait with the GIL released) and calls the executable.\n"
+                                  "Create with ftjit.jit().")},
+    {0, nullptr},
+};
+
+// --- construction ------------------------------------------------------------------
+
+std::vector<int> ToIntVector(nb::handle seq, const char* what) {
+  std::vector<int> out;
+  for (nb::handle h : seq) {
+    int overflow = 0;
+    long long v = PyLong_Check(h.ptr()) ? PyLong_AsLongLongAndOverflow(h.ptr(), &overflow) : 0;
+    if (!PyLong_Check(h.ptr()) || overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+      PyErr_Clear();
+      throw nb::value_error((std::string(what) + " must hold argument positions (ints between -2**31 and "
+                             "2**31 - 1), got " + nb::cast<std::string>(nb::repr(h)))
+                                .c_str());
+    }
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+// A tuple copy of `types` that nobody can mutate: the spec borrows type
+// pointers from it (a compiler's own list could be mutated, and the borrowed
+// pointer of a type removed from it would dangle once the type died).
+nb::object OwnTypes(nb::handle types, const char* what) {
+  nb::object copy = nb::steal(PySequence_Tuple(types.ptr()));
+  if (!copy.is_valid()) throw nb::python_error();
+  for (nb::handle t : copy) {
+    if (!PyType_Check(t.ptr())) throw nb::type_error((std::string(what) + " must be types").c_str());
+  }
+  return copy;
+}
+
+// The spec's hooks, read once from the CompilerHooks (ftjit/_hooks.py
+// validates them; what the core relies on for memory safety is checked
+// again here).
+void ReadHooks(JitState& st, nb::handle hooks) {
+  SignatureSpec& spec = st.spec;
+  auto field = [&](const char* name) { return nb::object(hooks.attr(name)); };
+  nb::object pytree_flatten = field("pytree_flatten");
+  if (PyTuple_Check(pytree_flatten.ptr())) {
+    if (PyTuple_GET_SIZE(pytree_flatten.ptr()) != 2 || !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0)) ||
+        !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1))) {
+      throw nb::type_error("pytree_flatten must be a callable or a pair (flatten_one_level, defer_leaf)");
+    }
+    spec.registry_flatten = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0));
+    spec.defer_leaf = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1));
+  } else if (!pytree_flatten.is_none()) {
+    spec.pytree_flatten = pytree_flatten;
+  }
+  nb::object custom_namedtuple = field("custom_namedtuple");
+  if (!custom_namedtuple.is_none()) {
+    if (!PyCallable_Check(custom_namedtuple.ptr())) throw nb::type_error("custom_namedtuple must be callable");
+    if (pytree_flatten.is_none()) throw nb::type_error("custom_namedtuple needs pytree_flatten");
+    spec.custom_namedtuple = custom_namedtuple;
+    // JAX's registry hook is a dict's bound __contains__: asked in C.
+    if (PyCFunction_Check(custom_namedtuple.ptr())) {
+      PyObject* self = PyCFunction_GetSelf(custom_namedtuple.ptr());
+      nb::object name = nb::getattr(custom_namedtuple, "__name__", nb::none());
+      if (self && PyDict_CheckExact(self) && nb::isinstance<nb::str>(name) &&
+          nb::cast<std::string>(name) == "__contains__") {
+        spec.custom_namedtuple_dict = nb::borrow(self);
+      }
+    }
+  }
+  if (nb::object context = field("context"); !context.is_none()) spec.SetContextFn(context);
+  if (nb::object fallback_types = field("fallback_types"); nb::len(fallback_types) > 0) {
+    spec.fallback_types = OwnTypes(fallback_types, "fallback_types");
+  }
+  spec.plain_types_owner = OwnTypes(field("plain_types"), "plain_types");
+  for (nb::handle t : spec.plain_types_owner) spec.plain_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
+  spec.aval_types_owner = OwnTypes(field("aval_types"), "aval_types");
+  for (nb::handle t : spec.aval_types_owner) spec.AddAvalType(reinterpret_cast<PyTypeObject*>(t.ptr()));
+  if (nb::object label = field("placement_label"); !label.is_none()) spec.placement_label = label;
+  spec.jax_style_errors = nb::cast<bool>(field("jax_style_errors"));
+  st.strip_static = nb::cast<bool>(field("strip_static"));
+  if (nb::object fallback = field("fallback"); !fallback.is_none()) st.fallback = fallback;
+  nb::object redo_types = OwnTypes(field("redo_types"), "redo_types");
+  for (nb::handle t : redo_types) {
+    if (!PyExceptionClass_Check(t.ptr())) throw nb::type_error("redo_types must be exception types");
+  }
+  if (PyTuple_GET_SIZE(redo_types.ptr()) > 0) st.redo_types = redo_types;
+}
+
+nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks, nb::object cache,
+                           nb::object static_argnums, nb::object static_argnames, nb::object arg_names,
+                           std::string name, nb::object options, nb::object pickle_options,
+                           double compile_timeout) {
+  if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
+  if (!PyCallable_Check(compile.ptr())) throw nb::type_error("compile must be callable");
+  if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
+  if (!nb::inst_ready(cache)) {
+    throw nb::type_error(("cache is a " + std::string(Py_TYPE(cache.ptr())->tp_name) +
+                          " (a FunctionCache subclass) whose __init__ did not call "
+                          "super().__init__(): it has no cache to use. Call "
+                          "super().__init__(capacity) in its __init__.")
+                             .c_str());
+  }
+  auto st = std::make_unique<JitState>();
+  st->fun = fun;
+  st->compile = compile;
+  st->hooks = hooks;
+  st->cache = cache;
+  st->options = options;
+  st->pickle_options = pickle_options;
+  st->spec.static_argnums = ToIntVector(static_argnums, "static_argnums");
+  for (nb::handle h : static_argnames) {
+    if (!PyUnicode_Check(h.ptr())) throw nb::type_error("static_argnames must be str");
+    PyObject* s = Py_NewRef(h.ptr());
+    PyUnicode_InternInPlace(&s);
+    st->spec.static_argnames.push_back(nb::steal(s));
+  }
+  st->spec.arg_names = arg_names;
+  st->spec.fun_name = name;
+  ReadHooks(*st, hooks);
+  // Beyond ~30 years is "forever" (inf included): the deadline must stay
+  // representable in steady_clock's 64-bit nanoseconds.
+  st->compile_timeout = compile_timeout > 1e9 ? 0.0 : compile_timeout;
+  st->store = StoreFor(cache, fun, options, name);
+
+  PyTypeObject* type = reinterpret_cast<PyTypeObject*>(g_jit_type);
+  PyObject* self = type->tp_alloc(type, 0);
+  if (!self) throw nb::python_error();
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  o->vectorcall = JitFunction_vectorcall;
+  o->dict = nullptr;
+  o->weaklist = nullptr;
+  o->state = st.release();
+  return nb::steal(self);
+}
+
+}  // namespace
+
+void RegisterJitFunction(nb::module_& m) {
+  std::string name = nb::cast<std::string>(m.attr("__name__")) + ".JitFunction";
+  PyType_Spec spec = {
+      name.c_str(),
+      static_cast<int>(sizeof(JitFunctionObject)),
+      0,
+      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+          Py_TPFLAGS_DISALLOW_INSTANTIATION,  // only ftjit.jit() makes them (a state-less one would crash)
+      kSlots,
+  };
+  g_jit_type = PyType_FromSpec(&spec);
+  if (!g_jit_type) throw nb::python_error();
+  m.attr("JitFunction") = nb::handle(g_jit_type);
+
+  m.def("_make_jit_function", &MakeJitFunction, nb::arg("fun"), nb::arg("compile"), nb::arg("hooks"),
+        nb::arg("cache"), nb::arg("static_argnums"), nb::arg("static_argnames"), nb::arg("arg_names"),
+        nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"), nb::arg("compile_timeout") = 0.0);
+  m.def("_after_fork_in_child", &AfterForkInChild,
+        "For os.register_at_fork(after_in_child=...): compiles in flight in the parent's other "
+        "threads are compiled afresh in the child instead of waited for.");
+  m.def(
+      "_debug_hold_locks",
+      [](nb::handle jf, double seconds) {
+        if (!PyObject_TypeCheck(jf.ptr(), reinterpret_cast<PyTypeObject*>(g_jit_type))) {
+          throw nb::type_error("_debug_hold_locks needs a JitFunction");
+        }
+        std::shared_ptr<FunctionStore> fs = StateOf(jf.ptr()).store;
+        fs->LockAllForTest(true);
+        LockSignatureLocksForTest(true);
+        {
+          nb::gil_scoped_release detached;  // held while detached, as a parked waiter holds them
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        }
+        LockSignatureLocksForTest(false);
+        fs->LockAllForTest(false);
+      },
+      nb::arg("jf"), nb::arg("seconds"),
+      "Tests only: holds every lock a call of `jf` may take for `seconds`, detached from the\n"
+      "interpreter, as a thread lost at fork (a parked waiter a PyMutex was handed to) holds them.");
+  m.def("_disable_jit_enter", []() { ++JitDisabledDepth(); });
+  m.def("_disable_jit_exit", []() {
+    if (JitDisabledDepth() > 0) --JitDisabledDepth();
+  });
+  m.def("_jit_disabled", []() { return JitDisabledDepth() > 0; });
+  m.def("_waiting_threads", &WaitingThreads, "Threads now registered in the wait-for graph (diagnostics).");
+  m.def("_ahead_enter", []() { ++AheadDepth(); });
+  m.def("_ahead_exit", []() {
+    if (AheadDepth() > 0) --AheadDepth();
+  });
+  m.def("_compiling_ahead", []() { return AheadDepth() > 0; },
+        "Whether this thread's compiles are asked for ahead of traffic (precompile, warmup).");
+}
+
+}  // namespace ftjit

@@ -1,0 +1,130 @@
+"""The compiler protocol: ``compile(fun, args, kwargs) -> executable``, and
+``CompilerHooks``, everything else a compiler may tell ftjit.
+
+A compiler is a callable ``compiler(fun, args, kwargs) -> executable``. It
+may also have:
+
+* a method ``hooks(fun) -> CompilerHooks``: its hooks for one function
+  (the JAX compiler's: the signature's JAX context, how JAX flattens
+  pytrees, jax.jit's own path for calls ftjit must not cache, ``lower``...);
+* or, for the simple case, a ``context()`` method (its value is read on
+  every call and is part of the signature) and a ``context_names``
+  attribute (how miss explanations name the context's items).
+
+``jit()`` reads them once, here (``hooks_of``), and every hook is checked
+then: a wrong one is a ``TypeError`` naming it, at decoration, never a
+surprise at the first call.
+
+Shared state: none (CompilerHooks instances are immutable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+__all__ = ["CompilerHooks", "hooks_of"]
+
+
+def _types(value: Any, field: str, base: type = object) -> tuple[type, ...]:
+    try:
+        types = tuple(value)
+    except TypeError:
+        raise TypeError(f"CompilerHooks.{field} must be a sequence of types, got {value!r}") from None
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, base)):
+            kind = "exception types" if base is BaseException else "types"
+            raise TypeError(f"CompilerHooks.{field} must hold {kind}, got {t!r}")
+    return types
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerHooks:
+    """What a compiler tells ftjit beyond ``compile(fun, args, kwargs)``.
+
+    Every field is optional. Immutable; checked when made.
+    """
+
+    #: ``() -> hashable``: read on every call, part of the signature (state
+    #: outside the arguments that changes what the compiler makes: a mode, a
+    #: precision). Or the JAX compiler's context tuple (``_jax.SignatureHooks``:
+    #: the context plus a trace probe, jax_disable_jit, committed placements).
+    context: Any = None
+    #: How miss explanations name the context's items: shaped as ``context()``
+    #: is (a str names a whole item, a tuple names a tuple item by item), or a
+    #: callable returning that, read when an explanation is written.
+    context_names: Any = None
+    #: How pytree nodes other than tuple/list/dict/None/namedtuple flatten:
+    #: ``obj -> None`` (a leaf), ``False`` (only the compiler can take it:
+    #: the call goes to ``fallback``), or ``(node_key, children)``. Or the
+    #: pair ``(flatten_one_level, defer_leaf)`` of a registry the core calls
+    #: in C (JAX's).
+    pytree_flatten: Any = None
+    #: ``type -> bool``: whether a namedtuple type is registered as a custom
+    #: node of ``pytree_flatten``'s registry (flattened by it, not as a tuple).
+    custom_namedtuple: Callable[[type], bool] | None = None
+    #: Called as the function itself for calls that must not be cached (an
+    #: argument of ``fallback_types``, an active trace) and after an
+    #: executable raised one of ``redo_types``.
+    fallback: Callable[..., Any] | None = None
+    #: Leaves of these types send the call to ``fallback`` (JAX tracers).
+    fallback_types: tuple[type, ...] = ()
+    #: Exact array types that are never in ``fallback_types`` (a fast path).
+    plain_types: tuple[type, ...] = ()
+    #: Exact array types whose dtype, shape and weak type are read from ``.aval``.
+    aval_types: tuple[type, ...] = ()
+    #: Exceptions of an executable after which the call is made again
+    #: through ``fallback`` (JAX: a NaN found under jax_debug_nans).
+    redo_types: tuple[type[BaseException], ...] = ()
+    #: Executables take the dynamic arguments only (statics stripped).
+    strip_static: bool = False
+    #: Errors in jax.jit's words (a static argument's failing ``__eq__``).
+    jax_style_errors: bool = False
+    #: ``(*args, **kwargs) -> object`` for ``JitFunction.lower``,
+    #: ``.trace`` and ``.eval_shape`` (the JAX compiler's: jax.jit's own).
+    lower: Callable[..., Any] | None = None
+    trace: Callable[..., Any] | None = None
+    eval_shape: Callable[..., Any] | None = None
+    #: ``() -> None``, run first by ``JitFunction.clear_cache()``: the
+    #: compiler's own caches of this function (JAX: its trace caches).
+    clear_cache: Callable[[], Any] | None = None
+    #: ``sharding -> str``: how a committed placement prints in signatures.
+    placement_label: Callable[[Any], str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("custom_namedtuple", "fallback", "lower", "trace", "eval_shape", "clear_cache",
+                     "placement_label"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"CompilerHooks.{name} must be callable or None, got {value!r}")
+        if self.context is not None and not (callable(self.context) or isinstance(self.context, tuple)):
+            raise TypeError("CompilerHooks.context must be a callable () -> hashable (or the JAX compiler's "
+                            f"context tuple), got {self.context!r}")
+        flatten = self.pytree_flatten
+        if flatten is not None and not callable(flatten) and not (
+                isinstance(flatten, tuple) and len(flatten) == 2 and all(callable(f) for f in flatten)):
+            raise TypeError("CompilerHooks.pytree_flatten must be a callable or a pair (flatten_one_level, "
+                            f"defer_leaf), got {flatten!r}")
+        if self.custom_namedtuple is not None and flatten is None:
+            raise TypeError("CompilerHooks.custom_namedtuple needs pytree_flatten")
+        for name in ("fallback_types", "plain_types", "aval_types"):
+            object.__setattr__(self, name, _types(getattr(self, name), name))
+        object.__setattr__(self, "redo_types", _types(self.redo_types, "redo_types", BaseException))
+        for name in ("strip_static", "jax_style_errors"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"CompilerHooks.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+def hooks_of(compiler: Any, fun: Callable[..., Any]) -> CompilerHooks:
+    """The hooks of ``compiler`` for ``fun`` (see the module docstring);
+    a TypeError names the hook that is wrong."""
+    make = getattr(compiler, "hooks", None)
+    if make is None:
+        return CompilerHooks(context=getattr(compiler, "context", None),
+                             context_names=getattr(compiler, "context_names", None))
+    if not callable(make):
+        raise TypeError(f"the compiler's 'hooks' must be a method hooks(fun) -> ftjit.CompilerHooks, got {make!r}")
+    hooks = make(fun)
+    if not isinstance(hooks, CompilerHooks):
+        raise TypeError(f"{compiler!r}.hooks(fun) must return an ftjit.CompilerHooks, got {hooks!r}")
+    return hooks
