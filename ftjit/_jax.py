@@ -207,13 +207,8 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     aval = array_type is not None and "aval" in fast and _has_aval(array_type)
     extras = (_private_context_extras() if "context" in fast else None) or _public_context_extras()
 
-    def full_context() -> Any:
-        """context() with the extras, as the core keys them (for miss explanations)."""
-        return (context(), *(getter(arg) for getter, arg in extras))
-
     return {
-        "context": full_context if extras else context,
-        # Shaped as "context" is, for miss explanations (Describer.context_names).
+        # Shaped as the core keys the context (its items, then the extras), for miss explanations.
         "context_names": _context_names_fn(names if found is None else None, tuple(_extra_name(a) for _, a in extras)),
         "signature_hooks": SignatureHooks(
             context,
@@ -251,7 +246,8 @@ def _context_names_fn(fixed: tuple[str, ...] | None, extra_names: tuple[str, ...
 
             read = jax_config.config_ext.trace_context_names
             names = tuple(read() if callable(read) else read)
-        return (names, *extra_names) if extra_names else names
+        # Shaped as the core keys the context: its items, then the extras.
+        return (*names, *extra_names)
 
     return context_names
 
@@ -618,7 +614,7 @@ class _ThroughJaxJit:
         JAX's pytree registry, and ``fun``'s jax.jit for the calls ftjit must
         not cache (a JAX trace is active, or jax.disable_jit()) and for
         ``lower``, ``trace`` and ``eval_shape``."""
-        from ._observe import placement_label
+        from ._explain import placement_label
 
         jitted = self.jax_jit(fun)
         hooks = _jax_hooks()

@@ -40,8 +40,6 @@ from ._core import _after_fork_in_child, _disable_jit_enter, _disable_jit_exit, 
 from ._core import clear_caches as _core_clear_caches
 from ._hooks import hooks_of
 from ._jax import JaxCompiler, JaxIntegration, integrate as _integrate_with_jax, jax_jit
-from ._jax import _identity, _jax_hooks
-from ._observe import Describer, GuardedCompiler
 
 __all__ = ["jit", "JitFunction", "FunctionCache", "CacheInfo", "SignatureInfo", "clear_caches", "disable_jit"]
 
@@ -146,18 +144,6 @@ def _weak_or_strong(obj: object, callback: Callable[[Any], None]) -> Callable[[]
         return weakref.ref(obj, callback)
     except TypeError:
         return lambda: obj
-
-
-def _ready_counter(jf: Any) -> Callable[[], int]:
-    """jf._ready_count through a weak reference (the compiler it is given to
-    is held by jf: a strong one would be a cycle through every wrapper)."""
-    ref = weakref.ref(jf)
-
-    def ready_count() -> int:
-        alive = ref()
-        return alive._ready_count() if alive is not None else 0
-
-    return ready_count
 
 
 def _compiler_key(compiler: Any) -> object:
@@ -392,18 +378,13 @@ def _construct(
     # bound to this function and its one jax.jit.
     compiling = compiler.bind(fun, jitted) if jitted is not None and isinstance(compiler, JaxCompiler) else compiler
     hooks = hooks_of(compiling, fun)
-    describer = Describer(argnums, argnames, static.arg_names, use_jax=isinstance(compiler, JaxCompiler))
+    compile_fn = compiling
     if isinstance(compiler, JaxCompiler):
-        describer.context = _jax_hooks()["context"]  # trace_context() with the extras, as the core keys it
-    else:
-        describer.context = hooks.context if callable(hooks.context) else None
-    describer.context_names = hooks.context_names if describer.context is not None else None
-    # JAX compilers run under jax's traceback boundary (see _integrate_jax).
-    guarded_type = _integrate_jax() if isinstance(compiler, JaxCompiler) else GuardedCompiler
-    guarded = guarded_type(compiling, name, describer, max_signatures, on_excess, explain_misses)
+        _integrate_jax()
+        compile_fn = api_boundary(compiling.__call__)  # under jax's traceback boundary, as jax.jit's compile
     jf: JitFunction[Any, Any] = _make_jit_function(  # type: ignore[assignment]
         fun=fun,
-        compile=guarded,
+        compile=compile_fn,
         hooks=hooks,
         cache=cache,
         static_argnums=argnums,
@@ -413,12 +394,10 @@ def _construct(
         options=options,
         pickle_options=pickle_options,
         compile_timeout=seconds(compile_timeout),
+        max_signatures=-1 if max_signatures is None else max_signatures,
+        raise_on_excess=on_excess == "raise",
+        explain_misses=-1 if explain_misses is None else int(bool(explain_misses)),
     )
-    # Wrappers of one function with equal options share its entries, so the
-    # guard counts for all of them (the first wrapper's state while it lives).
-    guarded.share_state(jf._shared_state(guarded.state))
-    if max_signatures is not None:
-        guarded.ready_count = _ready_counter(jf)
     if isinstance(compiler_key, _IdentityKey):
         compiler_key.when_dead(jf._store_forgetter())
     functools.update_wrapper(jf, fun)
@@ -430,49 +409,37 @@ def _construct(
 
 
 _jax_lock = threading.Lock()
-_jax_guarded_type: type | None = None  # written once under _jax_lock, then read without it
 _jax_integration: JaxIntegration | None = None  # written once under _jax_lock; keeps the clear_caches hook alive
 
 
-def _integrate_jax() -> type:
+def _integrate_jax() -> JaxIntegration:
     """Once per process, at the first JAX-compiled jit(): hooks ftjit into
-    JAX (see ``_integrate_with_jax``) and returns the GuardedCompiler type to use.
+    JAX (see ``_integrate_with_jax``).
 
     Tracing errors then show the frames jax.jit's show: ftjit's files are
-    excluded like jax's, and ftjit's topmost frames (the compiler the core
-    calls, lower/trace/eval_shape/precompile) become jax's traceback boundary,
-    below which frames are filtered. ``jax.clear_caches()`` also clears ftjit.
+    excluded like jax's, and the compile the core calls runs under jax's
+    traceback boundary, below which frames are filtered (lower/trace/
+    eval_shape are the function's jax.jit's own). ``jax.clear_caches()``
+    also clears ftjit.
     """
-    global _jax_guarded_type, _jax_integration
-    guarded_type = _jax_guarded_type
-    if guarded_type is not None:
-        return guarded_type
+    global _jax_integration
+    integration = _jax_integration
+    if integration is not None:
+        return integration
     with _jax_lock:
-        if _jax_guarded_type is None:
+        if _jax_integration is None:
             package_dir = os.path.dirname(os.path.abspath(__file__))
             _jax_integration = _integrate_with_jax(package_dir, _core_clear_caches)
-            boundary = api_boundary
-            # Published last: a function of this type finds its methods' boundaries set.
-            _jax_guarded_type = type(
-                "JaxGuardedCompiler",
-                (GuardedCompiler,),
-                {
-                    "__call__": boundary(GuardedCompiler.__call__),
-                    # the boundary is one more frame between the warning and its caller
-                    "warn_stacklevel": GuardedCompiler.warn_stacklevel + (
-                        _jax_integration.api_boundary is not _identity),
-                    "__module__": __name__,
-                },
-            )
-        return _jax_guarded_type
+        return _jax_integration
 
 
 def api_boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` as JAX's traceback-filtering boundary (jax's own ``api_boundary``,
     behind a feature check; ``fn`` itself before JAX is integrated or without
     it): the frames below it are filtered from tracing errors, as below
-    jax.jit's. Applied to a jitted function's compile path and to its
-    lower/trace/eval_shape/precompile methods."""
+    jax.jit's. Applied to a JAX-compiled function's compile. (Its name in
+    this module's namespace is what chex's is_traceable looks for in a
+    jitted function's __globals__.)"""
     integration = _jax_integration
     return integration.api_boundary(fn) if integration is not None else fn
 

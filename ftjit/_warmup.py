@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TextIO
+from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
 
 logger = logging.getLogger("ftjit")
 
@@ -219,25 +219,17 @@ def warmup(
     return report
 
 
-def _context_hook(fn: Any) -> Callable[[], Any] | None:
-    """The compiler's context hook (e.g. JAX's config, thread-local overrides
-    included), or None for a compiler without one."""
-    describe = getattr(getattr(fn, "_compiler", None), "describe", None)
-    context = getattr(describe, "context", None)
-    return context if callable(context) else None
-
-
 def _same_context_in_a_new_thread(fn: Any) -> bool:
     """Whether a worker thread would compile the signatures this thread's
-    calls use: the context hook gives equal values here and in a new thread
-    (JAX's thread-local config, e.g. ``jax.enable_x64()``, is not inherited)."""
-    context = _context_hook(fn)
-    if context is None:
-        return True
+    calls use: the context the core keys calls on is equal here and in a new
+    thread (JAX's thread-local config, e.g. ``jax.enable_x64()``, is not
+    inherited)."""
     try:
-        mine = context()
+        mine = fn._current_context()
+        if mine is None:
+            return True
         with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftjit-warmup") as probe:
-            theirs = probe.submit(context).result()
+            theirs = probe.submit(fn._current_context).result()
         return bool(mine == theirs)
     except Exception:  # noqa: BLE001 - unknown: the safe choice is this thread
         return False

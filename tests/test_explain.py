@@ -4,9 +4,8 @@ the closest cached signature: shapes, dtypes and weak types, statics, paths
 and structure in pytrees, placements (labelled as signatures() labels them),
 and the tracing context (JAX configs, a custom compiler's context).
 
-The last section keeps ftjit/_observe.py's Python copy of the signature in
-step with the C++ one: each test there says so in a comment
-(git grep -n "Python copy of the signature").
+Explanations are a diff over the signatures the core gives
+(ftjit/_signature.py, ftjit/_explain.py): nothing re-flattens the arguments.
 
 Every test builds its own FunctionCache and fresh functions. Functions whose
 names show up in process-wide places (logs, stats()) get a unique name per
@@ -255,14 +254,15 @@ def test_explain_compares_with_the_closest_signature():
 
 @pytest.mark.thread_unsafe(reason="counts calls of a module-level function it patches")
 def test_a_miss_is_explained_against_a_bounded_number_of_signatures(monkeypatch):
-    """A miss costs O(arguments), not O(remembered signatures): it is
-    compared with at most _EXPLAIN_CANDIDATES of them (the newest of its own
-    call structure), and not at all when no explanation will be shown."""
-    import ftjit._observe as observe
+    """A miss costs O(arguments), not O(cached signatures): it is compared
+    with at most 16 of them (the core's kExplainCandidates: the newest of its
+    own call structure), and not at all when no explanation will be shown."""
+    import ftjit._explain as explain
 
+    candidates = 16
     compared = []
-    real = observe._differences
-    monkeypatch.setattr(observe, "_differences", lambda old, new, names=None: compared.append(1) or real(old, new, names))
+    real = explain._differences
+    monkeypatch.setattr(explain, "_differences", lambda old, new, names=None: compared.append(1) or real(old, new, names))
     name = unique_name("explain_bounded")
 
     def fun(x, n):
@@ -274,14 +274,13 @@ def test_a_miss_is_explained_against_a_bounded_number_of_signatures(monkeypatch)
     for n in range(300):
         quiet(1.0, n)
     assert compared == []  # nothing was going to be shown: nothing explained
-    assert len(quiet._compiler._seen) == 300  # but every signature is remembered (for a switch turned on later)
     loud = ftjit.jit(fun, static_argnums=1, compiler=CountingCompiler(), cache=ftjit.FunctionCache(),
                      explain_misses=True)
     with LogCapture(name) as cap:
         for n in range(300):
             loud(1.0, n)
         loud({"a": 1.0}, 0)  # a new structure: compared with the newest of any structure
-    assert len(compared) == sum(min(n, observe._EXPLAIN_CANDIDATES) for n in range(300)) + observe._EXPLAIN_CANDIDATES
+    assert len(compared) == sum(min(n, candidates) for n in range(300)) + candidates
     got = explanations(cap, name)
     assert got[0] == "static 'n': 0 -> 1"
     assert got[-2] == "static 'n': 283 -> 299"  # all 16 candidates differ by n alone: the oldest of them wins
@@ -366,7 +365,7 @@ def test_placement_label_names_the_device_of_a_single_device_sharding_else_the_r
         def __str__(self):
             return "mesh(2)"
 
-    label = ftjit._observe.placement_label
+    label = ftjit._explain.placement_label
     assert label(SingleDeviceSharding((Device(),))) == "gpu:3"
     assert label(SingleDeviceSharding((BadDevice(),))) == "BadDevice()"
     assert label(SingleDeviceSharding((Device(), Device()))) == "SDS(2)"
@@ -504,10 +503,10 @@ def test_explain_cuts_long_context_values():
     assert explanations(cap, name) == [f"tracing context: '{'a' * 76}... -> '{'b' * 76}..."]
 
 
-# --- Python copy of the signature: explanations name what C++ keys on ---------
+# --- what the core keys on, named ---------------------------------------------
 
 
-# Python copy of the signature: pytree node data that differs but prints alike is a tree difference, as in C++
+# Pytree node data that differs but prints alike is a tree difference, as the core keys it
 def test_explain_unequal_pytree_node_data_that_prints_the_same():
     """Aux data that differs but prints alike is named as a tree difference,
     not blamed on the tracing context."""

@@ -919,8 +919,8 @@ def test_ftjit_is_hooked_into_jax_once_per_process():
         assert type(getattr(ftjit.JitFunction, method)).__name__ == "method_descriptor"
         assert getattr(jfs[0]._hooks, method) == getattr(jfs[0]._hooks.fallback, method)
         assert getattr(other._hooks, method) is None
-    assert type(jfs[0]._compiler).__call__.__code__ is boundary_code
-    assert type(other._compiler) is ftjit._observe.GuardedCompiler
+    assert jfs[0]._compiler.__code__ is boundary_code
+    assert type(other._compiler) is CountingCompiler
 
 
 class _Recorder:
@@ -1024,7 +1024,7 @@ def test_ftjit_works_without_jaxs_private_hooks():
             "after jax.clear_caches 1 2.0",
             "after clear_cache 0 3.0 2",
             "lower [3.0, 3.0]",
-            "frames ['__call__', '__call__', 'bad']",  # GuardedCompiler, BoundJaxCompiler
+            "frames ['__call__', 'bad', 'meth']",  # BoundJaxCompiler (no boundary hides it), the function
             "frames ['bad', 'meth', '_reshape']",  # lower: jax.jit's own, reached from a C method (no frame)
         ],
     ), proc.stderr[-3000:]
@@ -1043,7 +1043,7 @@ def test_other_compilers_errors_keep_their_tracebacks(how):
     with pytest.raises(ValueError) as info:
         jf(1.0) if how == "call" else jf.precompile(1.0)
     frames = [name for _, name in _frames(info.value)]
-    assert frames[-2:] == ["__call__", "compiler"]  # GuardedCompiler, the compiler
+    assert frames[-2:] == ["test_other_compilers_errors_keep_their_tracebacks", "compiler"]  # the caller, the compiler
     assert getattr(info.value, "__notes__", None) is None
 
 

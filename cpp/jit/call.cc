@@ -12,8 +12,9 @@
 //
 //   | state      | protection                                                 |
 //   |------------|------------------------------------------------------------|
-//   | t_disabled | thread-local (disable_jit() depth)                         |
+//   | t_jit_disabled | thread-local (disable_jit() depth; jit_state.h)        |
 //   | t_ahead    | thread-local (depth of compiles asked for ahead of traffic)|
+//   | g_explain_misses | relaxed atomic (ftjit.set_explain_misses)            |
 //   | g_graph    | atomic pointer, process lifetime; swapped for an empty     |
 //   |            | graph in a forked child (the old one leaks); the graph has |
 //   |            | its own leaf lock (compile_latch.h)                        |
@@ -27,6 +28,7 @@
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
+#include <algorithm>
 #include <chrono>
 #ifdef __GLIBCXX__
 #include <cxxabi.h>  // abi::__forced_unwind
@@ -45,7 +47,6 @@ namespace ftjit {
 
 namespace {
 
-thread_local int t_disabled = 0;
 thread_local int t_ahead = 0;
 
 // Process lifetime; replaced (the old one leaked) in a forked child, where
@@ -193,14 +194,114 @@ nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObj
   return exe;
 }
 
+// --- the max_signatures guard and miss explanations ---------------------------
+
+std::atomic<bool> g_explain_misses{false};
+
+// Up to kExplainCandidates cached signatures a miss of `e` is explained
+// against, exported, oldest first: the newest of the same call structure
+// (arguments passed alike, same tree tokens), else the newest of any. So a
+// miss costs O(arguments), not O(cached signatures).
+constexpr size_t kExplainCandidates = 16;
+
+bool SameStructure(const CallSignature& a, const CallSignature& b) {
+  if (a.num_positional != b.num_positional || !(a.tree == b.tree) || a.kwnames.size() != b.kwnames.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.kwnames.size(); ++i) {
+    if (PyUnicode_Compare(a.kwnames[i].ptr(), b.kwnames[i].ptr()) != 0) return false;
+  }
+  return true;
+}
+
+nb::object Candidates(JitState& st, const Entry& e) {
+  std::vector<EntryPtr> ready;
+  for (EntryPtr& c : st.store->Entries()) {
+    if (c.get() != &e && c->latch.state() == CompileLatch::State::kReady) ready.push_back(std::move(c));
+  }
+  std::sort(ready.begin(), ready.end(), [](const EntryPtr& a, const EntryPtr& b) {
+    return a->payload.compiled_order > b->payload.compiled_order;  // newest first
+  });
+  std::vector<const Entry*> picked;
+  for (const EntryPtr& c : ready) {
+    if (picked.size() < kExplainCandidates && SameStructure(*c->sig, *e.sig)) picked.push_back(c.get());
+  }
+  if (picked.empty()) {
+    for (size_t i = 0; i < ready.size() && i < kExplainCandidates; ++i) picked.push_back(ready[i].get());
+  }
+  nb::list out;
+  for (auto it = picked.rbegin(); it != picked.rend(); ++it) out.append(ExportSignature(*(*it)->sig));
+  return std::move(out);
+}
+
+// In the thread that inserted `e` and is about to compile it: counts it
+// against max_signatures, and explains the miss when the function explains
+// its misses (ftjit/_explain.py writes and logs the text). Past the limit:
+// with on_excess="raise", false with RecompileLimitError set (the compile
+// must not run); with "warn", warns once per store and compiles (false, the
+// warning's error set, if the warning was turned into an error). Compiles
+// asked for ahead of traffic (precompile, warmup) are counted, never
+// explained.
+bool GuardCompile(JitState& st, const EntryPtr& e) {
+  FunctionStore& fs = *st.store;
+  const SignatureLimit& limit = fs.limit();
+  const bool explaining = AheadDepth() == 0 &&
+                          (st.explain_misses < 0 ? g_explain_misses.load(std::memory_order_relaxed)
+                                                 : st.explain_misses > 0);
+  bool excess = false, warn_now = false;
+  if (limit.max >= 0) {
+    excess = !fs.Admit(e, limit.max, /*force=*/false);
+    if (excess && !limit.raising) {
+      fs.Admit(e, limit.max, /*force=*/true);  // "warn": compiled, and counted
+      warn_now = fs.TakeWarning();
+    }
+  }
+  const bool message = excess && (limit.raising || warn_now);
+  if (!explaining && !message) return true;
+  PyObject* on_miss = kOnMiss.Get();
+  if (!on_miss) return false;
+  nb::object name = nb::str(st.spec.fun_name.c_str());
+  nb::object text = nb::handle(on_miss)(name, st.spec.arg_names, st.hooks, Candidates(st, *e),
+                                        ExportSignature(*e->sig), nb::bool_(explaining),
+                                        message ? limit.max : -1, nb::bool_(limit.raising));
+  if (!message) return true;
+  const char* msg = PyUnicode_AsUTF8(text.ptr());
+  if (!msg) return false;
+  if (limit.raising) {
+    PyObject* type = kRecompileLimitError.Get();
+    if (type) PyErr_SetString(type, msg);
+    return false;
+  }
+  // The caller of the jitted function (this C code has no frame of its own).
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, msg, 1) < 0) {
+    fs.Unwarn();  // not shown (raised): the next excess warns
+    return false;
+  }
+  return true;
+}
+
+// Whether the guard lets the compile run (see GuardCompile); its Python
+// errors (other than the refusal it sets) are its failure too.
+bool GuardAllows(JitState& st, const EntryPtr& e) {
+  try {
+    return GuardCompile(st, e);
+  } catch (nb::python_error& err) {
+    err.restore();
+    return false;
+  }
+}
+
 // This thread inserted `e`: compile it and publish the result (or the
 // error) to every waiter. Throws the compile's exception.
 void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
                  PyObject* kwnames, CompilePublisher& publisher) {
   Counters& c = st.store->counters();
+  // The guard counts `e` before it takes an LRU slot: an eviction that slot
+  // causes must not make room under the limit for `e` itself.
+  const bool allowed = GuardAllows(st, e);
   st.store->AdmitLru(e);
   auto t0 = std::chrono::steady_clock::now();
-  nb::object exe = RunCompiler(st, args, nargsf, kwnames);
+  nb::object exe = allowed ? RunCompiler(st, args, nargsf, kwnames) : nb::object();
   if (!exe.is_valid()) {
     nb::object error = FetchNormalized();
     // An interruption of this thread (KeyboardInterrupt, SystemExit: any
@@ -430,22 +531,6 @@ Resolved Resolve(JitState& st, CallSignature& sig) {
   }
 }
 
-// The adopted signature of these arguments, in which array specs
-// (jax.ShapeDtypeStruct) stand for arrays; false when the call would take
-// the compiler's fallback.
-bool BuildAdoptedSignature(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames,
-                           CallSignature& sig) {
-  for (;;) {
-    try {
-      BuildSignature(st.spec, args, nargs, kwnames, sig, /*allow_specs=*/true);
-    } catch (const NeedsFallback&) {
-      return false;
-    }
-    if (sig.AdoptContext()) return true;
-    sig.Clear();  // its context died meanwhile: build it again
-  }
-}
-
 nb::object CallAfterMiss(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
                          size_t nargsf, PyObject* kwnames);
 
@@ -555,9 +640,22 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
 #endif
 }
 
+bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames,
+                           CallSignature& sig) {
+  for (;;) {
+    try {
+      BuildSignature(st.spec, args, nargs, kwnames, sig, /*allow_specs=*/true);
+    } catch (const NeedsFallback&) {
+      return false;
+    }
+    if (sig.AdoptContext()) return true;
+    sig.Clear();  // its context died meanwhile: build it again
+  }
+}
+
 bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
   CallSignature sig;
-  if (!BuildAdoptedSignature(st, args, nargs, kwnames, sig)) {
+  if (!BuildAdopted(st, args, nargs, kwnames, sig)) {
     RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
                                       "() here: the call would take the compiler's fallback "
                                       "path, which is not cached (e.g. tracers among the "
@@ -571,11 +669,11 @@ bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwn
 
 std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
   CallSignature sig;
-  if (!BuildAdoptedSignature(st, args, nargs, kwnames, sig)) return st.spec.fun_name + "(<traced>)";
+  if (!BuildAdopted(st, args, nargs, kwnames, sig)) return st.spec.fun_name + "(<traced>)";
   return sig.ToString(st.spec);
 }
 
-int& JitDisabledDepth() { return t_disabled; }
+std::atomic<bool>& ExplainMisses() { return g_explain_misses; }
 int& AheadDepth() { return t_ahead; }
 
 // os.register_at_fork(after_in_child=...): runs in the child's only thread,

@@ -16,6 +16,7 @@
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
@@ -48,6 +49,7 @@ struct JitState {
   std::shared_ptr<FunctionStore> store;
   bool strip_static = false;   // call executables with dynamic arguments only
   double compile_timeout = 0;  // seconds a waiter waits at most; <= 0: forever
+  int explain_misses = -1;     // log why each miss missed: 1, 0, or -1 (ExplainMisses())
 
   // Every Python object the state holds, each once: for the GC's traverse
   // and clear (jit_type.cc), so that no list of fields is kept twice.
@@ -113,11 +115,17 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
 // precompile(*args, **kwargs): compiles this signature if it is not cached;
 // true if this call compiled it. Executes nothing.
 bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+// The adopted signature of these arguments (array specs such as
+// jax.ShapeDtypeStruct stand for arrays); false when the call would take the
+// compiler's fallback.
+bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig);
 // The readable signature these arguments would have ("f(<traced>)" for a
 // call that would take the fallback).
 std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
-// disable_jit(): this thread's nesting depth (call.cc).
-int& JitDisabledDepth();
+// disable_jit(): this thread's nesting depth. Read by every call: a
+// trivially destructible thread-local (no guard), inline.
+inline thread_local int t_jit_disabled = 0;
+inline int& JitDisabledDepth() { return t_jit_disabled; }
 // This thread's compiles asked for ahead of traffic (precompile, warmup):
 // not misses to explain. A nesting depth (call.cc).
 int& AheadDepth();
@@ -127,6 +135,9 @@ struct AheadOfTraffic {
   AheadOfTraffic(const AheadOfTraffic&) = delete;
   AheadOfTraffic& operator=(const AheadOfTraffic&) = delete;
 };
+// The process-wide switch of miss explanations, for functions jitted with
+// explain_misses=None (ftjit.set_explain_misses). A relaxed atomic (call.cc).
+std::atomic<bool>& ExplainMisses();
 // os.register_at_fork(after_in_child=...), see call.cc.
 void AfterForkInChild();
 // Threads now registered in the wait-for graph (diagnostics).

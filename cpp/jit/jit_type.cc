@@ -286,17 +286,31 @@ extern "C" PyObject* JitFunction_store_forgetter(PyObject* self, PyObject*) {
   return Method(self, [](JitState& st) { return Forgetter(st.store); });
 }
 
-extern "C" PyObject* JitFunction_shared_state(PyObject* self, PyObject* offered) {
-  return Method(self, [&](JitState& st) { return st.store->SharedState(offered); });
+// _signatures(): the cached, compiled signatures as the core holds them
+// (ftjit/_signature.py records), newest compile first.
+extern "C" PyObject* JitFunction_structured_signatures(PyObject* self, PyObject*) {
+  return Method(self, [](JitState& st) {
+    std::vector<EntryPtr> entries = st.store->Entries();
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const EntryPtr& e) { return e->latch.state() != CompileLatch::State::kReady; }),
+                  entries.end());
+    std::sort(entries.begin(), entries.end(), [](const EntryPtr& a, const EntryPtr& b) {
+      return a->payload.compiled_order > b->payload.compiled_order;
+    });
+    nb::list out;
+    for (const EntryPtr& e : entries) out.append(ExportSignature(*e->sig));
+    return nb::object(out);
+  });
 }
 
-extern "C" PyObject* JitFunction_ready_count(PyObject* self, PyObject*) {
+// _current_context(): the compiler's context as the core would key this
+// thread's next call on it (None without one, or when the call would take
+// the fallback).
+extern "C" PyObject* JitFunction_current_context(PyObject* self, PyObject*) {
   return Method(self, [](JitState& st) {
-    Py_ssize_t n = 0;
-    for (const EntryPtr& e : st.store->Entries()) {
-      if (e->latch.state() == CompileLatch::State::kReady) ++n;
-    }
-    return nb::int_(n);
+    CallSignature sig;
+    if (!BuildAdopted(st, nullptr, 0, nullptr, sig) || !sig.context.is_valid()) return nb::object(nb::none());
+    return nb::borrow(sig.context.ptr());
   });
 }
 
@@ -432,17 +446,15 @@ PyMethodDef kMethods[] = {
      "of signatures in `workers` threads (see ftjit._warmup)."},
     {"_cache_size", JitFunction_cache_size, METH_NOARGS,
      "Number of signatures of this function in the cache now (jax.jit's _cache_size)."},
-    {"_ready_count", JitFunction_ready_count, METH_NOARGS,
-     "The number of compiled signatures now cached (shared by every wrapper of the same\n"
-     "function and options in the same cache)."},
+    {"_signatures", JitFunction_structured_signatures, METH_NOARGS,
+     "The cached, compiled signatures as ftjit._signature.Signature records, newest compile first."},
+    {"_current_context", JitFunction_current_context, METH_NOARGS,
+     "The compiler's context as the core would key this thread's next call (None without one)."},
     {"_signature_of", Fast<JitFunction_signature_of>(), METH_FASTCALL | METH_KEYWORDS,
      "_signature_of(*args, **kwargs) -> str: the readable signature these arguments have."},
     {"_store_forgetter", JitFunction_store_forgetter, METH_NOARGS,
      "A callable (any arguments) that drops this function's entries from its cache, as when\n"
      "the function dies; holds them only weakly."},
-    {"_shared_state", JitFunction_shared_state, METH_O,
-     "_shared_state(offered) -> object: the object shared by every wrapper of this\n"
-     "function and options (the first offered is kept)."},
     {"__reduce__", JitFunction_reduce, METH_NOARGS, nullptr},
     {"__getstate__", JitFunction_getstate, METH_NOARGS,
      "What jax.jit's __getstate__() reports of the function (its name)."},
@@ -574,7 +586,8 @@ void ReadHooks(JitState& st, nb::handle hooks) {
 nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks, nb::object cache,
                            nb::object static_argnums, nb::object static_argnames, nb::object arg_names,
                            std::string name, nb::object options, nb::object pickle_options,
-                           double compile_timeout) {
+                           double compile_timeout, int64_t max_signatures, bool raise_on_excess,
+                           int explain_misses) {
   if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
   if (!PyCallable_Check(compile.ptr())) throw nb::type_error("compile must be callable");
   if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
@@ -605,7 +618,9 @@ nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks,
   // Beyond ~30 years is "forever" (inf included): the deadline must stay
   // representable in steady_clock's 64-bit nanoseconds.
   st->compile_timeout = compile_timeout > 1e9 ? 0.0 : compile_timeout;
-  st->store = StoreFor(cache, fun, options, name);
+  st->explain_misses = explain_misses;
+  // The limit is part of `options`: every wrapper sharing the store gives the same.
+  st->store = StoreFor(cache, fun, options, name, SignatureLimit{max_signatures, raise_on_excess});
 
   PyTypeObject* type = reinterpret_cast<PyTypeObject*>(g_jit_type);
   PyObject* self = type->tp_alloc(type, 0);
@@ -636,7 +651,8 @@ void RegisterJitFunction(nb::module_& m) {
 
   m.def("_make_jit_function", &MakeJitFunction, nb::arg("fun"), nb::arg("compile"), nb::arg("hooks"),
         nb::arg("cache"), nb::arg("static_argnums"), nb::arg("static_argnames"), nb::arg("arg_names"),
-        nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"), nb::arg("compile_timeout") = 0.0);
+        nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"), nb::arg("compile_timeout") = 0.0,
+        nb::arg("max_signatures") = -1, nb::arg("raise_on_excess") = false, nb::arg("explain_misses") = -1);
   m.def("_after_fork_in_child", &AfterForkInChild,
         "For os.register_at_fork(after_in_child=...): compiles in flight in the parent's other "
         "threads are compiled afresh in the child instead of waited for.");
@@ -671,6 +687,9 @@ void RegisterJitFunction(nb::module_& m) {
   });
   m.def("_compiling_ahead", []() { return AheadDepth() > 0; },
         "Whether this thread's compiles are asked for ahead of traffic (precompile, warmup).");
+  m.def("_set_explain_misses", [](bool on) { ExplainMisses().store(on, std::memory_order_relaxed); },
+        "The switch of miss explanations for functions jitted with explain_misses=None.");
+  m.def("_explain_misses", []() { return ExplainMisses().load(std::memory_order_relaxed); });
 }
 
 }  // namespace ftjit

@@ -67,6 +67,7 @@ inline Imported kUnsupportedArgumentError{"ftjit.errors", "UnsupportedArgumentEr
 inline Imported kRecursiveCompileError{"ftjit.errors", "RecursiveCompileError"};
 inline Imported kCompileCycleError{"ftjit.errors", "CompileCycleError"};
 inline Imported kCompileTimeoutError{"ftjit.errors", "CompileTimeoutError"};
+inline Imported kRecompileLimitError{"ftjit.errors", "RecompileLimitError"};
 inline Imported kCacheInfo{"ftjit._jit", "CacheInfo"};
 inline Imported kSignatureInfo{"ftjit._jit", "SignatureInfo"};
 inline Imported kCopy{"copy", "copy"};
@@ -74,5 +75,7 @@ inline Imported kCopy{"copy", "copy"};
 // on_wait(name, signature, seconds).
 inline Imported kOnCompile{"ftjit._observe", "on_compile"};
 inline Imported kOnWait{"ftjit._observe", "on_wait"};
+// Miss explanations and the max_signatures message (ftjit/_explain.py).
+inline Imported kOnMiss{"ftjit._explain", "on_miss"};
 
 }  // namespace ftjit

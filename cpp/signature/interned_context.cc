@@ -107,7 +107,7 @@ bool ContextRef::Adopt() {
   counted_ = true;
   // The context's object holds the anchor's items now: dropping the anchor
   // frees the fresh tuple at most, and runs no Python.
-  DropAll(anchor_);
+  if (!anchor_.empty()) DropAll(anchor_);
   return true;
 }
 
@@ -118,7 +118,7 @@ void ContextRef::Reset() {
   interned_ = nullptr;
   counted_ = false;
   Py_XDECREF(owned);
-  DropAll(anchor_);
+  if (!anchor_.empty()) DropAll(anchor_);
   if (interned) ReleaseContext(interned);
 }
 

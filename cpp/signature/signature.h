@@ -429,6 +429,11 @@ inline NumpyTypes& Numpy() {
   return types;
 }
 
+// The signature as Python records (ftjit/_signature.py: Signature of Node,
+// Leaf and Static trees). `sig` must own or count its context (a stored
+// key, or one adopted). Runs Python.
+nb::object ExportSignature(const CallSignature& sig);
+
 // Module init: makes the objects the builder uses (interned names) before
 // any call can need them. Runs Python; call once, from the module's init.
 void InitSignatures();

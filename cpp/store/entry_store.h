@@ -34,6 +34,8 @@
 //   | shards[i].hits        | relaxed atomics, one cache line per shard     |
 //   | shards[i].in_flight   | seq_cst atomics, same lines (see InFlight)    |
 //   | unlinked, claimed     | seq_cst atomics, written once each            |
+//   | counted               | relaxed atomic: set by Admit, cleared once by |
+//   |                       | whatever removes the entry from the map       |
 //   | table_ref             | guarded by the store's publish_mu_            |
 //   | lru                   | shared_lru.h                                  |
 //
@@ -43,6 +45,7 @@
 //   | ready_                | SnapshotPtr: swapped under publish_mu_        |
 //   | publish_mu_           | leaf lock: serialises rebuilds of ready_      |
 //   | counters_             | relaxed atomics (hits sharded per thread)     |
+//   | counted_              | relaxed atomic: admitted entries in the map   |
 //
 // The hit path (FindReady): enter a read section, load ready_, probe it
 // (Traits::FastEquals), bump this thread's shard of the entry's hits and
@@ -130,7 +133,8 @@ inline int ThreadShard() {
 // one of them reads). A POSIX thread-specific key gives that late record
 // back once the key destructors run (POSIX runs them for a few rounds: a
 // record taken in the last one stays held, never shared).
-//   | t_ctx_, t_exited_ | thread-local; written by the thread itself only |
+//   | t_ctx_, t_ready_, | thread-local; written by the thread itself only |
+//   |   t_exited_       |                                                 |
 template <class Traits>
 class ThreadSlot {
  public:
@@ -140,8 +144,8 @@ class ThreadSlot {
     int shard;
   };
   static const Ctx& Get() {
-    if (t_ctx_.rec) return t_ctx_;
-    return Slow();
+    const Ctx* p = t_ready_;  // one thread-local read on every call
+    return p ? *p : Slow();
   }
 
  private:
@@ -149,6 +153,7 @@ class ThreadSlot {
     ~Holder() {
       if (t_ctx_.rec) Domain::Release(t_ctx_.rec);
       t_ctx_.rec = nullptr;
+      t_ready_ = nullptr;
       t_exited_ = true;
     }
   };
@@ -160,18 +165,22 @@ class ThreadSlot {
         pthread_key_create(&k, [](void* rec) {
           Domain::Release(static_cast<typename Domain::Record*>(rec));
           t_ctx_.rec = nullptr;
+          t_ready_ = nullptr;
         });
         return k;
       }();
       t_ctx_.rec = Traits::Epochs().Acquire();
       pthread_setspecific(late_key, t_ctx_.rec);
+      t_ready_ = &t_ctx_;
       return t_ctx_;
     }
     thread_local Holder holder;  // constructed once: gives the record back at exit
     t_ctx_.rec = Traits::Epochs().Acquire();
+    t_ready_ = &t_ctx_;
     return t_ctx_;
   }
   static inline thread_local Ctx t_ctx_{nullptr, 0};
+  static inline thread_local const Ctx* t_ready_ = nullptr;  // &t_ctx_ while it holds a record
   static inline thread_local bool t_exited_ = false;
 };
 
@@ -226,6 +235,7 @@ struct StoreEntry {
   std::array<Shard, kMaxThreadShards> shards;
   std::atomic<bool> unlinked{false};
   std::atomic<bool> claimed{false};
+  std::atomic<bool> counted{false};  // counted in its store's Count() (see Admit)
   std::shared_ptr<StoreEntry> table_ref;  // see Listing; guarded by the store's publish_mu_
   LruHook<std::shared_ptr<StoreEntry>> lru;
 
@@ -402,9 +412,32 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     ReleaseEvicted(evicted);
   }
 
+  // Counts `e` (freshly inserted, by the thread that compiles it) among the
+  // signatures this store holds, if that leaves at most `limit` counted
+  // (any number when `force`); false, counting nothing, otherwise. Exact
+  // under concurrent misses: the count is one atomic, and an entry stops
+  // counting when it leaves the map (Uncount), however it leaves. The
+  // max_signatures guard (cpp/jit/call.cc) is built on it.
+  bool Admit(const EntryPtr& e, int64_t limit, bool force) {
+    int64_t n = counted_.load(std::memory_order_relaxed);
+    do {
+      if (!force && n >= limit) return false;
+    } while (!counted_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+    e->counted.store(true, std::memory_order_seq_cst);
+    // A clear may have removed `e` before it was marked counted: a clear
+    // empties the map first and uncounts second, so checking the map after
+    // marking closes the gap (either that clear's Uncount comes after the
+    // mark, or this one sees `e` gone); Uncount happens once either way.
+    if (!map_.ContainsValue(e->sig->hash, e)) Uncount(*e);
+    return true;
+  }
+  // Signatures counted now (a snapshot).
+  int64_t Count() const { return counted_.load(std::memory_order_relaxed); }
+
   // Removes `e` from the map, the LRU and (if listed) the ready table.
   void Discard(const EntryPtr& e) {
     EntryPtr removed = map_.Erase(e->sig->hash, e);
+    Uncount(*e);
     lru_->Remove(e);
     Unlist(e);
     // `removed` is dropped on return, outside every lock.
@@ -414,6 +447,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // but are not kept).
   void Clear() {
     auto removed = map_.Clear();
+    for (auto& kv : removed) Uncount(*kv.second);
     const EntryStore* self = this;
     std::vector<EntryPtr> unlinked =
         lru_->RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
@@ -432,7 +466,10 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   void DropOrphans() {
     auto removed =
         map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
-    for (auto& kv : removed) lru_->Remove(kv.second);
+    for (auto& kv : removed) {
+      Uncount(*kv.second);
+      lru_->Remove(kv.second);
+    }
   }
 
   // In a forked child's only thread, before any use (leaf_mutex.h).
@@ -495,6 +532,11 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     }
   };
 
+  // An entry that leaves the map stops counting (exactly once).
+  void Uncount(Entry& e) {
+    if (e.counted.exchange(false, std::memory_order_seq_cst)) counted_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
   // Swaps in a table without `e`, if it is listed (see Listing).
   void Unlist(const EntryPtr& e) { Unlist(std::vector<Entry*>{e.get()}); }
 
@@ -535,6 +577,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   SnapshotPtr<Entry> ready_;
   mutable Mutex publish_mu_;
   StoreCounters counters_;
+  std::atomic<int64_t> counted_{0};  // entries admitted and still in the map (Admit)
 };
 
 }  // namespace ftjit

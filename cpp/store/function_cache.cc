@@ -15,8 +15,8 @@
 // nor with any other lock (callers take strong references out, then work
 // unlocked, and drop them unlocked). Only the test hook
 // FunctionStore::LockAllForTest nests locks, in this order: the store's
-// publish_mu_, its map's lock, the LRU's, the function map's, shared_mu_,
-// Caches().mu, AllStores().mu.
+// publish_mu_, its map's lock, the LRU's, the function map's, Caches().mu,
+// AllStores().mu.
 #include "store/function_cache.h"
 
 #include "pyutil/imported.h"
@@ -152,12 +152,6 @@ void Cache::ForgetFunction(const FunctionStore* fe) {
   // `removed` (and possibly the FunctionStore itself) is dropped here.
 }
 
-nb::object FunctionStore::SharedState(nb::handle offered) {
-  std::lock_guard<LeafMutex> lock(shared_mu_);
-  if (!shared_state_.is_valid()) shared_state_ = nb::borrow(offered);
-  return shared_state_;  // a new reference, taken under the lock
-}
-
 Cache::~Cache() { Caches().Remove(this); }
 
 FunctionStore::~FunctionStore() { AllStores().Remove(this); }
@@ -186,24 +180,24 @@ nb::object Forgetter(const std::shared_ptr<FunctionStore>& fe) {
   return nb::cast(StoreForgetter{fe->shared_cache(), fe});
 }
 
-std::shared_ptr<FunctionStore> MakeFunctionStore(std::shared_ptr<Cache> core,
-                                                     const std::string& name, bool is_private) {
+std::shared_ptr<FunctionStore> MakeFunctionStore(std::shared_ptr<Cache> core, const std::string& name,
+                                                 bool is_private, SignatureLimit limit) {
   // Not make_shared: a weak pointer that outlives the entries (an entry's
   // back pointer while a call is in flight) then keeps only the control
   // block, not the whole object.
-  std::shared_ptr<FunctionStore> fe(new FunctionStore(std::move(core), name, is_private));
+  std::shared_ptr<FunctionStore> fe(new FunctionStore(std::move(core), name, is_private, limit));
   AllStores().Add(fe.get());
   return fe;
 }
 
-std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun,
-                                           nb::handle options, const std::string& name) {
+std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun, nb::handle options,
+                                        const std::string& name, SignatureLimit limit) {
   FunctionCache& fc = nb::cast<FunctionCache&>(cache);
   std::shared_ptr<Cache> core = fc.cache;
 
   // Probe weak-referenceability first: a private FunctionStore otherwise.
   if (!PyType_SUPPORTS_WEAKREFS(Py_TYPE(fun.ptr()))) {
-    return MakeFunctionStore(core, name, /*is_private=*/true);
+    return MakeFunctionStore(core, name, /*is_private=*/true, limit);
   }
 
   Py_hash_t oh = PyObject_Hash(options.ptr());
@@ -218,7 +212,7 @@ std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun,
   };
   std::shared_ptr<FunctionStore> fresh;
   auto make = [&]() {
-    fresh = MakeFunctionStore(core, name, /*is_private=*/false);
+    fresh = MakeFunctionStore(core, name, /*is_private=*/false, limit);
     nb::object callback = Forgetter(fresh);
     nb::object ref = nb::steal(PyWeakref_NewRef(fun.ptr(), callback.ptr()));
     if (!ref.is_valid()) throw nb::python_error();
@@ -238,13 +232,11 @@ void FunctionStore::LockAllForTest(bool lock) {
     LockStoreForTest(true);
     cache().lru.LockForTest();
     cache().functions.LockForTest();
-    shared_mu_.lock();
     Caches().mu.lock();
     AllStores().mu.lock();
   } else {
     AllStores().mu.unlock();
     Caches().mu.unlock();
-    shared_mu_.unlock();
     cache().functions.UnlockForTest();
     cache().lru.UnlockForTest();
     LockStoreForTest(false);

@@ -18,7 +18,8 @@
 //   while the function lives; weakly by each Entry)
 //   | name_, private_ | fixed after construction                          |
 //   | weakref_        | set once at registration, before publication      |
-//   | shared_state_   | set once, under shared_mu_ (a leaf lock)          |
+//   | limit_          | fixed after construction                          |
+//   | warned_         | relaxed atomic                                    |
 //
 //   The registries of live cores and functions (function_cache.cc): each
 //   guarded by its own leaf lock.
@@ -107,54 +108,49 @@ struct Cache : std::enable_shared_from_this<Cache> {
   void ForgetFunction(const FunctionStore* fs);
 };
 
+// The max_signatures guard of a store: part of its (function, options) key,
+// so every wrapper that shares the store shares the guard.
+struct SignatureLimit {
+  int64_t max = -1;      // at most this many signatures counted (Admit); -1: no limit
+  bool raising = false;  // past it: refuse (RecompileLimitError); else warn once, and compile
+};
+
 class FunctionStore : public EntryStore<PyEntryTraits> {
  public:
-  FunctionStore(std::shared_ptr<Cache> cache, std::string name, bool is_private)
+  FunctionStore(std::shared_ptr<Cache> cache, std::string name, bool is_private, SignatureLimit limit)
       // The LRU pointer shares the cache's ownership (aliasing): a store
       // keeps its whole cache alive.
       : EntryStore<PyEntryTraits>(std::shared_ptr<Lru>(cache, &cache->lru)),
         cache_(std::move(cache)),
         name_(std::move(name)),
-        private_(is_private) {}
+        private_(is_private),
+        limit_(limit) {}
   ~FunctionStore();  // leaves the registry of live stores
 
   const std::string& name() const { return name_; }
   Cache& cache() const { return *cache_; }
   const std::shared_ptr<Cache>& shared_cache() const { return cache_; }
   bool is_private() const { return private_; }
+  const SignatureLimit& limit() const { return limit_; }
+  // The once-only warning of on_excess="warn": true for the one caller that
+  // warns; Unwarn() when that warning was not shown (it raised).
+  bool TakeWarning() { return !warned_.exchange(true, std::memory_order_relaxed); }
+  void Unwarn() { warned_.store(false, std::memory_order_relaxed); }
 
   void set_weakref(nb::object w) { weakref_ = std::move(w); }
 
-  // In a forked child's only thread (see AfterForkInChildCaches).
-  void ReinitLocksInChild() {
-    EntryStore<PyEntryTraits>::ReinitLocksInChild();
-    ReinitInChild(shared_mu_);
-  }
   // Tests only (_core._debug_hold_locks): takes or releases every lock a
   // call of this function may take (its map, its cache's LRU and function
-  // map, shared_mu_ and the registries), as a thread lost at fork may hold them.
+  // map and the registries), as a thread lost at fork may hold them.
   void LockAllForTest(bool lock);
-
-  // One Python object shared by every wrapper of this (function, options),
-  // for as long as these entries live (the max_signatures guard's state, so
-  // that the limit counts what the shared entries hold, whatever wrappers
-  // come and go): the first one offered is kept and returned to every later
-  // caller. Held here, outside the GC's view, so it must never refer (even
-  // indirectly) to the function, a wrapper or user objects: GuardState keys
-  // static arguments and non-plain context values by (weak reference to
-  // their type, hash) and pytrees by their printed form and hash.
-  nb::object SharedState(nb::handle offered);
 
  private:
   const std::shared_ptr<Cache> cache_;
   const std::string name_;
   const bool private_;
+  const SignatureLimit limit_;
+  std::atomic<bool> warned_{false};  // relaxed atomic (see TakeWarning)
   nb::object weakref_;  // weakref(fun, callback); set once before sharing
-  // Guards shared_state_. A leaf lock, taken with the thread attached (the
-  // GIL held on GIL builds, where it is a no-op); no Python code runs under
-  // it (only a reference count is taken).
-  LeafMutex shared_mu_;
-  nb::object shared_state_;  // set once, by the first SharedState() call
 };
 
 // A callable (any arguments, so it can be a weakref callback) that removes
@@ -163,8 +159,8 @@ nb::object Forgetter(const std::shared_ptr<FunctionStore>& fe);
 
 // Finds or creates the entries of (fun, options) in `cache`; falls back to a
 // private FunctionStore when fun cannot be weakly referenced.
-std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun,
-                                           nb::handle options, const std::string& name);
+std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun, nb::handle options,
+                                        const std::string& name, SignatureLimit limit);
 
 // Clears every live FunctionCache (ftjit.clear_caches()).
 void ClearAllCaches();

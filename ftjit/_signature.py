@@ -1,0 +1,58 @@
+"""A cached call signature as the core gives it (``JitFunction._signatures()``):
+its arguments as trees of ``Node``, ``Leaf`` and ``Static``, and its context.
+
+The core builds these from its own signature (cpp/signature/signature_export.cc):
+they are the one description of a signature, read by miss explanations
+(ftjit/_explain.py) and by ``warmup_specs`` (ftjit/_specs.py). Nothing here
+flattens arguments or decides what a signature holds.
+
+Shared state: none (immutable records).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["Leaf", "Node", "Static", "Signature"]
+
+
+class Leaf(NamedTuple):
+    """One dynamic leaf: an array (dtype, shape, weak type, and the placement
+    of a committed one) or a Python scalar (kind "bool", "int", "float",
+    "complex": weak-typed, no dtype or shape)."""
+
+    kind: str  #: "array", "bool", "int", "float" or "complex"
+    dtype: Any  #: the array's dtype object (None for Python scalars)
+    shape: tuple[int, ...]
+    weak_type: bool
+    sharding: Any  #: a committed array's placement (the object keyed), else None
+
+
+class Node(NamedTuple):
+    """A pytree node. ``kind`` and what ``key`` holds:
+
+    - "none" (no key, no children), "tuple", "list";
+    - "dict": the keys, sorted (children in that order);
+    - "namedtuple": its type;
+    - "registered": ``(type, node data)`` from the compiler's registry (JAX's);
+    - "custom": the node key the compiler's pytree hook gave.
+    """
+
+    kind: str
+    key: Any
+    children: tuple[Any, ...]
+
+
+class Static(NamedTuple):
+    """A static argument's value (part of the signature by hash and equality)."""
+
+    value: Any
+
+
+class Signature(NamedTuple):
+    """A call's signature: positional arguments, keyword arguments (sorted by
+    name) and the compiler's context (None without one)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    context: Any
