@@ -32,6 +32,7 @@ __all__ = [
     "ContextCompiler",
     "CountingCompiler",
     "LogCapture",
+    "child_env",
     "classes_can_die",
     "decorated_double",
     "explanations",
@@ -233,12 +234,26 @@ def reachable_from(root, target, limit=100_000):
     return False
 
 
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of every helper process a test starts: this process's
+    (PYTHONPATH and the like included), with ``JAX_PLATFORMS=cpu``, then ``extra``.
+
+    A child that imports JAX must not try to open an accelerator: on a TPU one
+    program at a time can hold the chip, and the test process itself holds it
+    (a second opener fails with "Internal error when accessing libtpu
+    multi-process lockfile"); on a GPU a second process would compete for its
+    memory. The children's tests are about CPU matters anyway (several CPU
+    devices through XLA_FLAGS or jax_num_cpu_devices, fresh-interpreter
+    behaviour). The test process itself keeps whatever JAX finds."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", **(extra or {}))
+
+
 def run_script(script: str, env: dict | None = None) -> str:
-    """Runs `script` (dedented) in a fresh interpreter, with ``env`` added to
-    the environment; returns its stdout, stripped (fails the test on errors)."""
-    full_env = dict(os.environ, **(env or {}))
+    """Runs `script` (dedented) in a fresh interpreter on the CPU backend
+    (``child_env(env)``); returns its stdout, stripped (fails the test on errors)."""
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=240, env=full_env
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=240,
+        env=child_env(env),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip()

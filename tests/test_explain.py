@@ -28,6 +28,7 @@ from helpers import (
     ContextCompiler,
     CountingCompiler,
     LogCapture,
+    child_env,
     explanations,
     fresh1,
     meta_dataclass,
@@ -63,7 +64,7 @@ logging.getLogger("ftjit.misses").addHandler(Spy())
 f(1j)
 print(seen)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == ["cache miss of <lambda>: argument 'x': int -> float"]
     assert done.stdout.strip() == str([("ftjit.misses", "WARNING")])

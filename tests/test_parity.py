@@ -37,7 +37,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import SingleDeviceSharding  # noqa: E402
 
 import ftjit  # noqa: E402
-from helpers import gc_collect_until, run_threads  # noqa: E402
+from helpers import child_env, gc_collect_until, run_threads  # noqa: E402
 
 JITS = [pytest.param(jax.jit, id="jax"), pytest.param(ftjit.jit, id="ftjit")]
 
@@ -499,7 +499,7 @@ def test_a_callable_that_is_not_weakrefable_fails_the_call_as_with_jax_jit(name)
     callable a second time in one process crashes the interpreter, so each
     jit runs in its own process, and ftjit must not jax.jit it twice.)"""
     proc = subprocess.run(
-        [sys.executable, "-c", _NOT_WEAKREFABLE, name], capture_output=True, text=True, timeout=240
+        [sys.executable, "-c", _NOT_WEAKREFABLE, name], capture_output=True, text=True, timeout=240, env=child_env()
     )
     assert (proc.returncode, proc.stdout) == (
         0,
@@ -1015,7 +1015,8 @@ def test_ftjit_works_without_jaxs_private_hooks():
     """The fallback, end to end in a fresh process: results, clear_cache and
     lower are unchanged; jax.clear_caches() leaves ftjit alone; tracebacks
     show ftjit's frames (the hooks are what hide them)."""
-    proc = subprocess.run([sys.executable, "-c", _WITHOUT_JAX_HOOKS], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_JAX_HOOKS], capture_output=True, text=True, timeout=240,
+                          env=child_env())
     assert (proc.returncode, proc.stdout.splitlines()) == (
         0,
         [
@@ -1061,7 +1062,7 @@ def test_max_signatures_warning_points_at_the_calling_line_through_jaxs_boundary
 
 
 def _run(code):
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip()
 

@@ -18,6 +18,7 @@ import pytest
 
 import ftjit
 import ftjit._core
+from helpers import child_env
 
 GOOD = """
     import ftjit
@@ -89,7 +90,7 @@ def _mypy(tmp_path, source: str | None) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--no-error-summary",
          "--hide-error-context", *target],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240, env={**os.environ, "MYPYPATH": str(tmp_path / "pkg")},
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, env=child_env({"MYPYPATH": str(tmp_path / "pkg")}),
     )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     if source is None:
