@@ -6,8 +6,10 @@ Tests create their own compilers and caches inside the test body: fixtures
 would be shared by the parallel copies of one test.
 """
 
+import functools
 import gc
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -42,6 +44,7 @@ __all__ = [
     "meta_dataclass",
     "named",
     "reachable_from",
+    "require_tcp",
     "run_script",
     "run_threads",
     "unique_name",
@@ -257,6 +260,32 @@ def run_script(script: str, env: dict | None = None) -> str:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip()
+
+
+# --- what a machine may lack: TCP sockets --------------------------------------
+
+
+@functools.cache
+def _tcp_refusal() -> str | None:
+    """None if this process can listen on a TCP port of 127.0.0.1, else why not.
+    Found by trying once (cached): some sandboxes refuse every internet socket,
+    loopback included (errno 97, EAFNOSUPPORT, on the TPU machine)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def require_tcp(what: str) -> None:
+    """Skips the calling test when TCP on 127.0.0.1 does not work here,
+    naming what needs it (``what``) and why a listening socket failed."""
+    refusal = _tcp_refusal()
+    if refusal is not None:
+        pytest.skip(f"{what} needs TCP on 127.0.0.1, which this machine refuses "
+                    f"(binding 127.0.0.1:0 failed: {refusal})")
 
 
 # --- functions with unique names, log capture, miss explanations ----------------

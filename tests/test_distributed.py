@@ -6,8 +6,9 @@ jax.distributed.initialize() must not have started the backend (initialize
 refuses then), and a function with out_shardings computes on an array whose
 halves live in different processes.
 
-Both processes run JAX on the CPU (helpers.child_env), also where the test
-process holds an accelerator.
+jax.distributed needs TCP (the coordinator's port): where 127.0.0.1 refuses it
+(the TPU machine), the test skips. Both processes run JAX on the CPU
+(helpers.child_env), also where the test process holds an accelerator.
 """
 
 import socket
@@ -17,7 +18,7 @@ import textwrap
 
 import pytest
 
-from helpers import child_env
+from helpers import child_env, require_tcp
 
 pytest.importorskip("jax")
 
@@ -65,6 +66,7 @@ def _free_port():
 
 
 def test_two_processes_compute_on_an_array_split_between_them():
+    require_tcp("jax.distributed (its coordinator listens on a port)")
     port = _free_port()
     env = {k: v for k, v in child_env().items() if k != "XLA_FLAGS"}
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(pid), str(port)], stdout=subprocess.PIPE,

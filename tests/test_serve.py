@@ -10,7 +10,8 @@ with the GIL still off, the load generator's count and time limits, SIGTERM
 and SIGINT answering the request in flight, and the demo. HTTP mechanics are waitress's and are not tested here. Nothing
 asserts on speed; timeouts are hang guards.
 
-The processes of the over-the-wire tests run JAX on the CPU (helpers.child_env).
+The over-the-wire tests skip where TCP on 127.0.0.1 is refused (the TPU machine); their processes run JAX on
+the CPU (helpers.child_env).
 """
 
 import http.client
@@ -29,7 +30,7 @@ import numpy as np
 import pytest
 
 import ftjit
-from helpers import child_env, run_threads, wait_for
+from helpers import child_env, require_tcp, run_threads, wait_for
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -281,6 +282,7 @@ def test_warmup_happens_before_the_port_opens(monkeypatch, capsys):
 @starts_servers
 @pytest.mark.timeout(300)
 def test_the_server_under_200_clients_at_once_then_sigterm(capsys, monkeypatch):
+    require_tcp("examples/serve.py's server")
     # ServerProcess starts the server with this process's environment: the server must not open the
     # accelerator this process may hold (helpers.child_env). This process's JAX read JAX_PLATFORMS when
     # it was imported, so the variable changes nothing here; monkeypatch restores it after the test.
@@ -382,6 +384,7 @@ print(json.dumps(seen))
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_server_and_the_request_in_flight_is_answered(signum):
+    require_tcp("serve.make_server's listener")
     child = subprocess.run([sys.executable, "-c", IN_FLIGHT_CHILD, str(REPO), str(int(signum))],
                            capture_output=True, text=True, timeout=150, env=child_env())  # fmt: skip
     assert child.returncode == 0, child.stdout + child.stderr
@@ -399,6 +402,7 @@ def test_a_signal_stops_the_server_and_the_request_in_flight_is_answered(signum)
 @starts_servers
 @pytest.mark.timeout(240)
 def test_demo_script_passes_and_prints_the_report():
+    require_tcp("examples/demo.py (a server and its load generator)")
     demo = str(REPO / "examples" / "demo.py")
     command = [sys.executable, demo, "--threads", "2", "--requests", "50", "--max-batch", "8"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=220, env=child_env())
