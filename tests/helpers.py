@@ -8,6 +8,7 @@ would be shared by the parallel copies of one test.
 
 import functools
 import gc
+import importlib
 import os
 import socket
 import subprocess
@@ -44,6 +45,7 @@ __all__ = [
     "meta_dataclass",
     "named",
     "reachable_from",
+    "require_module",
     "require_tcp",
     "run_script",
     "run_threads",
@@ -262,7 +264,7 @@ def run_script(script: str, env: dict | None = None) -> str:
     return proc.stdout.strip()
 
 
-# --- what a machine may lack: TCP sockets --------------------------------------
+# --- what a machine may lack: TCP sockets, test tools --------------------------
 
 
 @functools.cache
@@ -286,6 +288,35 @@ def require_tcp(what: str) -> None:
     if refusal is not None:
         pytest.skip(f"{what} needs TCP on 127.0.0.1, which this machine refuses "
                     f"(binding 127.0.0.1:0 failed: {refusal})")
+
+
+ACCELERATOR_RUN = os.environ.get("FTJIT_TEST_ACCELERATOR") == "1"
+
+
+def require_module(name: str, why: str, module_level: bool = False):
+    """Imports and returns the test tool ``name`` (mypy, chex, waitress,
+    prometheus_client: the ``test`` extra), which ``why`` needs.
+
+    Missing, it fails the test (at a module's top, the file's collection),
+    naming the module: CI and ``bash dev.sh test`` install the test extra,
+    and a skip there (``pytest.importorskip``) would turn a broken set-up
+    into a green run with tests quietly not run. The one exception is a run
+    marked ``FTJIT_TEST_ACCELERATOR=1`` (``bash dev.sh test-accelerator``
+    sets it; on a machine like the TPU one, which has JAX but no package
+    registry to install the tools from, set it by hand): there a missing
+    tool skips, with its name and what needs it. The mark is a statement by
+    whoever runs the suite, not a guess from the machine, and the skips are
+    listed in the run's summary (``-rs``). ``module_level``: called at a
+    test module's top (a skip then skips the whole file)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if ACCELERATOR_RUN:
+            pytest.skip(f"{name} is not installed ({why}); skipped because FTJIT_TEST_ACCELERATOR=1",
+                        allow_module_level=module_level)
+        pytest.fail(f"{name} is not installed for {sys.executable}, and {why}: pip install 'ftjit[test]' "
+                    f"(bash dev.sh test installs it), or set FTJIT_TEST_ACCELERATOR=1 on a machine that "
+                    f"cannot have it ({type(e).__name__}: {e})", pytrace=False)
 
 
 # --- functions with unique names, log capture, miss explanations ----------------

@@ -37,7 +37,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import SingleDeviceSharding  # noqa: E402
 
 import ftjit  # noqa: E402
-from helpers import child_env, gc_collect_until, run_threads  # noqa: E402
+from helpers import child_env, gc_collect_until, require_module, run_threads  # noqa: E402
 
 JITS = [pytest.param(jax.jit, id="jax"), pytest.param(ftjit.jit, id="ftjit")]
 
@@ -643,7 +643,7 @@ def test_tools_that_ask_is_this_jitted_see_a_jitted_function():
     jf = ftjit.jit(lambda x: x)
     assert isinstance(jf, jax.stages.Wrapped) and isinstance(jax.jit(lambda x: x), jax.stages.Wrapped)
     assert "api_boundary" in jf.__globals__ and jf.__globals__["api_boundary"] is ftjit._jit.api_boundary
-    chex = pytest.importorskip("chex")
+    chex = require_module("chex", "this test asks chex what it sees of a jitted function")
     from chex._src import asserts_internal
 
     assert asserts_internal.is_traceable(jf) and not asserts_internal.is_traceable(lambda x: x)
