@@ -385,7 +385,8 @@ def test_explain_names_the_placement_of_a_precompiled_sharded_spec():
     fun, name = fresh1("explain_spec", body=lambda x: x * 2)
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
     with LogCapture(name) as cap:
-        jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(jax.devices()[0])))
+        # The CPU device by name: 'cpu:0' on every machine, the default backend's device or not.
+        jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(jax.devices("cpu")[0])))
         jf(np.ones(4, np.float32))
     assert explanations(cap, name) == ["argument 'x': float32[4]@cpu:0 -> float32[4]"]
 
