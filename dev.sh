@@ -5,6 +5,7 @@
 #   bash dev.sh demo [--threads N|--requests N|--seconds S]        main job: serve + load, summary table
 #   bash dev.sh stress [--quick|--minutes N|--scenario NAME|...]   thread-safety stress suite
 #   bash dev.sh test                                               all tests
+#   bash dev.sh test-accelerator [pytest args]                     all tests, one process, on the GPU/TPU JAX finds
 #   bash dev.sh bench [--quick]                                    benchmarks
 #   bash dev.sh build                                              build only
 #   bash dev.sh ft-python [--tsan]                                 print a free-threaded CPython's path
@@ -182,6 +183,19 @@ case "$cmd" in
   tsan) setup; tsan ;;
   ft-python) exec bash tools/ft-python.sh "$@" ;;
   tsan-ft) tsan_ft "$@" ;;
+  test-accelerator)
+    # The suite in one process (no xdist: the test process holds the accelerator, and on a TPU no second
+    # process can open it) on whatever accelerator JAX finds. FTJIT_TEST_ACCELERATOR=1 makes the session
+    # print the backend and devices first, and lets tests whose tool is missing skip (tests/helpers.py's
+    # require_module). Helper processes run JAX on the CPU (tests/helpers.py's child_env).
+    build
+    if [ -n "${JAX_PLATFORMS+set}" ]; then
+      log "unsetting JAX_PLATFORMS=$JAX_PLATFORMS for this run: JAX picks the accelerator itself"
+      unset JAX_PLATFORMS
+    fi
+    log "unit tests in one process on the accelerator JAX finds (FTJIT_TEST_ACCELERATOR=1)"
+    FTJIT_TEST_ACCELERATOR=1 pytest_strict tests -q -rfEs "$@"
+    ;;
   test)
     build
     tsan
@@ -199,5 +213,5 @@ case "$cmd" in
       parallel_threads_run no-bar tests "$@"
     fi
     ;;
-  *) echo "usage: bash dev.sh {demo|stress|test|bench|build|tsan|ft-python|tsan-ft} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash dev.sh {demo|stress|test|test-accelerator|bench|build|tsan|ft-python|tsan-ft} [args]" >&2; exit 2 ;;
 esac

@@ -6,8 +6,11 @@ Tests create their own compilers and caches inside the test body: fixtures
 would be shared by the parallel copies of one test.
 """
 
+import functools
 import gc
+import importlib
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -32,6 +35,7 @@ __all__ = [
     "ContextCompiler",
     "CountingCompiler",
     "LogCapture",
+    "child_env",
     "classes_can_die",
     "decorated_double",
     "explanations",
@@ -41,6 +45,8 @@ __all__ = [
     "meta_dataclass",
     "named",
     "reachable_from",
+    "require_module",
+    "require_tcp",
     "run_script",
     "run_threads",
     "unique_name",
@@ -233,15 +239,84 @@ def reachable_from(root, target, limit=100_000):
     return False
 
 
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of every helper process a test starts: this process's
+    (PYTHONPATH and the like included), with ``JAX_PLATFORMS=cpu``, then ``extra``.
+
+    A child that imports JAX must not try to open an accelerator: on a TPU one
+    program at a time can hold the chip, and the test process itself holds it
+    (a second opener fails with "Internal error when accessing libtpu
+    multi-process lockfile"); on a GPU a second process would compete for its
+    memory. The children's tests are about CPU matters anyway (several CPU
+    devices through XLA_FLAGS or jax_num_cpu_devices, fresh-interpreter
+    behaviour). The test process itself keeps whatever JAX finds."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", **(extra or {}))
+
+
 def run_script(script: str, env: dict | None = None) -> str:
-    """Runs `script` (dedented) in a fresh interpreter, with ``env`` added to
-    the environment; returns its stdout, stripped (fails the test on errors)."""
-    full_env = dict(os.environ, **(env or {}))
+    """Runs `script` (dedented) in a fresh interpreter on the CPU backend
+    (``child_env(env)``); returns its stdout, stripped (fails the test on errors)."""
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=240, env=full_env
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=240,
+        env=child_env(env),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip()
+
+
+# --- what a machine may lack: TCP sockets, test tools --------------------------
+
+
+@functools.cache
+def _tcp_refusal() -> str | None:
+    """None if this process can listen on a TCP port of 127.0.0.1, else why not.
+    Found by trying once (cached): some sandboxes refuse every internet socket,
+    loopback included (errno 97, EAFNOSUPPORT, on the TPU machine)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def require_tcp(what: str) -> None:
+    """Skips the calling test when TCP on 127.0.0.1 does not work here,
+    naming what needs it (``what``) and why a listening socket failed."""
+    refusal = _tcp_refusal()
+    if refusal is not None:
+        pytest.skip(f"{what} needs TCP on 127.0.0.1, which this machine refuses "
+                    f"(binding 127.0.0.1:0 failed: {refusal})")
+
+
+ACCELERATOR_RUN = os.environ.get("FTJIT_TEST_ACCELERATOR") == "1"
+
+
+def require_module(name: str, why: str, module_level: bool = False):
+    """Imports and returns the test tool ``name`` (mypy, chex, waitress,
+    prometheus_client: the ``test`` extra), which ``why`` needs.
+
+    Missing, it fails the test (at a module's top, the file's collection),
+    naming the module: CI and ``bash dev.sh test`` install the test extra,
+    and a skip there (``pytest.importorskip``) would turn a broken set-up
+    into a green run with tests quietly not run. The one exception is a run
+    marked ``FTJIT_TEST_ACCELERATOR=1`` (``bash dev.sh test-accelerator``
+    sets it; on a machine like the TPU one, which has JAX but no package
+    registry to install the tools from, set it by hand): there a missing
+    tool skips, with its name and what needs it. The mark is a statement by
+    whoever runs the suite, not a guess from the machine, and the skips are
+    listed in the run's summary (``-rs``). ``module_level``: called at a
+    test module's top (a skip then skips the whole file)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if ACCELERATOR_RUN:
+            pytest.skip(f"{name} is not installed ({why}); skipped because FTJIT_TEST_ACCELERATOR=1",
+                        allow_module_level=module_level)
+        pytest.fail(f"{name} is not installed for {sys.executable}, and {why}: pip install 'ftjit[test]' "
+                    f"(bash dev.sh test installs it), or set FTJIT_TEST_ACCELERATOR=1 on a machine that "
+                    f"cannot have it ({type(e).__name__}: {e})", pytrace=False)
 
 
 # --- functions with unique names, log capture, miss explanations ----------------

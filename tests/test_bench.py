@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import child_env
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # ``bench`` is a package at the repository root, not installed
     sys.path.insert(0, str(REPO))
@@ -81,7 +83,7 @@ def test_bench_smoke_run_prints_every_row_with_ratios_computable_from_the_printe
     command = [sys.executable, "-m", "bench", "--number", "300", "--repeat", "1", "--warmup-signatures", "2",
                "--warmup-workers", "2", "--scaling-calls", "300", "--scaling-rounds", "1", "--png", "",
                "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=170)
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=170, env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "warning:" not in proc.stdout  # every ftjit side compiled exactly once: hit latency only
     assert re.search(r"^ftjit \S+ on CPython \S+ \((free-threaded|GIL) build\); load average \d+\.\d\d before, "

@@ -5,15 +5,20 @@ gloo CPU collectives). A module-level @ftjit.jit made before
 jax.distributed.initialize() must not have started the backend (initialize
 refuses then), and a function with out_shardings computes on an array whose
 halves live in different processes.
+
+jax.distributed needs TCP (the coordinator's port): where 127.0.0.1 refuses it
+(the TPU machine), the test skips. Both processes run JAX on the CPU
+(helpers.child_env), also where the test process holds an accelerator.
 """
 
-import os
 import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from helpers import child_env, require_tcp
 
 pytest.importorskip("jax")
 
@@ -61,8 +66,9 @@ def _free_port():
 
 
 def test_two_processes_compute_on_an_array_split_between_them():
+    require_tcp("jax.distributed (its coordinator listens on a port)")
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in child_env().items() if k != "XLA_FLAGS"}
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(pid), str(port)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
              for pid in (0, 1)]

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from helpers import child_env
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -36,7 +38,8 @@ def test_there_are_snippets_to_run():
 @pytest.mark.parametrize("code", SNIPPETS)
 def test_snippet_runs_on_its_own(code, tmp_path):
     pytest.importorskip("jax")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=child_env())
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
 
 

@@ -27,6 +27,7 @@ from helpers import (
     ContextCompiler,
     CountingCompiler,
     LogCapture,
+    child_env,
     explanations,
     fresh1,
     meta_dataclass,
@@ -62,7 +63,7 @@ logging.getLogger("ftjit.misses").addHandler(Spy())
 f(1j)
 print(seen)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == ["cache miss of <lambda>: argument 'x': int -> float"]
     assert done.stdout.strip() == str([("ftjit.misses", "WARNING")])
@@ -383,7 +384,8 @@ def test_explain_names_the_placement_of_a_precompiled_sharded_spec():
     fun, name = fresh1("explain_spec", body=lambda x: x * 2)
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
     with LogCapture(name) as cap:
-        jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(jax.devices()[0])))
+        # The CPU device by name: 'cpu:0' on every machine, the default backend's device or not.
+        jf.precompile(jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(jax.devices("cpu")[0])))
         jf(np.ones(4, np.float32))
     assert explanations(cap, name) == ["argument 'x': float32[4]@cpu:0 -> float32[4]"]
 

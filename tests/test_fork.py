@@ -18,6 +18,8 @@ import sysconfig
 
 import pytest
 
+from helpers import child_env
+
 #: ThreadSanitizer cannot follow threads started in the child of a
 #: multi-threaded fork ("dup thread with used id"): the cases need those.
 UNDER_TSAN = "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or "")
@@ -232,7 +234,7 @@ print("parent done", flush=True)
 
 def test_fork_gives_the_child_working_caches():
     proc = subprocess.Popen([sys.executable, "-c", FORK_CASES], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=child_env())
     try:
         out, err = proc.communicate(timeout=150)
     finally:

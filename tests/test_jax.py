@@ -613,8 +613,11 @@ def test_committed_arrays_on_another_device_recompile_like_jax_jit():
 
 def test_committed_single_device_array_hits_and_shows_its_placement():
     fj, jj, ff, jf = counted_jits(lambda x: x + 1)
-    committed = jax.device_put(jnp.ones(3), jax.devices()[0])
-    for x in (committed, jax.device_put(jnp.ones(3), jax.devices()[0]), jnp.ones(3), np.ones(3, np.float32)):
+    # The CPU device by name, which every machine has: it prints 'cpu:0' on every one (an accelerator's
+    # device prints otherwise: 'TPU_0(process=0,(0,0,0,0))'). The uncommitted calls run on the default backend.
+    cpu = jax.devices("cpu")[0]
+    committed = jax.device_put(jnp.ones(3), cpu)
+    for x in (committed, jax.device_put(jnp.ones(3), cpu), jnp.ones(3), np.ones(3, np.float32)):
         assert_same(jf(x), jj(x))
     info = jf.cache_info()
     assert (info.compiles, info.hits) == (2, 2)
@@ -631,7 +634,7 @@ def test_precompiled_sharded_spec_is_keyed_as_a_committed_array():
     with jax.jit's uncommitted output (not one committed where the spec was)."""
     from jax.sharding import SingleDeviceSharding
 
-    (dev,) = jax.devices()[:1]
+    (dev,) = jax.devices("cpu")[:1]  # 'cpu:0' on every machine, the default backend's device or not
     spec = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=SingleDeviceSharding(dev))
     jf = ftjit.jit(lambda x: x * 2, cache=ftjit.FunctionCache())
     assert jf.precompile(spec) is True
@@ -1103,7 +1106,7 @@ def test_public_fallbacks_match_jax_jit(monkeypatch, missing):
         (jnp.ones(3), 2.0),
         (np.ones(3, np.float32), 2),
         (jnp.ones(3), jnp.float32(2)),
-        (jax.device_put(jnp.ones(3), jax.devices()[0]), 2.0),
+        (jax.device_put(jnp.ones(3), jax.devices("cpu")[0]), 2.0),  # 'cpu:0' on every machine
         (1, True),
         (jnp.ones(3), 2.0),
     ]

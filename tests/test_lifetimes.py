@@ -18,7 +18,7 @@ import weakref
 import pytest
 
 import ftjit
-from helpers import classes_can_die, gc_collect_until, run_threads
+from helpers import child_env, classes_can_die, gc_collect_until, run_threads
 
 
 class _Config:
@@ -307,7 +307,7 @@ def test_a_jitted_function_that_is_dropped_leaves_no_memory_behind():
     and on 3.11 the registries of live entries held dead ones until the next
     jit() swept them.)"""
     proc = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT, "10000"], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=child_env())
     assert proc.returncode == 0, proc.stderr
     control_one, control_burst, ftjit_one, ftjit_burst = map(float, proc.stdout.split())
     assert control_one < 50 and control_burst < 50, proc.stdout  # the measurement itself is sound

@@ -7,6 +7,12 @@ import io
 import os
 import sys
 
+from helpers import require_module
+
+# examples/load.py imports examples/serve.py, which imports the serve extra (see require_module).
+for _name in ("waitress", "prometheus_client"):
+    require_module(_name, "examples/load.py imports examples/serve.py, which needs it", module_level=True)
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.load import _Progress  # noqa: E402

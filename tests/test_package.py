@@ -13,6 +13,7 @@ import threading
 import pytest
 
 import ftjit
+from helpers import child_env
 
 PACKAGE = pathlib.Path(ftjit.__file__).resolve().parent
 
@@ -23,7 +24,7 @@ def _import_in(cwd: pathlib.Path) -> subprocess.CompletedProcess:
     # copy in cwd is the ftjit found. Its core is imported before anything else.
     return subprocess.run(
         [sys.executable, "-I", "-S", "-c", "import sys; sys.path.insert(0, ''); import ftjit"],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        cwd=cwd, capture_output=True, text=True, timeout=120, env=child_env(),
     )
 
 

@@ -9,6 +9,9 @@ and ports): warm-up before the port opens, 200 clients at once all answered
 with the GIL still off, the load generator's count and time limits, SIGTERM
 and SIGINT answering the request in flight, and the demo. HTTP mechanics are waitress's and are not tested here. Nothing
 asserts on speed; timeouts are hang guards.
+
+The over-the-wire tests skip where TCP on 127.0.0.1 is refused (the TPU machine); their processes run JAX on
+the CPU (helpers.child_env).
 """
 
 import http.client
@@ -25,9 +28,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import ftjit
+from helpers import child_env, require_module, require_tcp, run_threads, wait_for
+
+# The serve extra, which examples/serve.py imports (a missing one fails here, or skips the file on an accelerator
+# machine that cannot install it: see require_module).
+for _name in ("waitress", "prometheus_client"):
+    require_module(_name, "examples/serve.py and these tests of it need it", module_level=True)
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # ``examples`` is a package at the repository root, not installed
@@ -35,8 +45,6 @@ if str(REPO) not in sys.path:  # ``examples`` is a package at the repository roo
 
 from examples import load, serve  # noqa: E402
 from examples.demo import ServerProcess  # noqa: E402
-
-from helpers import run_threads, wait_for  # noqa: E402
 
 starts_servers = pytest.mark.thread_unsafe(reason="starts server processes on ports and counts their compiles")
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
@@ -279,7 +287,12 @@ def test_warmup_happens_before_the_port_opens(monkeypatch, capsys):
 
 @starts_servers
 @pytest.mark.timeout(300)
-def test_the_server_under_200_clients_at_once_then_sigterm(capsys):
+def test_the_server_under_200_clients_at_once_then_sigterm(capsys, monkeypatch):
+    require_tcp("examples/serve.py's server")
+    # ServerProcess starts the server with this process's environment: the server must not open the
+    # accelerator this process may hold (helpers.child_env). This process's JAX read JAX_PLATFORMS when
+    # it was imported, so the variable changes nothing here; monkeypatch restores it after the test.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     server = ServerProcess("--max-batch", "8", "--warmup-workers", "2", "--threads", "4")
     try:
         output = server.output
@@ -377,8 +390,9 @@ print(json.dumps(seen))
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_server_and_the_request_in_flight_is_answered(signum):
+    require_tcp("serve.make_server's listener")
     child = subprocess.run([sys.executable, "-c", IN_FLIGHT_CHILD, str(REPO), str(int(signum))],
-                           capture_output=True, text=True, timeout=150)  # fmt: skip
+                           capture_output=True, text=True, timeout=150, env=child_env())  # fmt: skip
     assert child.returncode == 0, child.stdout + child.stderr
     *_, last = child.stdout.strip().splitlines()
     seen = json.loads(last)
@@ -394,9 +408,10 @@ def test_a_signal_stops_the_server_and_the_request_in_flight_is_answered(signum)
 @starts_servers
 @pytest.mark.timeout(240)
 def test_demo_script_passes_and_prints_the_report():
+    require_tcp("examples/demo.py (a server and its load generator)")
     demo = str(REPO / "examples" / "demo.py")
     command = [sys.executable, demo, "--threads", "2", "--requests", "50", "--max-batch", "8"]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=220, env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     *table, verdict = proc.stdout.strip().splitlines()
     rows = dict(re.split(r"\s{2,}", line.strip()) for line in table if not line.startswith("-"))

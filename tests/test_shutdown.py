@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+from helpers import child_env
+
 SCRIPT = textwrap.dedent(
     """
     import threading, time, ftjit
@@ -27,7 +29,7 @@ SCRIPT = textwrap.dedent(
 def test_exit_while_threads_wait_on_a_compile():
     # A waiter re-taking the GIL during finalisation is ended by CPython (3.11-3.13
     # use pthread_exit); that must not abort the process ("terminate called ...").
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, env=child_env())
     assert proc.stdout.strip() == "waits 2", proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert "terminate" not in proc.stderr
@@ -72,7 +74,8 @@ def test_exit_while_threads_hold_the_last_reference_to_a_cleared_entry():
     # shutdown (no thread state) must queue its reclamation, never run the
     # deleters that drop Python objects, and never touch a lock the GIL guards.
     for _ in range(3):
-        proc = subprocess.run([sys.executable, "-c", CLEARED_SCRIPT], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([sys.executable, "-c", CLEARED_SCRIPT], capture_output=True, text=True, timeout=60,
+                              env=child_env())
         assert proc.stdout.strip() == "waits 3 size 0", proc.stdout + proc.stderr
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr == "", proc.stderr

@@ -25,6 +25,7 @@ import ftjit
 from helpers import (
     CountingCompiler,
     LogCapture,
+    child_env,
     gated_compiler,
     gc_collect_until,
     named,
@@ -242,7 +243,7 @@ g(1)
 out.append(names())
 print(out)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(["TOTAL (0 functions)", "TOTAL (1 function)", "TOTAL (2 functions)"])
 

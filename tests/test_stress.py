@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from helpers import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ["scenario", "threads", "calls", "compiles", "waits", "errors", "p50", "p99", "verdict"]
 EXIT_FAILED, EXIT_STALLED = 1, 3
@@ -19,7 +21,7 @@ EXIT_FAILED, EXIT_STALLED = 1, 3
 
 def run_stress(*args, timeout=120):
     """Runs ``python -m stress ARGS`` (stdout and stderr are pipes: not a TTY); returns the CompletedProcess."""
-    env = dict(os.environ, PYTHONFAULTHANDLER="", PYTHONUNBUFFERED="1")
+    env = child_env({"PYTHONFAULTHANDLER": "", "PYTHONUNBUFFERED": "1"})
     return subprocess.run([sys.executable, "-m", "stress", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import ftjit
-from helpers import CountingCompiler, gc_collect_until, run_threads, wait_for
+from helpers import CountingCompiler, child_env, gc_collect_until, run_threads, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -1202,6 +1202,7 @@ def test_21_deep_recursion_through_a_jitted_function_is_a_recursion_error_not_a_
     """Each level of recursion through a jitted function runs a C frame of
     ftjit's: counted like CPython's own C calls, a runaway recursion on a
     1 MiB thread stack is a RecursionError instead of a segfault."""
-    proc = subprocess.run([sys.executable, "-c", DEEP_RECURSION], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", DEEP_RECURSION], capture_output=True, text=True, timeout=120,
+                          env=child_env())
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.strip() == "['maximum recursion depth exceeded while calling a jitted function', 2.0]"

@@ -6,7 +6,6 @@ documented methods. Checked by running mypy on small user programs against
 the installed package's files (copied, as a wheel would lay them out).
 """
 
-import importlib.util
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ import pytest
 
 import ftjit
 import ftjit._core
+from helpers import child_env, require_module
 
 GOOD = """
     import ftjit
@@ -59,9 +59,7 @@ BAD = """
 def _mypy(tmp_path, source: str | None) -> list[str]:
     """mypy's error and note lines for `source` (as user.py), ftjit's own files
     silenced; with source None, mypy's lines for the ftjit package itself."""
-    if importlib.util.find_spec("mypy") is None:
-        pytest.fail(f"mypy is not installed for {sys.executable}, and these tests run it: "
-                    "pip install 'ftjit[test]' (or 'mypy>=1.10'); bash dev.sh test installs it", pytrace=False)
+    require_module("mypy", "tests/test_typing.py runs it on small programs")
     pkg = tmp_path / "pkg" / "ftjit"
     pkg.mkdir(parents=True)
     src = os.path.dirname(ftjit.__file__)
@@ -89,7 +87,7 @@ def _mypy(tmp_path, source: str | None) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--no-error-summary",
          "--hide-error-context", *target],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240, env={**os.environ, "MYPYPATH": str(tmp_path / "pkg")},
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, env=child_env({"MYPYPATH": str(tmp_path / "pkg")}),
     )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     if source is None:
