@@ -36,7 +36,9 @@ import jax
 import ftjit
 
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Appended, not first: the clone's root holds the source tree's ftjit/ too, which must not shadow an
+    # ftjit installed into this interpreter's environment (pip install '/path/to/ftjit[serve]').
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.load import format_rows, report_rows, run_load
 from examples.serve import DEFAULT_MAX_BATCH, Model, batch_buckets, mlp

@@ -28,7 +28,9 @@ from typing import Any, Sequence
 import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Appended, not first: the clone's root holds the source tree's ftjit/ too, which must not shadow an
+    # ftjit installed into this interpreter's environment (pip install '/path/to/ftjit[serve]').
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.serve import DEFAULT_MAX_BATCH, DEFAULT_SEED, N_INPUTS, forward, make_weights
 
