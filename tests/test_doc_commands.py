@@ -7,31 +7,35 @@ The commands are every line of the ```bash, ```sh and ```console blocks, and eve
 span that starts like a command (``python``, ``pip``, ``bash``, ``source``, a ``.../bin/python``,
 optionally after ``VAR=value`` assignments); ``&&``, ``;`` and ``|`` split a line into commands.
 
-Checked, for every command (nothing is run):
+Checked, for every command, without running it:
   - a Python or pip of the clone is ``.venv/bin/...`` or ``.venv-ft/bin/...`` (the environments
     dev.sh makes), or a plain ``python``/``pip`` after ``source .venv/bin/activate`` in the same
-    block; a plain one is allowed only for ``/path/to/ftjit`` paths, which mean "the clone, from an
-    environment of your own";
+    block; a plain one is allowed only on ``/path/to/ftjit`` paths, git URLs and wheels (the clone
+    or ftjit, from an environment of the reader's own), and for pip packages other than ftjit;
   - each script path exists (``/path/to/ftjit`` standing for the clone), each ``-m`` module exists in
     the clone or is installed in this test's environment;
-  - ``bash dev.sh CMD``: CMD is a command of dev.sh's ``case``, and its ``--flags`` are ones the
-    script it runs accepts (demo, stress, bench) or dev.sh's usage lines list;
+  - ``bash SCRIPT`` exists; ``bash dev.sh CMD``: CMD is a command of dev.sh's ``case``, and its
+    ``--flags`` are on dev.sh's usage line for CMD (for demo, stress and bench: see --help below);
   - ``pip install``/``pip wheel`` never asks an index for ftjit by name: ftjit comes from a path, a
     git URL or a wheel, and an ``[extra]`` is one that pyproject.toml defines;
   - every fenced block names its language, so that no shell block goes unchecked as plain text.
 
-Run for real (each in a subprocess with a timeout, with this test's interpreter: the venv's under
-dev.sh, ``cwd`` the clone's root):
+Run for real, each in a subprocess with a timeout, with this test's interpreter (the venv's under
+dev.sh) and the clone's root as ``cwd``:
   - ``--help`` of each documented script and ``-m`` module of the clone that parses its arguments
-    with argparse, and every ``--flag`` the docs give it must be in that help;
+    with argparse (examples/demo.py, serve.py, load.py, ``-m stress``, ``-m bench``), and every
+    ``--flag`` the docs give it, directly or through ``bash dev.sh demo/stress/bench``, must be in
+    that help; a few seconds each (they import JAX);
   - the docs/serving.md block as written, with the port that ``--port 0`` picked instead of 8000:
-    the server in the background (killed in a ``finally``: no server is left behind), the load
-    generator (2000 requests, a few seconds; exit code 0), ``curl`` when it is installed, and
-    ``/metrics`` fetched again here; then SIGTERM, exit code 0.
+    the server in the background, the load generator (2000 requests, a few seconds; exit code 0),
+    ``curl`` when it is installed, and ``/metrics`` fetched again here; then SIGTERM, exit code 0.
+    The server is stopped in a ``finally`` (killed if it has not exited 60 s after SIGTERM), so none
+    is left behind. This needs loopback TCP.
 
-Only checked, never run: ``bash dev.sh ...`` (they build and run for minutes), ``pip`` (a build
-each), ``-m stress.mutation_check`` (no ``--help``: it starts at once and rebuilds the core for
-minutes), and other tools' commands (uv, conda, apt, ...).
+Only checked, never run: ``bash dev.sh ...`` (they build, and run for minutes), ``pip`` (a build
+each), the plain-``python`` commands for an environment of the reader's own, ``-m
+stress.mutation_check`` (no ``--help``: it starts at once and rebuilds the core for minutes), and
+other tools' commands (uv, conda, apt, ...).
 """
 
 from __future__ import annotations
