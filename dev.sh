@@ -25,20 +25,21 @@ if [ "$PY" = ft ]; then
   FTJIT_VENV=${FTJIT_VENV:-.venv-ft}
 fi
 VENV=$(realpath -m "${FTJIT_VENV:-.venv}")
+VENV_SHOWN=${FTJIT_VENV:-.venv}  # as given, for the log lines
 VPY="$VENV/bin/python"
 
 log() { printf '\033[1m[dev] %s\033[0m\n' "$*" >&2; }
 
 setup() {
   if [ ! -x "$VPY" ]; then
-    log "creating $VENV with $($PY --version 2>&1)"
+    log "creating the environment $VENV_SHOWN with $("$PY" --version 2>&1) (a few seconds)"
     "$PY" -m venv "$VENV"
   fi
   # jax >= 0.10.2 as pyproject requires (the editable install uses --no-deps, so it is checked here).
   if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, chex, waitress, prometheus_client, numpy, jax
 v = tuple(int(p) for p in jax.__version__.split('.')[:3])
 assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
-    log "installing build and test dependencies"
+    log "installing build and test dependencies into $VENV_SHOWN (first run: ~200 MB of wheels, jaxlib alone 85 MB; about a minute on a fast connection)"
     "$VPY" -m pip install -q -U pip
     # Wheels only: on a free-threaded CPython the newest numpy (2.5.x), scipy
     # or mypy's Rust-built deps may have no cp313t wheel, and pip would then
@@ -56,7 +57,7 @@ assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
 
 build() {
   setup
-  log "building ftjit"
+  log "building ftjit's C++ core into $VENV_SHOWN (first build: about 30 s on 2 cores; later, only what changed: a few seconds)"
   # No build isolation: the build dependencies are in the venv already, and
   # the cached build/ directory makes rebuilds incremental. Editable, so that
   # the in-tree ftjit/ (first on sys.path for python -m) is the one imported.

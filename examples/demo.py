@@ -5,32 +5,43 @@ loopback port (it compiles every batch bucket before it listens), loads it
 from this process with ``examples/load.py``, stops it with SIGTERM (it must
 exit 0), then times the warm-up of fresh copies of the MLP with one worker
 and with ``--warmup-workers`` (XLA compiles release the GIL, so the threads
-overlap them). It prints the load generator's report, the warm-up rows and a
-verdict; the exit code is 1 if a request failed or was answered wrongly, if
-the MLP compiled anything but one signature per bucket, all during warm-up,
-or if the server did not stop cleanly.
+overlap them). It prints, first, the interpreter (path, version, GIL state),
+then one table (measure, value with its unit, meaning) of the load
+generator's report and the warm-up rows, then a verdict; the exit code is 1
+if a request failed or was answered wrongly, if the MLP compiled anything
+but one signature per bucket, all during warm-up, or if the server did not
+stop cleanly.
 
-Run it as ``python examples/demo.py [--threads 8] [--requests 8000] [--seconds 15]``
-(about 20 s on two cores; the load stops at whichever limit comes first).
+Run it as ``.venv/bin/python examples/demo.py [--threads 8] [--requests 8000] [--seconds 15]``
+(``bash dev.sh demo`` does; about 20 s on two cores; the load stops at
+whichever limit comes first).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import re
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from typing import Any
 
+import jax
+
+import ftjit
+
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Appended, not first: the clone's root holds the source tree's ftjit/ too, which must not shadow an
+    # ftjit installed into this interpreter's environment (pip install '/path/to/ftjit[serve]').
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.load import format_rows, report_rows, run_load
-from examples.serve import DEFAULT_MAX_BATCH, Model, mlp
+from examples.serve import DEFAULT_MAX_BATCH, Model, batch_buckets, mlp
 
 SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 
@@ -87,6 +98,27 @@ def _say(message: str) -> None:
     print(f"demo: {message}", file=sys.stderr, flush=True)
 
 
+def interpreter_lines() -> list[str]:
+    """What the demo runs on: the interpreter's path, its version (and jax's and ftjit's), the GIL's state.
+
+    The server is a child process of the same interpreter; its GIL state after the load is in the table."""
+    free_threaded = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    path = sys.executable
+    if sys.prefix != sys.base_prefix:  # a venv: its python links to the interpreter it was made with
+        path += f" (a venv of {os.path.realpath(sys.executable)})"
+    version = f"{platform.python_implementation()} {platform.python_version()}"
+    version += " (free-threaded build)" if free_threaded else ""
+    if not free_threaded:
+        gil = "on (not a free-threaded build; FTJIT_PYTHON=ft bash dev.sh demo runs on one)"
+    elif getattr(sys, "_is_gil_enabled", lambda: True)():
+        gil = "on: a free-threaded build, but the GIL was turned back on (PYTHON_GIL=1, or an extension not marked safe)"
+    else:
+        gil = "off (a free-threaded build: threads run Python code in parallel)"
+    rows = [("interpreter", path), ("version", f"{version}, jax {jax.__version__}, ftjit {ftjit.__version__}"),
+            ("GIL", gil)]  # fmt: skip
+    return [f"{name.ljust(11)}  {value}" for name, value in rows]
+
+
 def compare_warmup(max_batch: int, workers: int) -> tuple[float, float]:
     """Wall seconds to warm every bucket of a fresh MLP copy with 1 worker, then another with ``workers``."""
     seconds = []
@@ -115,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.threads, args.requests, args.max_batch, args.warmup_workers) < 1 or args.seconds <= 0:
         parser.error("every option must be positive")
 
+    print("\n".join(interpreter_lines()), flush=True)  # first: what this run is on
     t0 = time.monotonic()
     _say(f"starting examples/serve.py: it compiles every batch bucket up to {args.max_batch} "
          f"with {args.warmup_workers} warm-up worker(s), then listens")  # fmt: skip
@@ -134,11 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     loop_seconds, parallel_seconds = compare_warmup(args.max_batch, args.warmup_workers)
     _say(f"done in {time.monotonic() - t0:.1f} s")
 
-    workers = args.warmup_workers
+    workers, n_buckets = args.warmup_workers, len(batch_buckets(args.max_batch))
+    print()
     print(format_rows(report_rows(report) + [
-        ("fresh warmup s, 1 worker", f"{loop_seconds:.3f}"),
-        (f"fresh warmup s, {workers} worker{'s' * (workers > 1)}", f"{parallel_seconds:.3f}"),
-        ("warmup speed-up", f"{loop_seconds / parallel_seconds:.2f}x"),
+        ("fresh warm-up, 1 worker", f"{loop_seconds:.3f} s",
+         f"wall clock, the {n_buckets} buckets of a fresh model copy, one at a time"),
+        (f"fresh warm-up, {workers} worker{'s' * (workers > 1)}", f"{parallel_seconds:.3f} s",
+         f"the same on another fresh copy, {workers} compile{'s' * (workers > 1)} at once"),
+        ("warm-up speed-up", f"{loop_seconds / parallel_seconds:.2f}x",
+         f"1-worker time / {workers}-worker time (above 1: parallel was faster)"),
     ]))  # fmt: skip
 
     problems = []

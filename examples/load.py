@@ -8,7 +8,7 @@ counts apart from errors). Then it reads the server's ``/stats`` and prints
 the report that ``examples/demo.py`` prints too (``report_rows``). Only
 loopback servers are accepted.
 
-Run it as ``python examples/load.py --port 8000 --threads 8 --requests 2000``.
+Run it as ``.venv/bin/python examples/load.py --port 8000 --threads 8 --requests 2000``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from typing import Any, Sequence
 import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Appended, not first: the clone's root holds the source tree's ftjit/ too, which must not shadow an
+    # ftjit installed into this interpreter's environment (pip install '/path/to/ftjit[serve]').
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.serve import DEFAULT_MAX_BATCH, DEFAULT_SEED, N_INPUTS, forward, make_weights
 
@@ -259,30 +261,57 @@ def run_load(port: int, threads: int = 8, requests: int | None = 2000, seconds: 
     )  # fmt: skip
 
 
-def report_rows(report: LoadReport) -> list[tuple[str, str]]:
-    """The report as (name, value) rows: the load run's, then what the server's /stats said after it."""
+def report_rows(report: LoadReport) -> list[tuple[str, str, str]]:
+    """The report as (measure, value with its unit, meaning) rows: the load run's, then what the
+    server's /stats said after it. ``format_rows`` prints them under a header."""
     rows = [
-        ("requests", str(report.requests)), ("threads", str(report.threads)), ("stopped by", report.stopped_by),
-        ("req/s", f"{report.rps:.1f}"), ("p50 ms", f"{report.p50_ms:.2f}"), ("p99 ms", f"{report.p99_ms:.2f}"),
-        ("max ms", f"{report.max_ms:.2f}"), ("errors", str(report.errors)), ("wrong answers", str(report.wrong)),
+        ("requests", str(report.requests), "sent, answered or not"),
+        ("load threads", str(report.threads), "client threads, one keep-alive connection each"),
+        ("stopped by", report.stopped_by, "which limit ended the load (--requests or --seconds)"),
+        ("load time", f"{report.seconds:.2f} s", "wall clock, first request to last answer"),
+        ("throughput", f"{report.rps:.1f} req/s", "requests / load time"),
+        ("latency p50", f"{report.p50_ms:.2f} ms", "median, from sending a request to its whole answer"),
+        ("latency p99", f"{report.p99_ms:.2f} ms", "99 in 100 requests took at most this"),
+        ("latency max", f"{report.max_ms:.2f} ms", "the slowest request"),
+        ("errors", str(report.errors), "requests without a well-formed 200 answer"),
+        ("wrong answers", str(report.wrong), "200 answers that differ from a float64 numpy reference"),
     ]  # fmt: skip
     if report.stats is None:
-        return rows + [("server stats", "none: /stats did not answer")]
-    info, warmup = report.stats["function"]["cache_info"], report.stats["warmup"]
+        return rows + [("server stats", "none", "the server's /stats did not answer")]
+    info, warmup, buckets = report.stats["function"]["cache_info"], report.stats["warmup"], report.stats["buckets"]
+    workers = None if warmup is None else warmup["workers"]
+    if workers is None:
+        compile_meaning, warmup_row = "sum of the compiles' times", ("server warm-up", "none", "the server did not warm up")
+    else:
+        compile_meaning = ("sum of the compiles' times" if workers == 1 else
+                           f"a sum over {workers} parallel warm-up workers, not wall clock")  # fmt: skip
+        warmup_row = ("server warm-up", f"{warmup['wall_seconds']:.3f} s",
+                      f"wall clock of its warm-up ({workers} worker{'s' * (workers > 1)}), before listening")  # fmt: skip
+    gil = report.stats["gil_enabled"]
     return rows + [
-        ("buckets", str(len(report.stats["buckets"]))), ("compiles", str(info["compiles"])),
-        ("hits", str(info["hits"])), ("waits", str(info["waits"])),
-        ("compile seconds", f"{info['compile_seconds']:.3f}"),
-        ("warmup seconds", "-" if warmup is None else f"{warmup['wall_seconds']:.3f}"),
-        ("server GIL", "enabled" if report.stats["gil_enabled"] else "disabled"),
+        ("buckets", str(len(buckets)), "batch sizes the server pads to: " + ", ".join(map(str, buckets))),
+        ("compiles", str(info["compiles"]), "the server's compiles of the model (one per bucket)"),
+        ("hits", str(info["hits"]), "model calls that found their bucket compiled"),
+        ("waits", str(info["waits"]), "model calls that waited for another thread's compile"),
+        ("compile time", f"{info['compile_seconds']:.3f} s", compile_meaning),
+        warmup_row,
+        ("server GIL", "enabled" if gil else "disabled", "the GIL in the server process, after the load"),
     ]  # fmt: skip
 
 
-def format_rows(rows: Sequence[tuple[str, str]]) -> str:
-    """A two-column (name, value) text table."""
-    width, value_width = max(len(name) for name, _ in rows), max(len(value) for _, value in rows)
-    rule = f"{'-' * width}  {'-' * value_width}"
-    return "\n".join([rule, *(f"{name.ljust(width)}  {value.rjust(value_width)}" for name, value in rows), rule])
+HEADER = ("measure", "value", "meaning")
+
+
+def format_rows(rows: Sequence[tuple[str, str, str]]) -> str:
+    """A text table of (measure, value, meaning) rows under a header row; values right-aligned."""
+    widths = [max(len(row[i]) for row in (HEADER, *rows)) for i in range(3)]
+    rule = "  ".join("-" * w for w in widths)
+
+    def line(row: Sequence[str]) -> str:
+        return f"{row[0].ljust(widths[0])}  {row[1].rjust(widths[1])}  {row[2]}".rstrip()
+
+    header = f"{HEADER[0].ljust(widths[0])}  {HEADER[1].ljust(widths[1])}  {HEADER[2]}"
+    return "\n".join([header, rule, *(line(row) for row in rows), rule])
 
 
 def main(argv: list[str] | None = None) -> int:

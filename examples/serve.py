@@ -6,7 +6,7 @@ jit once with a recompile guard (``Model``), compile every batch bucket before t
 answer the guard's ``RecompileLimitError`` with a JSON error (``App.predict``), and report ``ftjit.stats()``
 on ``/stats`` and ``/metrics``. HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``).
 
-Run it as ``python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]``;
+Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]``;
 SIGTERM or SIGINT stops it. docs/serving.md is its manual.
 """
 

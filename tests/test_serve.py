@@ -17,6 +17,7 @@ the CPU (helpers.child_env).
 import http.client
 import io
 import json
+import platform
 import re
 import signal
 import subprocess
@@ -325,7 +326,7 @@ def test_the_server_under_200_clients_at_once_then_sigterm(capsys, monkeypatch):
         timed = load.run_load(server.port, threads=2, requests=10**9, seconds=1.0, seed=2, max_batch=8, progress=False)
         assert (timed.stopped_by, timed.errors, timed.wrong, timed.compiles) == ("time limit", 0, 0, 4)
         assert load.main(["--port", str(server.port), "--threads", "2", "--seconds", "0.000001"]) == 1
-        assert re.search(r"^requests +0$", capsys.readouterr().out, re.M)
+        assert re.search(r"^requests +0  sent, answered or not$", capsys.readouterr().out, re.M)
     finally:
         code = server.stop(signal.SIGTERM)
     assert code == 0, server.output
@@ -413,18 +414,42 @@ def test_demo_script_passes_and_prints_the_report():
     command = [sys.executable, demo, "--threads", "2", "--requests", "50", "--max-batch", "8"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=220, env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    *table, verdict = proc.stdout.strip().splitlines()
-    rows = dict(re.split(r"\s{2,}", line.strip()) for line in table if not line.startswith("-"))
+    # First what it ran on: the interpreter's path, its version, the GIL's state.
+    interpreter, version, gil, blank, header, rule, *table, last_rule, verdict = proc.stdout.strip().splitlines()
+    assert interpreter.startswith(f"interpreter  {sys.executable}")
+    py = f"{platform.python_implementation()} {platform.python_version()}"
+    assert version.startswith(f"version      {py}{' (free-threaded build)' if FREE_THREADED else ''}, jax ")
+    assert version.endswith(f", ftjit {ftjit.__version__}")
+    assert gil == ("GIL          off (a free-threaded build: threads run Python code in parallel)" if FREE_THREADED
+                   else "GIL          on (not a free-threaded build; FTJIT_PYTHON=ft bash dev.sh demo runs on one)")  # fmt: skip
+    # Then one table: a header row, each value with its unit, each measure explained.
+    assert blank == "" and re.split(r"\s{2,}", header) == ["measure", "value", "meaning"]
+    assert re.fullmatch(r"-+  -+  -+", rule) and last_rule == rule
+    rows = {name: (value, meaning) for name, value, meaning in (re.split(r"\s{2,}", line.strip()) for line in table)}
     assert list(rows) == [
-        "requests", "threads", "stopped by", "req/s", "p50 ms", "p99 ms", "max ms", "errors", "wrong answers",
-        "buckets", "compiles", "hits", "waits", "compile seconds", "warmup seconds", "server GIL",
-        "fresh warmup s, 1 worker", "fresh warmup s, 4 workers", "warmup speed-up",
+        "requests", "load threads", "stopped by", "load time", "throughput", "latency p50", "latency p99",
+        "latency max", "errors", "wrong answers", "buckets", "compiles", "hits", "waits", "compile time",
+        "server warm-up", "server GIL", "fresh warm-up, 1 worker", "fresh warm-up, 4 workers", "warm-up speed-up",
     ]  # fmt: skip
-    assert (rows["requests"], rows["threads"], rows["stopped by"]) == ("50", "2", "request count")
-    assert (rows["errors"], rows["wrong answers"]) == ("0", "0")
-    assert (rows["buckets"], rows["compiles"], rows["hits"]) == ("4", "4", "50")
-    assert rows["server GIL"] == ("disabled" if FREE_THREADED else "enabled")
-    loop, parallel = float(rows["fresh warmup s, 1 worker"]), float(rows["fresh warmup s, 4 workers"])
-    assert loop > 0 and parallel > 0 and re.fullmatch(r"\d+\.\d\dx", rows["warmup speed-up"])
+    values = {name: value for name, (value, _) in rows.items()}
+    assert (values["requests"], values["load threads"], values["stopped by"]) == ("50", "2", "request count")
+    assert (values["errors"], values["wrong answers"]) == ("0", "0")
+    assert (values["buckets"], values["compiles"], values["hits"], values["waits"]) == ("4", "4", "50", "0")
+    assert values["server GIL"] == ("disabled" if FREE_THREADED else "enabled")
+    units = {name: value.split(" ", 1)[1] for name, value in values.items() if re.fullmatch(r"[\d.]+ \S+", value)}
+    assert units == {
+        "load time": "s", "throughput": "req/s", "latency p50": "ms", "latency p99": "ms", "latency max": "ms",
+        "compile time": "s", "server warm-up": "s", "fresh warm-up, 1 worker": "s", "fresh warm-up, 4 workers": "s",
+    }  # fmt: skip
+    assert re.fullmatch(r"\d+\.\d\dx", values["warm-up speed-up"])
+    loop, parallel = float(values["fresh warm-up, 1 worker"][:-2]), float(values["fresh warm-up, 4 workers"][:-2])
+    # The ratio of the two rounded times, up to their rounding (0.0005 s each).
+    assert float(values["warm-up speed-up"][:-1]) == pytest.approx(loop / parallel, rel=0.02, abs=0.01)
+    # The derived numbers say what they are.
+    assert rows["throughput"][1] == "requests / load time"
+    assert rows["compile time"][1] == "a sum over 4 parallel warm-up workers, not wall clock"
+    assert rows["server warm-up"][1] == "wall clock of its warm-up (4 workers), before listening"
+    assert rows["buckets"][1] == "batch sizes the server pads to: 1, 2, 4, 8"
+    assert rows["warm-up speed-up"][1] == "1-worker time / 4-worker time (above 1: parallel was faster)"
     assert verdict == ("PASS: 50 requests answered correctly by 2 threads; 4 buckets compiled once each, "
                        "all during warm-up; the server stopped cleanly")  # fmt: skip
