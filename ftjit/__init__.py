@@ -18,6 +18,21 @@ def _core_not_loaded(error: ImportError) -> ImportError:
     if getattr(error, "name", None) != "ftjit._core":
         return ImportError(f"ftjit's C++ core (ftjit._core) failed to load in {interpreter}: {error}")
     if _os.path.exists(_os.path.join(root, "pyproject.toml")) and _os.path.exists(_os.path.join(root, "dev.sh")):
+        # An ftjit installed in this environment, hidden by the source tree at the front of sys.path?
+        import importlib.machinery as _machinery
+
+        others = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != root]
+        installed = _machinery.PathFinder.find_spec("ftjit", others)
+        origin = getattr(installed, "origin", None)
+        if origin and _os.path.dirname(_os.path.abspath(origin)) != here:
+            return ImportError(
+                f"ftjit's C++ core (ftjit._core) is not built for {interpreter}, and this ftjit is not the "
+                f"installed one: run from outside the source tree at {root}. Here, sys.path starts with that tree "
+                "(the current directory, or the directory of the script being run), so `import ftjit` found its "
+                "ftjit/ source, which has no built core, instead of the ftjit installed at "
+                f"{_os.path.dirname(_os.path.abspath(origin))}. (To work in the source tree instead, use its "
+                "environment: `bash dev.sh build`, then `.venv/bin/python`.)"
+            )
         return ImportError(
             f"ftjit's C++ core (ftjit._core) is not built for {interpreter}. This ftjit is the source tree "
             f"at {root}, which has no built core for this interpreter. Either build it and use the project's "
@@ -26,8 +41,9 @@ def _core_not_loaded(error: ImportError) -> ImportError:
             f"{root}`, and run from outside the source tree (the ftjit/ here shadows an installed one)."
         )
     return ImportError(
-        f"ftjit's C++ core (ftjit._core) is missing from {here} for {interpreter}: reinstall ftjit "
-        "(`pip install --force-reinstall ftjit`, or from its source: `pip install <path to ftjit>`)."
+        f"ftjit's C++ core (ftjit._core) is missing from {here} for {interpreter}: reinstall ftjit from where "
+        "it came from (ftjit is not on PyPI): `pip install --force-reinstall <path to an ftjit clone, its git URL, "
+        "or a wheel>`."
     )
 
 

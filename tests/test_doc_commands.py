@@ -55,6 +55,8 @@ import urllib.request
 
 import pytest
 
+from helpers import require_tcp
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
@@ -238,6 +240,8 @@ def _interpreter_problem(command: Command, kind: str) -> str | None:
         target = _python_target(command.words)
         if target and target[0] != "-m" and target[0].startswith(CLONE_PLACEHOLDER):
             return None  # a script of the clone, run by the reader's own environment
+        if target and target[0] == "-m" and any(w.startswith(CLONE_PLACEHOLDER) for w in command.words):
+            return None  # a tool of the reader's own environment, run on the clone (pytest on its tests)
     if plain and kind == "pip" and command.words[1:2] in (("install",), ("wheel",)):
         requirements = _pip_requirements(command.words)
         if requirements and all(_from_elsewhere(r) or "ftjit" not in r for r in requirements):
@@ -416,6 +420,7 @@ def _serving_block() -> list[str]:
 @pytest.mark.thread_unsafe(reason="starts a server process on a port and loads it")
 @pytest.mark.timeout(300)
 def test_the_serving_block_runs_as_written():
+    require_tcp("serving.md's block (a server on a port)")
     lines = _serving_block()
     assert lines == [
         ".venv/bin/python examples/serve.py --port 8000",

@@ -52,6 +52,29 @@ def test_unbuilt_source_tree_says_how_to_build(tmp_path):
     assert "partially initialized" not in done.stderr  # the misleading cause is not chained
 
 
+def test_source_tree_shadowing_an_installed_ftjit_says_to_run_from_outside(tmp_path):
+    """Run from inside the source tree with ftjit installed elsewhere on
+    sys.path: the source tree's ftjit/ (no core) is found first. The real
+    fix is to run from outside the tree, and the message says that first,
+    naming both places."""
+    tree, site = tmp_path / "tree", tmp_path / "site"
+    tree.mkdir()
+    site.mkdir()
+    _copy_sources(tree)
+    _copy_sources(site)
+    (tree / "pyproject.toml").write_text("[project]\nname = 'ftjit'\n")
+    (tree / "dev.sh").write_text("")
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = ['', {str(site)!r}]; import ftjit"],
+        cwd=tree, capture_output=True, text=True, timeout=120, env=child_env(),
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ftjit's C++ core (ftjit._core) is not built for "), done.stderr
+    assert f"this ftjit is not the installed one: run from outside the source tree at {tree.resolve()}" in last
+    assert f"instead of the ftjit installed at {(site / 'ftjit').resolve()}" in last
+
+
 def test_installed_package_missing_its_core_says_reinstall(tmp_path):
     """Outside a source tree (no pyproject.toml beside it), a missing core
     means a broken install: the message says to reinstall."""
@@ -60,7 +83,7 @@ def test_installed_package_missing_its_core_says_reinstall(tmp_path):
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: ftjit's C++ core (ftjit._core) is missing from "), done.stderr
-    assert "reinstall ftjit" in last
+    assert "reinstall ftjit from where it came from (ftjit is not on PyPI)" in last
 
 
 _PARSE_LOCK = threading.Lock()
