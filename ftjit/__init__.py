@@ -59,7 +59,8 @@ from ._hooks import CompilerHooks
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
 from ._observe import FunctionStats, Stats, set_explain_misses, stats
-from ._warmup import Spec, WarmupReport, WarmupResult
+from ._specs import LeftOut, SavedSpecs, SpecList, load_specs, save_specs
+from ._warmup import BrokenSpec, Spec, WarmupReport, WarmupResult
 from .errors import (
     CompileCycleError,
     CompileTimeoutError,
@@ -88,6 +89,12 @@ __all__ = [
     "stats",
     "set_explain_misses",
     "Spec",
+    "BrokenSpec",
+    "SpecList",
+    "LeftOut",
+    "SavedSpecs",
+    "save_specs",
+    "load_specs",
     "WarmupReport",
     "WarmupResult",
     "CompileCycleError",

@@ -90,10 +90,21 @@ class CompilerHooks:
     clear_cache: Callable[[], Any] | None = None
     #: ``sharding -> str``: how a committed placement prints in signatures.
     placement_label: Callable[[Any], str] | None = None
+    #: Rebuilding cached signatures as warm-up specs (``warmup_specs``,
+    #: ``save_specs``): ``spec_leaf(leaf)`` makes an array spec from an
+    #: ftjit._signature.Leaf (JAX: a jax.ShapeDtypeStruct; without it, an
+    #: ftjit._specs.ArraySpec); ``spec_node((type, node data), children)``
+    #: rebuilds a node of the compiler's registry.
+    spec_leaf: Callable[[Any], Any] | None = None
+    spec_node: Callable[[Any, list], Any] | None = None
+    #: A placement as a specs file holds it (picklable; None: it cannot be
+    #: saved), and back.
+    portable_placement: Callable[[Any], Any] | None = None
+    restore_placement: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("custom_namedtuple", "fallback", "lower", "trace", "eval_shape", "clear_cache",
-                     "placement_label"):
+                     "placement_label", "spec_leaf", "spec_node", "portable_placement", "restore_placement"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"CompilerHooks.{name} must be callable or None, got {value!r}")

@@ -635,10 +635,58 @@ class _ThroughJaxJit:
             eval_shape=jitted.eval_shape,
             clear_cache=self._clear_cache_hook(),
             placement_label=placement_label,
+            spec_leaf=_spec_leaf,
+            spec_node=_spec_node,
+            portable_placement=_portable_placement,
+            restore_placement=_restore_placement,
         )
 
     def _clear_cache_hook(self) -> Callable[[], None] | None:
         return None
+
+
+def _spec_leaf(leaf: Any) -> Any:
+    """An array leaf of a cached signature as jax.ShapeDtypeStruct: its
+    dtype, shape and weak type, and its placement when it was committed
+    (precompile keys a sharded spec as a committed array of that sharding)."""
+    import jax
+
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type, sharding=leaf.sharding)
+
+
+def _spec_node(key: tuple[type, Any], children: list) -> Any:
+    """A node of JAX's registry rebuilt from its (type, node data) and
+    children (feature check: jaxlib's PyTreeDef.from_node_data_and_children)."""
+    from jax import tree_util
+
+    make = getattr(tree_util.PyTreeDef, "from_node_data_and_children", None)
+    if make is None:
+        raise TypeError("this JAX cannot rebuild a pytree node from its node data")
+    leaf = tree_util.tree_structure(0)
+    return tree_util.tree_unflatten(make(tree_util.default_registry, key, [leaf] * len(children)), children)
+
+
+def _portable_placement(sharding: Any) -> Any:
+    """A single-device placement as (platform, device id), which pickles
+    (devices do not); None for any other placement."""
+    import jax
+
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        (device,) = sharding.device_set
+        return ("single_device", device.platform, device.id)
+    return None
+
+
+def _restore_placement(portable: Any) -> Any:
+    import jax
+
+    kind, platform, device_id = portable
+    if kind != "single_device":
+        raise ValueError(f"unknown placement {portable!r}")
+    for device in jax.devices(platform):
+        if device.id == device_id:
+            return jax.sharding.SingleDeviceSharding(device)
+    raise ValueError(f"no {platform} device {device_id} here (devices: {jax.devices(platform)})")
 
 
 def _pytree_hook(fast: frozenset[str], public: Callable[[Any], Any], is_hijax: Callable[[Any], bool],

@@ -42,14 +42,24 @@ class Spec:
             raise TypeError(f"ftjit.Spec: kwargs must be a mapping of str to arguments, got {self.kwargs!r}")
 
     @staticmethod
-    def of(spec: Any) -> "Spec":
-        if isinstance(spec, Spec):
+    def of(spec: Any) -> "Spec | BrokenSpec":
+        if isinstance(spec, (Spec, BrokenSpec)):
             return spec
         if isinstance(spec, tuple):
             return Spec(spec, {})
         raise TypeError(
             f"a warmup spec must be a tuple of positional arguments or ftjit.Spec(args, kwargs), got {spec!r}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokenSpec:
+    """A spec that could not be rebuilt (ftjit.load_specs): warming it up
+    compiles nothing and reports ``error`` for ``signature``, so that a start
+    from a stale or damaged specs file goes on and says what it skipped."""
+
+    signature: str
+    error: Exception
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,11 +190,14 @@ def warmup(
         raise TypeError(f"workers must be a positive int, got {workers!r}")
     if workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
-    items: Sequence[Spec] = [Spec.of(s) for s in specs]
+    items: Sequence[Spec | BrokenSpec] = [Spec.of(s) for s in specs]
     bar = _Progress(len(items), f"warmup {getattr(fn, '__name__', 'fn')}", progress)
 
-    def run(spec: Spec) -> WarmupResult:
+    def run(spec: Spec | BrokenSpec) -> WarmupResult:
         t0 = time.perf_counter()
+        if isinstance(spec, BrokenSpec):
+            bar.step()
+            return WarmupResult(spec.signature, 0.0, False, spec.error)
         try:
             signature = fn._signature_of(*spec.args, **spec.kwargs)
         except Exception as exc:  # a KeyboardInterrupt ends the warm-up instead

@@ -40,6 +40,7 @@ PyObject* g_jit_type = nullptr;  // set once at module init
 
 Imported kRebuild{"ftjit._jit", "_rebuild"};
 Imported kWarmup{"ftjit._warmup", "warmup"};
+Imported kWarmupSpecs{"ftjit._specs", "warmup_specs"};
 Imported kJitModule{"ftjit._jit", "__dict__"};
 Imported kPartial{"functools", "partial"};
 
@@ -282,6 +283,15 @@ extern "C" PyObject* JitFunction_warmup(PyObject* self, PyObject* const* args, P
   });
 }
 
+extern "C" PyObject* JitFunction_warmup_specs(PyObject* self, PyObject*) {
+  return Method(self, [&](JitState&) {
+    // ftjit._specs.warmup_specs(self): rebuilt from the core's records (_signatures).
+    PyObject* warmup_specs = kWarmupSpecs.Get();
+    if (!warmup_specs) throw nb::python_error();
+    return nb::steal(PyObject_CallOneArg(warmup_specs, self));
+  });
+}
+
 extern "C" PyObject* JitFunction_store_forgetter(PyObject* self, PyObject*) {
   return Method(self, [](JitState& st) { return Forgetter(st.store); });
 }
@@ -444,6 +454,12 @@ PyMethodDef kMethods[] = {
     {"warmup", Fast<JitFunction_warmup>(), METH_FASTCALL | METH_KEYWORDS,
      "warmup(specs, workers=1, strict=False, progress=None) -> WarmupReport\n\nCompiles a list "
      "of signatures in `workers` threads (see ftjit._warmup)."},
+    {"warmup_specs", JitFunction_warmup_specs, METH_NOARGS,
+     "warmup_specs() -> SpecList\n\nThe specs of the signatures now cached, newest first, in the form\n"
+     "warmup() takes (JAX: jax.ShapeDtypeStruct leaves with dtype, shape, weak\ntype and placement; static "
+     "values as they are). Warming up from them\nmakes exactly these signatures. One that cannot be rebuilt (a "
+     "static\nvalue that does not pickle, another context than this thread's) is left\nout and listed in the "
+     "result's left_out. A snapshot (see ftjit._specs)."},
     {"_cache_size", JitFunction_cache_size, METH_NOARGS,
      "Number of signatures of this function in the cache now (jax.jit's _cache_size)."},
     {"_signatures", JitFunction_structured_signatures, METH_NOARGS,
