@@ -70,7 +70,7 @@ from .errors import (
     UnsupportedArgumentError,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "jit",

@@ -151,7 +151,7 @@ def warmup_specs(fn: Any) -> SpecList:
     out, left_out = SpecList(), []
     for _, signature, spec, why in _cached(fn):
         if spec is None:
-            left_out.append(LeftOut(signature, why))
+            left_out.append(LeftOut(signature, why or ""))
         else:
             out.append(spec)
     out.left_out = tuple(left_out)
@@ -182,7 +182,7 @@ class ArraySpec:
 
 
 def _versions() -> dict[str, str]:
-    from . import __version__
+    from ._version import __version__
 
     versions = {"ftjit": __version__}
     try:
@@ -243,7 +243,7 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
         records, left_out = [], []
         for sig, signature, spec, why in _cached(fn):
             if spec is None:
-                left_out.append(LeftOut(signature, why))
+                left_out.append(LeftOut(signature, why or ""))
                 continue
             try:
                 record = Signature(tuple(_portable(a, hooks) for a in sig.args),
