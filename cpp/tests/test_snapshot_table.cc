@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <utility>
@@ -14,10 +13,13 @@
 
 #include "check.h"
 #include "primitives/epoch.h"
+#include "primitives/locks.h"
 
 namespace {
 
-using Domain = ftjit::EpochDomain<std::mutex>;
+using Domain = ftjit::EpochDomain<ftjit::StdMutex>;
+using ftjit::LockGuard;
+using ftjit::StdMutex;
 using namespace std::chrono_literals;
 
 constexpr int kAlive = 0x5eed;
@@ -126,7 +128,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
   {
     Domain domain;
     Ptr ptr;
-    std::mutex writer_mu;  // the owner's writer lock: serialises swaps
+    StdMutex writer_mu;  // the owner's writer lock: serialises swaps
     std::vector<std::shared_ptr<Item>> listed;  // what the current table lists; guarded by writer_mu
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> found{0}, probes{0}, swaps{0};
@@ -152,7 +154,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
       } else {
         while (std::chrono::steady_clock::now() < deadline) {
           {
-            std::lock_guard<std::mutex> lock(writer_mu);
+            LockGuard<StdMutex> lock(writer_mu);
             std::vector<std::shared_ptr<Item>> before = listed;
             switch (rng() % 4) {
               case 0:  // clear
