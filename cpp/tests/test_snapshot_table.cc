@@ -14,6 +14,7 @@
 #include "check.h"
 #include "primitives/epoch.h"
 #include "primitives/locks.h"
+#include "primitives/thread_annotations.h"
 
 namespace {
 
@@ -67,17 +68,29 @@ struct Retired {
   }
 };
 
-// Swaps in a table of `now`, retiring the old one with the items of `before` not in `now`.
-void Publish(Domain& domain, Ptr& ptr, const std::vector<std::shared_ptr<Item>>& before,
-             const std::vector<std::shared_ptr<Item>>& now) {
+// Swaps in a table of `now`, retiring the old one with the items of `before`
+// not in `now`, under the owner's writer lock `writer`.
+void PublishLockHeld(const StdMutex& writer, Domain& domain, Ptr& ptr,
+                     const std::vector<std::shared_ptr<Item>>& before,
+                     const std::vector<std::shared_ptr<Item>>& now) FTJIT_REQUIRES(writer) {
   auto* r = new Retired{nullptr, {}};
   for (auto& it : before) {
     bool kept = false;
     for (auto& n : now) kept |= n == it;
     if (!kept) r->items.push_back(it);
   }
-  r->table = ptr.Swap(MakeTable(now));
+  r->table = ptr.Swap(MakeTable(now), writer);
   domain.Retire(r, &Retired::Delete);
+}
+
+// The writer lock of the single-threaded tests' owner.
+StdMutex g_writer_mu;
+
+// PublishLockHeld under g_writer_mu.
+void Publish(Domain& domain, Ptr& ptr, const std::vector<std::shared_ptr<Item>>& before,
+             const std::vector<std::shared_ptr<Item>>& now) FTJIT_EXCLUDES(g_writer_mu) {
+  LockGuard<StdMutex> lock(g_writer_mu);
+  PublishLockHeld(g_writer_mu, domain, ptr, before, now);
 }
 
 // Finds, probes and misses: every listed key is found, others are not, with
@@ -175,7 +188,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
             }
             // (Retiring under the writer lock is fine here: the deleters run
             // no code that takes it.)
-            Publish(domain, ptr, before, listed);
+            PublishLockHeld(writer_mu, domain, ptr, before, listed);
           }
           swaps.fetch_add(1, std::memory_order_relaxed);
         }
@@ -192,7 +205,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
     // when that reader left (no manual Reclaim here: that is the point).
     CHECK_EQ(domain.retired_count(), size_t{0});
     CHECK_EQ(g_live_items.load(), static_cast<int64_t>(listed.size()));
-    Publish(domain, ptr, listed, {});
+    Publish(domain, ptr, listed, {});  // the threads are done: the test's lock will do
     listed.clear();
     CHECK_EQ(g_live_items.load(), int64_t{0});
   }
