@@ -143,7 +143,6 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
     Ptr ptr;
     StdMutex writer_mu;  // the owner's writer lock: serialises swaps
     std::vector<std::shared_ptr<Item>> listed;  // what the current table lists; guarded by writer_mu
-    std::atomic<bool> stop{false};
     std::atomic<uint64_t> found{0}, probes{0}, swaps{0};
     ftjit_test::RunThreads(kReaders + kWriters, [&](size_t i) {
       Domain::Record* rec = domain.Acquire();
