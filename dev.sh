@@ -126,11 +126,12 @@ tsan() {
   "$ctest" --test-dir build/tsan --output-on-failure --timeout 300
 }
 
-# Clang's thread-safety analysis: the C++ tests (and test_entry_store over
-# LeafMutex, against the venv's Python headers) compiled, not run, with
-# clang++ -Wthread-safety -Werror, so that every FTJIT_GUARDED_BY/REQUIRES/
-# EXCLUDES of cpp/primitives/thread_annotations.h is checked. Installs
-# Debian's clang package when clang++ is missing (as root, or through sudo).
+# Clang's thread-safety analysis: the C++ tests, and every member of every
+# primitive (cpp/tests/tsa_instantiations.cc), over StdMutex and LeafMutex
+# (against the venv's Python headers), compiled, not run, with clang++
+# -Wthread-safety -Werror, so that every FTJIT_GUARDED_BY/REQUIRES/EXCLUDES
+# of cpp/primitives/thread_annotations.h is checked. Installs Debian's clang
+# package when clang++ is missing (as root, or through sudo).
 tsa() {
   log "C++ primitives under Clang's thread-safety analysis (clang++ -Wthread-safety -Werror)"
   if ! command -v clang++ >/dev/null; then
