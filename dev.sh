@@ -8,6 +8,8 @@
 #   bash dev.sh test-accelerator [pytest args]                     all tests, one process, on the GPU/TPU JAX finds
 #   bash dev.sh bench [--quick]                                    benchmarks
 #   bash dev.sh build                                              build only
+#   bash dev.sh tsa                                                the C++ tests compiled with clang++ -Wthread-safety
+#                                                                  -Werror (installs Debian's clang if clang++ is missing)
 #   bash dev.sh ft-python [--tsan]                                 print a free-threaded CPython's path
 #                                                                  (builds 3.13.5t into ~/.cache/ftjit if none)
 #   bash dev.sh tsan-ft                                            the JAX-free tests and stress scenarios under
@@ -104,19 +106,51 @@ parallel_threads_run() {
   fi
 }
 
-tsan() {
-  log "C++ primitives under ThreadSanitizer (ctest)"
-  local bin="$VENV/bin" cmake ctest gen=()
+# Sets cmake, ctest and gen (the generator's arguments): the venv's, else PATH's.
+cmake_tools() {
+  local bin="$VENV/bin"
   cmake=$([ -x "$bin/cmake" ] && echo "$bin/cmake" || command -v cmake)
   ctest=$([ -x "$bin/ctest" ] && echo "$bin/ctest" || command -v ctest)
+  gen=()
   if [ -x "$bin/ninja" ]; then
     gen=(-G Ninja -DCMAKE_MAKE_PROGRAM="$bin/ninja")
   elif command -v ninja >/dev/null; then
     gen=(-G Ninja)
   fi
+}
+
+tsan() {
+  log "C++ primitives under ThreadSanitizer (ctest)"
+  local cmake ctest gen
+  cmake_tools
   "$cmake" -S cpp/tests -B build/tsan "${gen[@]}" -DCMAKE_BUILD_TYPE=Debug >/dev/null
   "$cmake" --build build/tsan
   "$ctest" --test-dir build/tsan --output-on-failure --timeout 300
+}
+
+# Clang's thread-safety analysis: the C++ tests, and every member of every
+# primitive (cpp/tests/tsa_instantiations.cc), over StdMutex and LeafMutex
+# (against the venv's Python headers), compiled, not run, with clang++
+# -Wthread-safety -Werror, so that every FTJIT_GUARDED_BY/REQUIRES/EXCLUDES
+# of cpp/primitives/thread_annotations.h is checked. Installs Debian's clang
+# package when clang++ is missing (as root, or through sudo).
+tsa() {
+  log "C++ primitives under Clang's thread-safety analysis (clang++ -Wthread-safety -Werror)"
+  if ! command -v clang++ >/dev/null; then
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    log "clang++ not found: installing Debian's clang package"
+    # The package lists may be missing or stale on a fresh machine: update once if the install fails.
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang >/dev/null ||
+      { "${sudo[@]}" apt-get update -q >/dev/null &&
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang >/dev/null; }
+  fi
+  log "$(clang++ --version | head -1)"
+  local cmake ctest gen
+  cmake_tools
+  "$cmake" -S cpp/tests -B build/tsa "${gen[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+    -DFTJIT_TSA=ON -DPython_EXECUTABLE="$VPY" >/dev/null
+  "$cmake" --build build/tsa
 }
 
 # ThreadSanitizer on a free-threaded interpreter, as JAX's nightly CI runs
@@ -182,6 +216,7 @@ case "$cmd" in
     ;;
   demo) build; exec "$VPY" examples/demo.py "$@" ;;
   tsan) setup; tsan ;;
+  tsa) setup; tsa ;;
   ft-python) exec bash tools/ft-python.sh "$@" ;;
   tsan-ft) tsan_ft "$@" ;;
   test-accelerator)
@@ -214,5 +249,5 @@ case "$cmd" in
       parallel_threads_run no-bar tests "$@"
     fi
     ;;
-  *) echo "usage: bash dev.sh {demo|stress|test|test-accelerator|bench|build|tsan|ft-python|tsan-ft} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash dev.sh {demo|stress|test|test-accelerator|bench|build|tsan|tsa|ft-python|tsan-ft} [args]" >&2; exit 2 ;;
 esac

@@ -25,6 +25,16 @@
 // pthread ids are reused, within the process and across a fork: a child's
 // new thread could be taken for the owner of a compile of the parent's).
 //
+// WaitForGraph members and their protection:
+//
+//   | member    | protection                                              |
+//   |-----------|---------------------------------------------------------|
+//   | waiting_  | FTJIT_GUARDED_BY(mu_) (mu_: a StdMutex, locks.h)        |
+//
+// The guard is checked by clang++ -Wthread-safety (thread_annotations.h):
+// the public functions take mu_ (FTJIT_EXCLUDES(mu_)); the `...LockHeld`
+// helpers are FTJIT_REQUIRES(mu_) and assert it held (debug builds).
+//
 // Lock order: the graph's mu_ is a leaf; it is never held while acquiring
 // any other lock, the GIL included. Waiting is done in slices so that a
 // caller can drop the GIL around each slice and check for signals between
@@ -35,10 +45,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "primitives/locks.h"
+#include "primitives/thread_annotations.h"
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -168,30 +180,30 @@ class WaitForGraph {
   // Registers `self` as waiting on `latch` (innermost) and returns true, or
   // returns false (registering nothing) when waiting would close a cycle of
   // compiles.
-  bool BeginWait(OwnerId self, const CompileLatch* latch) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ClosesCycleLocked(self, latch)) return false;
+  bool BeginWait(OwnerId self, const CompileLatch* latch) FTJIT_EXCLUDES(mu_) {
+    LockGuard<StdMutex> lock(mu_);
+    if (ClosesCycleLockHeld(self, latch)) return false;
     waiting_[self].push_back(latch);
     return true;
   }
 
   // Ends the innermost wait of `self` (the outer one, if any, is what it
   // waits on again). Harmless when `self` is not waiting.
-  void EndWait(OwnerId self) {
-    std::lock_guard<std::mutex> lock(mu_);
-    PopLocked(self);
+  void EndWait(OwnerId self) FTJIT_EXCLUDES(mu_) {
+    LockGuard<StdMutex> lock(mu_);
+    PopLockHeld(self);
   }
 
   // For a registered waiter, between slices: true while its innermost wait
   // still cannot deadlock. When a cycle has closed through it, ends that wait
   // (as EndWait does, so the caller must not call EndWait for it again) and
   // returns false.
-  bool StillSafe(OwnerId self) {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool StillSafe(OwnerId self) FTJIT_EXCLUDES(mu_) {
+    LockGuard<StdMutex> lock(mu_);
     auto it = waiting_.find(self);
     if (it == waiting_.end()) return true;
-    if (!ClosesCycleLocked(self, it->second.back())) return true;
-    PopLocked(self);
+    if (!ClosesCycleLockHeld(self, it->second.back())) return true;
+    PopLockHeld(self);
     return false;
   }
 
@@ -200,19 +212,19 @@ class WaitForGraph {
   // is not blocked (it may compile, and others may wait for that), so walks
   // that reach it stop there. A wait nested in that code stacks on top, as
   // any nested wait. Harmless when `self` is not waiting.
-  void EnterPython(OwnerId self) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void EnterPython(OwnerId self) FTJIT_EXCLUDES(mu_) {
+    LockGuard<StdMutex> lock(mu_);
     auto it = waiting_.find(self);
     if (it != waiting_.end()) it->second.push_back(nullptr);
   }
-  void LeavePython(OwnerId self) {
-    std::lock_guard<std::mutex> lock(mu_);
-    PopLocked(self);
+  void LeavePython(OwnerId self) FTJIT_EXCLUDES(mu_) {
+    LockGuard<StdMutex> lock(mu_);
+    PopLockHeld(self);
   }
 
   // For tests and diagnostics: how many threads are registered as waiting.
-  size_t waiting() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  size_t waiting() const FTJIT_EXCLUDES(mu_) {
+    LockGuard<StdMutex> lock(mu_);
     return waiting_.size();
   }
 
@@ -220,7 +232,8 @@ class WaitForGraph {
   // Whether following latch -> owner -> its innermost latch -> ... reaches
   // `self`. Each thread has one innermost latch, so the walk ends within
   // waiting_.size() + 1 steps.
-  bool ClosesCycleLocked(OwnerId self, const CompileLatch* latch) const {
+  bool ClosesCycleLockHeld(OwnerId self, const CompileLatch* latch) const FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
     const CompileLatch* cur = latch;
     for (size_t steps = 0; steps <= waiting_.size(); ++steps) {
       if (!cur) return false;               // that thread runs Python: not blocked
@@ -234,17 +247,18 @@ class WaitForGraph {
     return false;
   }
 
-  void PopLocked(OwnerId self) {
+  void PopLockHeld(OwnerId self) FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
     auto it = waiting_.find(self);
     if (it == waiting_.end()) return;
     it->second.pop_back();
     if (it->second.empty()) waiting_.erase(it);
   }
 
-  mutable std::mutex mu_;  // leaf lock
+  mutable StdMutex mu_;  // leaf lock
   // Per waiting thread, its nested waits, innermost last; never empty. A
   // null entry marks Python code running inside the wait below it.
-  std::unordered_map<OwnerId, std::vector<const CompileLatch*>> waiting_;  // guarded by mu_
+  std::unordered_map<OwnerId, std::vector<const CompileLatch*>> waiting_ FTJIT_GUARDED_BY(mu_);
 };
 
 }  // namespace ftjit

@@ -4,7 +4,7 @@
 // reader can still be looking at it, without waiting for a later write.
 //
 // Python-free and header-only; the lock type is a template parameter
-// (std::mutex in the C++ tests, LeafMutex in the extension).
+// (locks.h: StdMutex in the C++ tests, LeafMutex in the extension).
 //
 // Members and their protection:
 //
@@ -19,13 +19,16 @@
 //   |                        | record (0 = not reading), read by reclaimers   |
 //   | Record::since          | the holding thread's own (plain)               |
 //   | Record::owned          | atomic; claimed by CAS, released at thread exit|
-//   | EpochDomain::retired_  | guarded by mu_                                 |
+//   | EpochDomain::retired_  | FTJIT_GUARDED_BY(mu_)                          |
 //   | EpochDomain::deferred_ | atomic stack head (lock-free push, see Retire) |
 //   | EpochDomain::can_free_ | fixed after construction                       |
 //
 // Lock order: mu_ is a leaf: Retire and Reclaim hold it only to move
 // pointers into or out of retired_ (and to read the records), never while a
-// deleter runs, and take no other lock under it.
+// deleter runs, and take no other lock under it. The guard is checked by
+// clang++ -Wthread-safety (thread_annotations.h): Retire and Reclaim take
+// mu_ (FTJIT_EXCLUDES(mu_)); TagDeferredLockHeld is FTJIT_REQUIRES(mu_) and
+// asserts it held on entry (debug builds).
 //
 // Memory ordering (the argument; every access named here is seq_cst):
 //   Reader:  (a) e = epoch_;  (b) record.epoch = e;  (c) p = snapshot pointer;
@@ -83,10 +86,12 @@
 #include <atomic>
 #include <cassert>
 #include <cstdint>
-#include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
+
+#include "primitives/locks.h"
+#include "primitives/thread_annotations.h"
 
 namespace ftjit {
 
@@ -191,7 +196,7 @@ class EpochDomain {
   // see it; frees whatever else has become safe meanwhile. Must not be
   // called inside a read section. Calls deleters (arbitrary code) with no
   // lock held; on a thread that may not (can_free_), only queues `p`.
-  void Retire(void* p, Deleter deleter) {
+  void Retire(void* p, Deleter deleter) FTJIT_EXCLUDES(mu_) {
     if (!CanFree()) {
       // Lock-free: no lock is usable here (see the header comment). The
       // tag comes when a reclaim moves it to retired_: later than the
@@ -205,7 +210,7 @@ class EpochDomain {
       return;
     }
     {
-      std::lock_guard<Mutex> lock(mu_);
+      LockGuard<Mutex> lock(mu_);
       pending_.fetch_add(1, std::memory_order_seq_cst);
       uint64_t tag = epoch_.fetch_add(1, std::memory_order_seq_cst);
       retired_.push_back(Retired{tag, p, deleter});
@@ -215,12 +220,12 @@ class EpochDomain {
 
   // Frees every retired pointer no reader can still see (nothing, on a
   // thread that may not run deleters). Returns how many are still waiting.
-  size_t Reclaim() {
+  size_t Reclaim() FTJIT_EXCLUDES(mu_) {
     if (!CanFree()) return pending_.load(std::memory_order_seq_cst);
     std::vector<Retired> ready;
     size_t waiting;
     {
-      std::lock_guard<Mutex> lock(mu_);
+      LockGuard<Mutex> lock(mu_);
       TagDeferredLockHeld();
       if (retired_.empty()) return 0;
       uint64_t oldest = OldestReaderEpoch();
@@ -282,7 +287,8 @@ class EpochDomain {
 
   // Moves what threads that may not free pushed on deferred_ into retired_,
   // each with a fresh tag.
-  void TagDeferredLockHeld() {
+  void TagDeferredLockHeld() FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
     Deferred* d = deferred_.exchange(nullptr, std::memory_order_seq_cst);
     while (d) {
       Deferred* next = d->next;
@@ -312,7 +318,7 @@ class EpochDomain {
   std::atomic<Deferred*> deferred_{nullptr};
   bool (*const can_free_)();
   mutable Mutex mu_;  // leaf lock: guards retired_ only
-  std::vector<Retired> retired_;  // guarded by mu_
+  std::vector<Retired> retired_ FTJIT_GUARDED_BY(mu_);
 };
 
 }  // namespace ftjit

@@ -18,15 +18,20 @@
 //     handed back to the caller so that they are destroyed outside the lock.
 //
 // Threading: every member function is safe to call concurrently. The lock is
-// a template parameter (std::mutex in the C++ tests, LeafMutex in the
+// a template parameter (locks.h: StdMutex in the C++ tests, LeafMutex in the
 // extension: a PyMutex on free-threaded builds, a no-op on GIL builds, where
 // the GIL serialises these short, Python-free critical sections). The hit
 // path does not come here: it reads entry_store.h's lock-free ready table.
 //
 //   | member    | protection                                                 |
 //   |-----------|------------------------------------------------------------|
-//   | slots_    | guarded by mu_ (a slot's seq is fixed once inserted)       |
-//   | version_  | guarded by mu_                                             |
+//   | slots_    | FTJIT_GUARDED_BY(mu_) (a slot's seq is fixed once inserted)|
+//   | version_  | FTJIT_GUARDED_BY(mu_)                                      |
+//
+// The guards are checked by clang++ -Wthread-safety (thread_annotations.h):
+// every lookup and update takes mu_ itself, through LockGuard, and is
+// FTJIT_EXCLUDES(mu_) (mu_ is not re-entrant: calling one with it held
+// would self-deadlock).
 //
 // Lock order: mu_ is a leaf: nothing else is acquired while it is held.
 // `eq` and `make` run with it released; EraseIf's predicate runs under it,
@@ -35,13 +40,14 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "primitives/locks.h"
 #include "primitives/small_vector.h"
+#include "primitives/thread_annotations.h"
 
 namespace ftjit {
 
@@ -60,7 +66,7 @@ class ReentrantMap {
   // Returns the value whose key equals `probe`, or a default Value.
   // May throw whatever `eq` throws.
   template <class Probe, class Eq>
-  Value Find(size_t hash, const Probe& probe, Eq&& eq) const {
+  Value Find(size_t hash, const Probe& probe, Eq&& eq) const FTJIT_EXCLUDES(mu_) {
     Candidates cands;
     Collect(hash, /*since=*/0, cands);
     for (size_t i = 0; i < cands.size(); ++i) {
@@ -73,7 +79,7 @@ class ReentrantMap {
   // `make()` (called at most once, outside the lock). Exactly one value is
   // ever in the map for a class of equal keys, whatever runs concurrently.
   template <class Probe, class Eq, class Make>
-  Result FindOrInsert(size_t hash, const Probe& probe, Eq&& eq, Make&& make) {
+  Result FindOrInsert(size_t hash, const Probe& probe, Eq&& eq, Make&& make) FTJIT_EXCLUDES(mu_) {
     uint64_t since = 0;
     bool made = false;
     std::pair<Key, Value> fresh;
@@ -88,7 +94,7 @@ class ReentrantMap {
         fresh = make();
         made = true;
       }
-      std::lock_guard<Mutex> lock(mu_);
+      LockGuard<Mutex> lock(mu_);
       if (version_ == version) {
         uint64_t seq = ++version_;
         slots_.emplace(hash, Slot{seq, fresh.first, fresh.second});
@@ -100,8 +106,8 @@ class ReentrantMap {
 
   // Whether a slot with this hash holds `value` (identity of the shared
   // handle). Python-free: never calls `eq`.
-  bool ContainsValue(size_t hash, const Value& value) const {
-    std::lock_guard<Mutex> lock(mu_);
+  bool ContainsValue(size_t hash, const Value& value) const FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
     auto range = slots_.equal_range(hash);
     for (auto it = range.first; it != range.second; ++it) {
       if (it->second.value == value) return true;
@@ -112,10 +118,10 @@ class ReentrantMap {
   // Removes the slot with this hash whose value equals `value` (identity of
   // the shared handle). Returns the removed value (default if none) so the
   // caller drops it outside the lock.
-  Value Erase(size_t hash, const Value& value) {
+  Value Erase(size_t hash, const Value& value) FTJIT_EXCLUDES(mu_) {
     std::pair<Key, Value> out;
     {
-      std::lock_guard<Mutex> lock(mu_);
+      LockGuard<Mutex> lock(mu_);
       auto range = slots_.equal_range(hash);
       for (auto it = range.first; it != range.second; ++it) {
         if (it->second.value == value) {
@@ -132,9 +138,9 @@ class ReentrantMap {
   // Removes every slot whose value satisfies `pred` (called under the lock:
   // it must be Python-free). Returns the removed pairs.
   template <class Pred>
-  std::vector<std::pair<Key, Value>> EraseIf(Pred&& pred) {
+  std::vector<std::pair<Key, Value>> EraseIf(Pred&& pred) FTJIT_EXCLUDES(mu_) {
     std::vector<std::pair<Key, Value>> out;
-    std::lock_guard<Mutex> lock(mu_);
+    LockGuard<Mutex> lock(mu_);
     for (auto it = slots_.begin(); it != slots_.end();) {
       if (pred(it->second.key, it->second.value)) {
         out.emplace_back(std::move(it->second.key), std::move(it->second.value));
@@ -147,21 +153,21 @@ class ReentrantMap {
   }
 
   // Removes everything; returns the removed pairs for the caller to drop.
-  std::vector<std::pair<Key, Value>> Clear() {
+  std::vector<std::pair<Key, Value>> Clear() FTJIT_EXCLUDES(mu_) {
     return EraseIf([](const Key&, const Value&) { return true; });
   }
 
   // A snapshot of the current pairs (copies, taken under the lock).
-  std::vector<std::pair<Key, Value>> Snapshot() const {
+  std::vector<std::pair<Key, Value>> Snapshot() const FTJIT_EXCLUDES(mu_) {
     std::vector<std::pair<Key, Value>> out;
-    std::lock_guard<Mutex> lock(mu_);
+    LockGuard<Mutex> lock(mu_);
     out.reserve(slots_.size());
     for (const auto& kv : slots_) out.emplace_back(kv.second.key, kv.second.value);
     return out;
   }
 
-  size_t size() const {
-    std::lock_guard<Mutex> lock(mu_);
+  size_t size() const FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
     return slots_.size();
   }
 
@@ -172,8 +178,8 @@ class ReentrantMap {
     new (&mu_) Mutex();
   }
   // Tests only: hold the lock as a thread that vanished at fork would.
-  void LockForTest() const { mu_.lock(); }
-  void UnlockForTest() const { mu_.unlock(); }
+  void LockForTest() const FTJIT_ACQUIRE(mu_) { mu_.lock(); }
+  void UnlockForTest() const FTJIT_RELEASE(mu_) { mu_.unlock(); }
 
  private:
   struct Slot {
@@ -192,8 +198,8 @@ class ReentrantMap {
 
   // Copies the slots with `hash` inserted after `since`; returns the version
   // the copy corresponds to.
-  uint64_t Collect(size_t hash, uint64_t since, Candidates& out) const {
-    std::lock_guard<Mutex> lock(mu_);
+  uint64_t Collect(size_t hash, uint64_t since, Candidates& out) const FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
     auto range = slots_.equal_range(hash);
     for (auto it = range.first; it != range.second; ++it) {
       if (it->second.seq > since) {
@@ -204,8 +210,8 @@ class ReentrantMap {
   }
 
   mutable Mutex mu_;  // leaf lock: nothing else is acquired while it is held
-  uint64_t version_ = 0;                                     // guarded by mu_
-  std::unordered_multimap<size_t, Slot, IdentityHash> slots_;  // guarded by mu_
+  uint64_t version_ FTJIT_GUARDED_BY(mu_) = 0;
+  std::unordered_multimap<size_t, Slot, IdentityHash> slots_ FTJIT_GUARDED_BY(mu_);
 };
 
 }  // namespace ftjit

@@ -4,12 +4,21 @@
 // Items are handles (shared_ptr-like) to nodes that embed an `LruHook`.
 // Members and their protection:
 //
-//   | member                 | protection                                  |
-//   |------------------------|---------------------------------------------|
-//   | SharedLru::capacity_   | fixed after construction                    |
-//   | SharedLru::order_      | guarded by mu_ (front = most recently added) |
-//   | LruHook::pos, linked   | guarded by the owning SharedLru's mu_       |
-//   | LruHook::referenced    | relaxed atomic; set by Touch() without lock |
+//   | member                 | protection                                   |
+//   |------------------------|----------------------------------------------|
+//   | SharedLru::capacity_   | fixed after construction                     |
+//   | SharedLru::order_      | FTJIT_GUARDED_BY(mu_) (front = most recently |
+//   |                        | added)                                       |
+//   | LruHook::pos, linked   | guarded by the owning SharedLru's mu_:       |
+//   |                        | private to SharedLru, which reaches them     |
+//   |                        | only through HookLockHeld (REQUIRES(mu_))    |
+//   | LruHook::referenced    | relaxed atomic; set by Touch() without lock  |
+//
+// The guards are checked by clang++ -Wthread-safety (thread_annotations.h;
+// the lock is a template parameter: locks.h's StdMutex in the C++ tests,
+// LeafMutex in the extension). The `...LockHeld` helpers are
+// FTJIT_REQUIRES(mu_) and assert mu_ held on entry (debug builds); the
+// functions that take mu_ themselves are FTJIT_EXCLUDES(mu_).
 //
 // Touch() (the hit path) only stores to `referenced` when it is clear, so
 // threads hitting the same hot item share its cache line read-only. Eviction
@@ -26,18 +35,28 @@
 #include <cstddef>
 #include <iterator>
 #include <list>
-#include <mutex>
 #include <new>
 #include <vector>
 
+#include "primitives/locks.h"
+#include "primitives/thread_annotations.h"
 
 namespace ftjit {
 
+template <class Item, class Mutex>
+class SharedLru;
+
 template <class Item>
-struct LruHook {
-  typename std::list<Item>::iterator pos;  // guarded by the SharedLru's mu_
-  bool linked = false;                      // guarded by the SharedLru's mu_
-  std::atomic<bool> referenced{false};      // relaxed; racy on purpose
+class LruHook {
+  // Guarded by the owning SharedLru's mu_, which the analysis cannot name
+  // from here: only SharedLru reaches them, through HookLockHeld.
+  template <class, class>
+  friend class SharedLru;
+  typename std::list<Item>::iterator pos;
+  bool linked = false;
+
+ public:
+  std::atomic<bool> referenced{false};  // relaxed; racy on purpose
 };
 
 // `Item` is a handle with `->lru` of type LruHook<Item>.
@@ -50,8 +69,8 @@ class SharedLru {
 
   size_t capacity() const { return capacity_; }
 
-  size_t size() const {
-    std::lock_guard<Mutex> lock(mu_);
+  size_t size() const FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
     return order_.size();
   }
 
@@ -66,13 +85,13 @@ class SharedLru {
   // Links `item` (not yet linked) at the front, then evicts down to capacity.
   // `evictable(item)` is called under the lock and must be cheap and pure.
   template <class Evictable>
-  std::vector<Item> Insert(const Item& item, Evictable&& evictable) {
+  std::vector<Item> Insert(const Item& item, Evictable&& evictable) FTJIT_EXCLUDES(mu_) {
     std::vector<Item> evicted;
-    std::lock_guard<Mutex> lock(mu_);
-    if (!item->lru.linked) {
+    LockGuard<Mutex> lock(mu_);
+    if (!HookLockHeld(item).linked) {
       order_.push_front(item);
-      item->lru.pos = order_.begin();
-      item->lru.linked = true;
+      HookLockHeld(item).pos = order_.begin();
+      HookLockHeld(item).linked = true;
       item->lru.referenced.store(false, std::memory_order_relaxed);
     }
     EvictLockHeld(evictable, evicted);
@@ -81,27 +100,27 @@ class SharedLru {
 
   // Evicts down to capacity (after pinned items became evictable).
   template <class Evictable>
-  std::vector<Item> Trim(Evictable&& evictable) {
+  std::vector<Item> Trim(Evictable&& evictable) FTJIT_EXCLUDES(mu_) {
     std::vector<Item> evicted;
-    std::lock_guard<Mutex> lock(mu_);
+    LockGuard<Mutex> lock(mu_);
     EvictLockHeld(evictable, evicted);
     return evicted;
   }
 
   // Unlinks `item` if linked. Returns whether it was.
-  bool Remove(const Item& item) {
-    std::lock_guard<Mutex> lock(mu_);
+  bool Remove(const Item& item) FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
     return RemoveLockHeld(item);
   }
 
   // Unlinks every item satisfying `pred`; returns them.
   template <class Pred>
-  std::vector<Item> RemoveIf(Pred&& pred) {
+  std::vector<Item> RemoveIf(Pred&& pred) FTJIT_EXCLUDES(mu_) {
     std::vector<Item> out;
-    std::lock_guard<Mutex> lock(mu_);
+    LockGuard<Mutex> lock(mu_);
     for (auto it = order_.begin(); it != order_.end();) {
       if (pred(*it)) {
-        (*it)->lru.linked = false;
+        HookLockHeld(*it).linked = false;
         out.push_back(std::move(*it));
         it = order_.erase(it);
       } else {
@@ -112,7 +131,7 @@ class SharedLru {
   }
 
   // Unlinks everything; returns the items.
-  std::vector<Item> Clear() {
+  std::vector<Item> Clear() FTJIT_EXCLUDES(mu_) {
     return RemoveIf([](const Item&) { return true; });
   }
 
@@ -122,19 +141,27 @@ class SharedLru {
     new (&mu_) Mutex();
   }
   // Tests only: hold the lock as a thread that vanished at fork would.
-  void LockForTest() const { mu_.lock(); }
-  void UnlockForTest() const { mu_.unlock(); }
+  void LockForTest() const FTJIT_ACQUIRE(mu_) { mu_.lock(); }
+  void UnlockForTest() const FTJIT_RELEASE(mu_) { mu_.unlock(); }
 
  private:
-  bool RemoveLockHeld(const Item& item) {
-    if (!item->lru.linked) return false;
-    item->lru.linked = false;
-    order_.erase(item->lru.pos);
+  // `item`'s hook, whose pos and linked mu_ guards (see the table above).
+  LruHook<Item>& HookLockHeld(const Item& item) const FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
+    return item->lru;
+  }
+
+  bool RemoveLockHeld(const Item& item) FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
+    if (!HookLockHeld(item).linked) return false;
+    HookLockHeld(item).linked = false;
+    order_.erase(HookLockHeld(item).pos);
     return true;
   }
 
   template <class Evictable>
-  void EvictLockHeld(Evictable& evictable, std::vector<Item>& evicted) {
+  void EvictLockHeld(Evictable& evictable, std::vector<Item>& evicted) FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
     // Each item is visited at most twice (once to clear its bit, once to
     // evict), so the scan is bounded even when everything is pinned.
     size_t budget = 2 * order_.size();
@@ -143,7 +170,7 @@ class SharedLru {
       Item& item = *it;
       if (evictable(item) &&
           !item->lru.referenced.exchange(false, std::memory_order_relaxed)) {
-        item->lru.linked = false;
+        HookLockHeld(item).linked = false;
         evicted.push_back(std::move(item));
         order_.erase(it);
       } else {
@@ -154,8 +181,8 @@ class SharedLru {
   }
 
   const size_t capacity_;
-  mutable Mutex mu_;        // leaf lock
-  std::list<Item> order_;   // guarded by mu_
+  mutable Mutex mu_;  // leaf lock
+  std::list<Item> order_ FTJIT_GUARDED_BY(mu_);
 };
 
 }  // namespace ftjit

@@ -12,10 +12,13 @@
 //   |-------------------------|----------------------------------------------|
 //   | SnapshotTable (all)     | immutable once built                         |
 //   | SnapshotPtr::current_   | atomic; stored (seq_cst) by Swap, which the  |
-//   |                         | caller serialises with its own writer lock   |
+//   |                         | caller serialises with its own writer lock:  |
+//   |                         | Swap(next, writer) FTJIT_REQUIRES(writer)    |
 //
 // Lock order: takes no locks (writers hold their own around Swap, e.g.
-// entry_store.h's publish_mu_).
+// entry_store.h's publish_mu_). Swap and Take name the writer lock as an
+// argument, so that clang++ -Wthread-safety (thread_annotations.h) checks
+// that each caller holds it, and they assert it held (debug builds).
 //
 // Readers: inside an EpochDomain read section, Load() (seq_cst, see
 // epoch.h's argument) and Find(); items found may be used after the
@@ -27,6 +30,8 @@
 #include <memory>
 #include <utility>
 #include <vector>
+
+#include "primitives/thread_annotations.h"
 
 namespace ftjit {
 
@@ -94,14 +99,22 @@ class SnapshotPtr {
   // Reader, inside a read section.
   const Table* Load() const { return current_.load(std::memory_order_seq_cst); }
 
-  // Writer, under the caller's writer lock: publishes `next` and returns the
-  // previous table, which the caller retires (EpochDomain::Retire) after
-  // releasing its lock.
-  Table* Swap(Table* next) { return current_.exchange(next, std::memory_order_seq_cst); }
+  // Writer, under the caller's writer lock `writer` (a lock type of
+  // locks.h, held by this thread): publishes `next` and returns the previous
+  // table, which the caller retires (EpochDomain::Retire) after releasing
+  // its lock.
+  template <class WriterLock>
+  Table* Swap(Table* next, const WriterLock& writer) FTJIT_REQUIRES(writer) {
+    writer.AssertHeld();
+    return current_.exchange(next, std::memory_order_seq_cst);
+  }
 
   // Owner's destructor: unlinks the current table (leaving an empty one) for
   // the caller to retire.
-  Table* Take() { return Swap(new Table({})); }
+  template <class WriterLock>
+  Table* Take(const WriterLock& writer) FTJIT_REQUIRES(writer) {
+    return Swap(new Table({}), writer);
+  }
 
   static void Delete(void* table) { delete static_cast<Table*>(table); }
 

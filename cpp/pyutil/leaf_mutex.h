@@ -18,32 +18,63 @@
 // own (ReinitInChild, called from the after-fork hook in the child's only
 // thread).
 //
-// Shared state: none of its own (it is the lock). Lock order: every
-// LeafMutex is a leaf (above); the files that declare one name what it
-// guards and state the few test hooks that hold two at once.
+// Checked guards: LeafMutex is a capability for Clang's thread-safety
+// analysis (primitives/thread_annotations.h): fields declared
+// FTJIT_GUARDED_BY(a LeafMutex) and functions FTJIT_REQUIRES(it) are checked
+// by clang++ -Wthread-safety (bash dev.sh tsa), provided the lock is taken
+// through primitives/locks.h's LockGuard (std::lock_guard is invisible to the
+// analysis). AssertHeld() checks, in debug builds, that the calling thread
+// holds it (DebugOwner; on GIL builds too, where lock() itself is a no-op);
+// under NDEBUG (the extension's release build) it is empty and LeafMutex is
+// exactly the PyMutex (or the empty class) it always was.
+//
+//   | member      | protection                                              |
+//   |-------------|---------------------------------------------------------|
+//   | mu_         | the lock itself (free-threaded builds only)             |
+//   | DebugOwner  | debug builds only; see primitives/locks.h               |
+//
+// Lock order: every LeafMutex is a leaf (above); the files that declare one
+// name what it guards and state the few test hooks that hold two at once.
 #pragma once
 
 #include <Python.h>
 
 #include <new>
 
+#include "primitives/locks.h"
+#include "primitives/thread_annotations.h"
+
 namespace ftjit {
 
-class LeafMutex {
+class FTJIT_CAPABILITY("mutex") LeafMutex : private DebugOwner {
  public:
   constexpr LeafMutex() = default;
   LeafMutex(const LeafMutex&) = delete;
   LeafMutex& operator=(const LeafMutex&) = delete;
 
 #ifdef Py_GIL_DISABLED
-  void lock() { PyMutex_Lock(&mu_); }
-  void unlock() { PyMutex_Unlock(&mu_); }
+  void lock() FTJIT_ACQUIRE() {
+    PyMutex_Lock(&mu_);
+    NoteAcquired();
+  }
+  void unlock() FTJIT_RELEASE() {
+    NoteReleasing();
+    PyMutex_Unlock(&mu_);
+  }
+#else
+  void lock() FTJIT_ACQUIRE() { NoteAcquired(); }
+  void unlock() FTJIT_RELEASE() { NoteReleasing(); }
+#endif
+  // Aborts (debug builds) unless the calling thread holds the lock.
+  void AssertHeld() const FTJIT_ASSERT_CAPABILITY(this) {
+#ifndef NDEBUG
+    assert(HeldByMe() && "the LeafMutex is not held by this thread");
+#endif
+  }
 
+#ifdef Py_GIL_DISABLED
  private:
   PyMutex mu_{0};
-#else
-  void lock() {}
-  void unlock() {}
 #endif
 };
 

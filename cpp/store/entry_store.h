@@ -13,7 +13,8 @@
 //   Sig        immutable once inserted, with a `size_t hash` member;
 //   Payload    what the compiling thread writes before publishing (default
 //              constructible; read only after observing kReady or kFailed);
-//   Mutex      a leaf lock (lock/unlock);
+//   Mutex      a leaf lock with AssertHeld (primitives/locks.h: StdMutex in
+//              the C++ tests, LeafMutex in the extension);
 //   static auto FastEquals(const Sig& stored, const Sig& probe) noexcept
 //              -> an enum with kEqual, kNotEqual, kUnknown; Python-free;
 //   static bool Equals(const Sig& stored, const Sig& probe)  (may re-enter,
@@ -34,16 +35,21 @@
 //   | shards[i].hits        | relaxed atomics, one cache line per shard     |
 //   | shards[i].in_flight   | seq_cst atomics, same lines (see InFlight)    |
 //   | unlinked, claimed     | seq_cst atomics, written once each            |
-//   | counted               | relaxed atomic: set by Admit, cleared once by |
+//   | counted               | atomic: set by Admit, cleared once by         |
 //   |                       | whatever removes the entry from the map       |
-//   | table_ref             | guarded by the store's publish_mu_            |
+//   | table_ref             | FTJIT_GUARDED_BY(store_raw->publish_mu_): the |
+//   |                       | owning store's; it reaches it only through    |
+//   |                       | TableRefLockHeld (REQUIRES(publish_mu_))      |
 //   | lru                   | shared_lru.h                                  |
 //
 //   EntryStore (one per function and options)
 //   | lru_                  | fixed after construction (the LRU: its lock)  |
 //   | map_                  | ReentrantMap: its own leaf lock               |
 //   | ready_                | SnapshotPtr: swapped under publish_mu_        |
-//   | publish_mu_           | leaf lock: serialises rebuilds of ready_      |
+//   |                       | (Swap(next, publish_mu_) REQUIRES it); loaded |
+//   |                       | by readers with no lock (see the hit path)    |
+//   | publish_mu_           | leaf lock: serialises rebuilds of ready_;     |
+//   |                       | guards every entry's table_ref                |
 //   | counters_             | relaxed atomics (hits sharded per thread)     |
 //   | counted_              | relaxed atomic: admitted entries in the map   |
 //
@@ -88,8 +94,15 @@
 //
 // Lock order: none to get wrong. map_'s lock, the LRU's, publish_mu_ and the
 // epoch domain's are leaves, never held together (Published takes map_'s
-// lock inside publish_mu_: map_'s lock is never held while taking another). Nothing is freed under any of them: removed entries and retired
-// tables are handed back and dropped after unlocking.
+// lock inside publish_mu_: map_'s lock is never held while taking another).
+// Nothing is freed under any of them: removed entries and retired tables
+// are handed back and dropped after unlocking.
+//
+// Checked guards: clang++ -Wthread-safety (primitives/thread_annotations.h)
+// checks that table_ref and ready_'s swaps happen under publish_mu_, and
+// that the functions taking publish_mu_ (FTJIT_EXCLUDES) are not called
+// with it held; TableRefLockHeld also asserts, in debug builds, that
+// publish_mu_ is held and that the entry is this store's.
 #pragma once
 
 #include <algorithm>
@@ -98,7 +111,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <pthread.h>
 #include <utility>
@@ -106,9 +118,15 @@
 
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
+#include "primitives/locks.h"
 #include "primitives/reentrant_map.h"
 #include "primitives/shared_lru.h"
 #include "primitives/snapshot_table.h"
+#include "primitives/thread_annotations.h"
+
+#ifndef NDEBUG
+#include <cassert>
+#endif
 
 namespace ftjit {
 
@@ -236,7 +254,8 @@ struct StoreEntry {
   std::atomic<bool> unlinked{false};
   std::atomic<bool> claimed{false};
   std::atomic<bool> counted{false};  // counted in its store's Count() (see Admit)
-  std::shared_ptr<StoreEntry> table_ref;  // see Listing; guarded by the store's publish_mu_
+  // See Listing; only the owning store reaches it (EntryStore::TableRefLockHeld).
+  std::shared_ptr<StoreEntry> table_ref FTJIT_GUARDED_BY(store_raw->publish_mu_);
   LruHook<std::shared_ptr<StoreEntry>> lru;
 
   uint64_t Hits() const {
@@ -389,16 +408,16 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // The owner published `e` ready: list it for the hit path (if the map
   // still holds it), then re-apply the LRU bound (pinned entries may have
   // pushed it over).
-  void Published(const EntryPtr& e) {
+  void Published(const EntryPtr& e) FTJIT_EXCLUDES(publish_mu_) {
     Table* old = nullptr;
     {
-      std::lock_guard<Mutex> lock(publish_mu_);
-      if (!e->table_ref && map_.ContainsValue(e->sig->hash, e)) {
+      LockGuard<Mutex> lock(publish_mu_);
+      if (!TableRefLockHeld(e.get()) && map_.ContainsValue(e->sig->hash, e)) {
         const Table* cur = ready_.Load();
         std::vector<std::pair<size_t, Entry*>> items = cur->items();
         items.emplace_back(e->sig->hash, e.get());
-        e->table_ref = e;
-        old = ready_.Swap(new Table(std::move(items)));
+        TableRefLockHeld(e.get()) = e;
+        old = ready_.Swap(new Table(std::move(items)), publish_mu_);
       }
     }
     if (old) Traits::Epochs().Retire(old, &SnapshotPtr<Entry>::Delete);
@@ -480,8 +499,9 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   // Tests only: takes or releases this store's own locks, as a thread lost
-  // at fork may hold them.
-  void LockStoreForTest(bool lock) {
+  // at fork may hold them. (Outside the analysis: it takes, or releases,
+  // depending on its argument.)
+  void LockStoreForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {
     if (lock) {
       publish_mu_.lock();
       map_.LockForTest();
@@ -492,8 +512,8 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   size_t size() const { return map_.size(); }
-  size_t ready_size() const {
-    std::lock_guard<Mutex> lock(publish_mu_);
+  size_t ready_size() const FTJIT_EXCLUDES(publish_mu_) {
+    LockGuard<Mutex> lock(publish_mu_);
     return ready_.Load()->size();
   }
   std::vector<EntryPtr> Entries() const {
@@ -537,17 +557,35 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     if (e.counted.exchange(false, std::memory_order_seq_cst)) counted_.fetch_sub(1, std::memory_order_relaxed);
   }
 
+  friend struct StoreEntry<Traits>;  // its table_ref names publish_mu_ as its guard
+
+  // `e`'s table_ref, which publish_mu_ guards: `e` is this store's entry,
+  // which the analysis cannot prove (the guard is e->store_raw->publish_mu_),
+  // so it is asserted here instead (debug builds), and every access to a
+  // table_ref goes through here.
+  EntryPtr& TableRefLockHeld(Entry* e) const FTJIT_REQUIRES(publish_mu_)
+      FTJIT_NO_THREAD_SAFETY_ANALYSIS {
+    publish_mu_.AssertHeld();
+#ifndef NDEBUG
+    assert(e->store_raw == this && "an entry listed by another store");
+#endif
+    return e->table_ref;
+  }
+
   // Swaps in a table without `e`, if it is listed (see Listing).
-  void Unlist(const EntryPtr& e) { Unlist(std::vector<Entry*>{e.get()}); }
+  void Unlist(const EntryPtr& e) FTJIT_EXCLUDES(publish_mu_) {
+    Unlist(std::vector<Entry*>{e.get()});
+  }
 
   // Swaps in a table without those of `gone` that are listed (see Listing).
-  void Unlist(std::vector<Entry*> gone) {
+  void Unlist(std::vector<Entry*> gone) FTJIT_EXCLUDES(publish_mu_) {
     Unlisted* u = nullptr;
     {
-      std::lock_guard<Mutex> lock(publish_mu_);
+      LockGuard<Mutex> lock(publish_mu_);
       std::vector<EntryPtr> refs;
       for (Entry* e : gone) {
-        if (e->table_ref) refs.push_back(std::move(e->table_ref));
+        EntryPtr& table_ref = TableRefLockHeld(e);
+        if (table_ref) refs.push_back(std::move(table_ref));
       }
       if (refs.empty()) return;
       std::sort(gone.begin(), gone.end());
@@ -556,18 +594,20 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
         if (!std::binary_search(gone.begin(), gone.end(), kv.second)) items.push_back(kv);
       }
       u = new Unlisted{nullptr, std::move(refs)};
-      u->table = ready_.Swap(new Table(std::move(items)));
+      u->table = ready_.Swap(new Table(std::move(items)), publish_mu_);
     }
     Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
 
   // Swaps in an empty table (the store's death: nothing may stay listed).
-  void UnlistAll() {
+  void UnlistAll() FTJIT_EXCLUDES(publish_mu_) {
     Unlisted* u = new Unlisted{nullptr, {}};
     {
-      std::lock_guard<Mutex> lock(publish_mu_);
-      for (const auto& kv : ready_.Load()->items()) u->refs.push_back(std::move(kv.second->table_ref));
-      u->table = ready_.Swap(new Table({}));
+      LockGuard<Mutex> lock(publish_mu_);
+      for (const auto& kv : ready_.Load()->items()) {
+        u->refs.push_back(std::move(TableRefLockHeld(kv.second)));
+      }
+      u->table = ready_.Swap(new Table({}), publish_mu_);
     }
     Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
@@ -575,7 +615,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   const std::shared_ptr<Lru> lru_;
   ReentrantMap<SigPtr, EntryPtr, Mutex> map_;
   SnapshotPtr<Entry> ready_;
-  mutable Mutex publish_mu_;
+  mutable Mutex publish_mu_;  // leaf lock: ready_'s swaps, every entry's table_ref
   StoreCounters counters_;
   std::atomic<int64_t> counted_{0};  // entries admitted and still in the map (Admit)
 };

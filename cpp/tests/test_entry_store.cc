@@ -5,24 +5,28 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "check.h"
+#include "primitives/locks.h"
 
-// Built twice: with std::mutex, and (FTJIT_TEST_LEAF_MUTEX, by dev.sh
-// tsan-ft against a ThreadSanitizer-built free-threaded CPython) with the
-// extension's own lock, LeafMutex, which is a PyMutex there.
+// Built twice: with std::mutex (ftjit::StdMutex, its annotated wrapper:
+// primitives/locks.h), and (FTJIT_TEST_LEAF_MUTEX, by dev.sh tsan-ft against
+// a ThreadSanitizer-built free-threaded CPython) with the extension's own
+// lock, LeafMutex, which is a PyMutex there.
 #ifdef FTJIT_TEST_LEAF_MUTEX
 #include "pyutil/leaf_mutex.h"
-#ifndef Py_GIL_DISABLED
+// (FTJIT_TSA_ONLY: compiled, never run, by bash dev.sh tsa, for Clang's
+// thread-safety analysis of the primitives over LeafMutex; any CPython's
+// headers do, as the annotations are the same on GIL builds.)
+#if !defined(Py_GIL_DISABLED) && !defined(FTJIT_TSA_ONLY)
 #error "the LeafMutex build of this test needs a free-threaded CPython's headers"
 #endif
 using TestMutex = ftjit::LeafMutex;
 #else
-using TestMutex = std::mutex;
+using TestMutex = ftjit::StdMutex;
 #endif
 
 namespace {
@@ -348,14 +352,16 @@ void TestLateUseAfterThreadExitTakesAFreshRecord() {
 }
 
 #ifdef FTJIT_TEST_LEAF_MUTEX
-// The lock itself: 8 threads increment a plain counter under it; any lost
-// update or unordered access (a race TSAN would report) fails.
+// The lock itself: 8 threads increment a plain counter under it, asserting
+// it held (what the `...LockHeld` helpers do); any lost update, unordered
+// access (a race TSAN would report) or failed assertion fails.
 void TestLeafMutexExcludes() {
   TestMutex mu;
   long counter = 0;  // guarded by mu
   ftjit_test::RunThreads(8, [&](size_t) {
     for (int i = 0; i < 20000; ++i) {
-      std::lock_guard<TestMutex> lock(mu);
+      ftjit::LockGuard<TestMutex> lock(mu);
+      mu.AssertHeld();
       ++counter;
     }
   });

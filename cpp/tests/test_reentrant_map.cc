@@ -7,7 +7,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "check.h"
+#include "primitives/locks.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ struct ValObj {
 };
 using Key = std::shared_ptr<const KeyObj>;
 using Value = std::shared_ptr<const ValObj>;
-using Map = ftjit::ReentrantMap<Key, Value, std::mutex>;
+using Map = ftjit::ReentrantMap<Key, Value, ftjit::StdMutex>;
 
 // Non-reentrant, non-throwing equality: stored key vs integer probe.
 bool PlainEq(const Key& stored, const int& probe) { return stored->id == probe; }

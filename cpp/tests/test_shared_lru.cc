@@ -5,13 +5,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "check.h"
+#include "primitives/locks.h"
 
 namespace {
 
@@ -28,7 +28,7 @@ struct Node {
   ftjit::LruHook<Item> lru;
 };
 
-using Lru = ftjit::SharedLru<Item, std::mutex>;
+using Lru = ftjit::SharedLru<Item, ftjit::StdMutex>;
 
 bool Evictable(const Item& item) { return !item->pinned.load(std::memory_order_relaxed); }
 

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <utility>
@@ -14,10 +13,14 @@
 
 #include "check.h"
 #include "primitives/epoch.h"
+#include "primitives/locks.h"
+#include "primitives/thread_annotations.h"
 
 namespace {
 
-using Domain = ftjit::EpochDomain<std::mutex>;
+using Domain = ftjit::EpochDomain<ftjit::StdMutex>;
+using ftjit::LockGuard;
+using ftjit::StdMutex;
 using namespace std::chrono_literals;
 
 constexpr int kAlive = 0x5eed;
@@ -65,17 +68,29 @@ struct Retired {
   }
 };
 
-// Swaps in a table of `now`, retiring the old one with the items of `before` not in `now`.
-void Publish(Domain& domain, Ptr& ptr, const std::vector<std::shared_ptr<Item>>& before,
-             const std::vector<std::shared_ptr<Item>>& now) {
+// Swaps in a table of `now`, retiring the old one with the items of `before`
+// not in `now`, under the owner's writer lock `writer`.
+void PublishLockHeld(const StdMutex& writer, Domain& domain, Ptr& ptr,
+                     const std::vector<std::shared_ptr<Item>>& before,
+                     const std::vector<std::shared_ptr<Item>>& now) FTJIT_REQUIRES(writer) {
   auto* r = new Retired{nullptr, {}};
   for (auto& it : before) {
     bool kept = false;
     for (auto& n : now) kept |= n == it;
     if (!kept) r->items.push_back(it);
   }
-  r->table = ptr.Swap(MakeTable(now));
+  r->table = ptr.Swap(MakeTable(now), writer);
   domain.Retire(r, &Retired::Delete);
+}
+
+// The writer lock of the single-threaded tests' owner.
+StdMutex g_writer_mu;
+
+// PublishLockHeld under g_writer_mu.
+void Publish(Domain& domain, Ptr& ptr, const std::vector<std::shared_ptr<Item>>& before,
+             const std::vector<std::shared_ptr<Item>>& now) FTJIT_EXCLUDES(g_writer_mu) {
+  LockGuard<StdMutex> lock(g_writer_mu);
+  PublishLockHeld(g_writer_mu, domain, ptr, before, now);
 }
 
 // Finds, probes and misses: every listed key is found, others are not, with
@@ -126,9 +141,8 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
   {
     Domain domain;
     Ptr ptr;
-    std::mutex writer_mu;  // the owner's writer lock: serialises swaps
+    StdMutex writer_mu;  // the owner's writer lock: serialises swaps
     std::vector<std::shared_ptr<Item>> listed;  // what the current table lists; guarded by writer_mu
-    std::atomic<bool> stop{false};
     std::atomic<uint64_t> found{0}, probes{0}, swaps{0};
     ftjit_test::RunThreads(kReaders + kWriters, [&](size_t i) {
       Domain::Record* rec = domain.Acquire();
@@ -152,7 +166,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
       } else {
         while (std::chrono::steady_clock::now() < deadline) {
           {
-            std::lock_guard<std::mutex> lock(writer_mu);
+            LockGuard<StdMutex> lock(writer_mu);
             std::vector<std::shared_ptr<Item>> before = listed;
             switch (rng() % 4) {
               case 0:  // clear
@@ -173,7 +187,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
             }
             // (Retiring under the writer lock is fine here: the deleters run
             // no code that takes it.)
-            Publish(domain, ptr, before, listed);
+            PublishLockHeld(writer_mu, domain, ptr, before, listed);
           }
           swaps.fetch_add(1, std::memory_order_relaxed);
         }
@@ -190,7 +204,7 @@ void TestReadersAgainstPublishersEvictorsAndClears() {
     // when that reader left (no manual Reclaim here: that is the point).
     CHECK_EQ(domain.retired_count(), size_t{0});
     CHECK_EQ(g_live_items.load(), static_cast<int64_t>(listed.size()));
-    Publish(domain, ptr, listed, {});
+    Publish(domain, ptr, listed, {});  // the threads are done: the test's lock will do
     listed.clear();
     CHECK_EQ(g_live_items.load(), int64_t{0});
   }
