@@ -70,7 +70,7 @@ from .errors import (
     UnsupportedArgumentError,
 )
 
-from ._version import __version__
+from ._version import __version__  # noqa: F401 - the package's version
 
 __all__ = [
     "jit",

@@ -261,7 +261,7 @@ def jit(
     carries on). ``max_signatures=N`` with ``on_excess="warn"`` warns once
     when a call would compile past N distinct signatures, and with
     ``"raise"`` raises ``RecompileLimitError`` instead of compiling.
-    ``explain_misses=True`` logs (logger "ftjit", INFO) how each new
+    ``explain_misses=True`` logs (logger "ftjit.misses", WARNING) how each new
     signature differs from the closest cached one; None follows
     ``ftjit.set_explain_misses()``.
 

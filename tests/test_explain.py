@@ -418,7 +418,7 @@ def test_explain_names_the_context_item_of_the_public_fallback(monkeypatch):
     the public configs, named alike."""
     import jax
 
-    monkeypatch.setattr(ftjit._jax, "_hooks", ftjit._jax.build_hooks(frozenset()))
+    monkeypatch.setattr(ftjit._jax_hooks, "_hooks", ftjit._jax_hooks.build_hooks(frozenset()))
     fun, name = fresh1("explain_public", body=lambda x: x * 2)
     jf = ftjit.jit(fun, cache=ftjit.FunctionCache(), explain_misses=True)
     with LogCapture(name) as cap:

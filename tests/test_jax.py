@@ -27,6 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import ftjit  # noqa: E402
 import ftjit._jax  # noqa: E402
+import ftjit._jax_hooks  # noqa: E402
 from helpers import run_script, run_threads  # noqa: E402
 
 
@@ -355,7 +356,7 @@ def test_namedtuple_registered_as_a_custom_node_is_flattened_by_its_registration
     (the aux field is static: a new value retraces); so does ftjit, with the
     private registry check and with the public fallback."""
     if fast == "public":
-        monkeypatch.setattr(ftjit._jax, "_hooks", ftjit._jax.build_hooks(frozenset()))
+        monkeypatch.setattr(ftjit._jax_hooks, "_hooks", ftjit._jax_hooks.build_hooks(frozenset()))
     body = lambda p: p.x * (p.n if isinstance(p.n, int) else 1)  # noqa: E731
     fj, ff = counted(body), counted(body)
     jj, jf = jax.jit(fj), ftjit.jit(ff, cache=ftjit.FunctionCache())
@@ -482,12 +483,12 @@ def test_compiler_option_configs_recompile_like_jax_jit():
     assert fj.tracer.count == ff.tracer.count
     info = jf.cache_info()
     assert (info.compiles, info.hits) == (3, 2)
-    sig = ftjit._jax._jax_hooks()["signature_hooks"]
+    sig = ftjit._jax_hooks._jax_hooks()["signature_hooks"]
     import importlib
 
-    modules = [importlib.import_module(m) for m in ftjit._jax._EXTRA_CONFIG_MODULES]
+    modules = [importlib.import_module(m) for m in ftjit._jax_hooks._EXTRA_CONFIG_MODULES]
     assert [arg for _, arg in sig.extras] == [
-        next(getattr(m, name) for m in modules if hasattr(m, name)) for name in ftjit._jax.JIT_KEY_EXTRA_CONFIGS]
+        next(getattr(m, name) for m in modules if hasattr(m, name)) for name in ftjit._jax_hooks.JIT_KEY_EXTRA_CONFIGS]
 
 
 SET_MESH = """
@@ -516,7 +517,7 @@ SET_MESH = """
     assert got == want and got_traces == want_traces, (got, want, got_traces, want_traces)
     info = jf.cache_info()
     print(want[0][0], want[1][0], info.compiles, info.hits, got_traces)
-    ftjit._jax._hooks = ftjit._jax.build_hooks(frozenset())  # the public fallbacks
+    ftjit._jax_hooks._hooks = ftjit._jax_hooks.build_hooks(frozenset())  # the public fallbacks
     jf, got, got_traces = run(ftjit.jit)
     assert got == want, ("public", got, want)
     assert (jf.cache_info().compiles, jf.cache_info().hits) == (info.compiles, info.hits)
@@ -595,8 +596,8 @@ PLACEMENT = """
     # The same through the public fallbacks (placement read via the public
     # properties; without the concrete Array class, via jax.Array).
     import ftjit._jax
-    for fast in (ftjit._jax.FAST_PATHS - {"placement"}, frozenset()):
-        ftjit._jax._hooks = ftjit._jax.build_hooks(fast)
+    for fast in (ftjit._jax_hooks.FAST_PATHS - {"placement"}, frozenset()):
+        ftjit._jax_hooks._hooks = ftjit._jax_hooks.build_hooks(fast)
         jf, got, got_traces = run(ftjit.jit)
         assert got == want, (fast, got, want)
         assert (jf.cache_info().compiles, jf.cache_info().hits) == (info.compiles, info.hits), fast
@@ -1000,7 +1001,7 @@ HOOKS_BUILT_IN_A_TRACE = """
     import jax, jax.numpy as jnp, numpy as np
     import ftjit, ftjit._jax
 
-    assert ftjit._jax._hooks is None
+    assert ftjit._jax_hooks._hooks is None
     @jax.jit
     def outer(x):
         # The process's first ftjit.jit, created while jax.jit traces: the
@@ -1008,7 +1009,7 @@ HOOKS_BUILT_IN_A_TRACE = """
         return ftjit.jit(lambda y: y * 2)(x)
 
     assert float(outer(1.5)) == 3.0
-    hooks = ftjit._jax._jax_hooks()
+    hooks = ftjit._jax_hooks._jax_hooks()
     array_type = type(jnp.zeros(()))
     assert not issubclass(array_type, jax.core.Tracer)
     assert hooks["plain_types"] == (array_type, np.ndarray), hooks["plain_types"]
@@ -1035,7 +1036,7 @@ def test_concrete_array_type_inside_a_trace_is_not_a_tracer():
     seen = []
 
     def body(x):
-        seen.append(ftjit._jax.concrete_array_type())
+        seen.append(ftjit._jax_hooks.concrete_array_type())
         return x
 
     jax.jit(body)(1.0)
@@ -1073,12 +1074,12 @@ def test_public_fallback_when_private_api_is_missing(monkeypatch):
     np.testing.assert_array_equal(np.asarray(compiled(np.ones(2, np.float32), 1.0)), np.full(2, 2.0))
 
 
-FEATURES = sorted(ftjit._jax.FAST_PATHS)
+FEATURES = sorted(ftjit._jax_hooks.FAST_PATHS)
 
 
 def _fallback_in_use(hooks, missing):
     sig = hooks["signature_hooks"]
-    fast = ftjit._jax._jax_hooks()
+    fast = ftjit._jax_hooks._jax_hooks()
     return {
         "array_type": hooks["plain_types"] == (np.ndarray,) and sig.committed_types == (jax.Array,),
         "aval": hooks["aval_types"] == () and fast["aval_types"] != (),
@@ -1086,19 +1087,19 @@ def _fallback_in_use(hooks, missing):
         and sig.extras != fast["signature_hooks"].extras,
         "placement": (sig.committed_attr, sig.sharding_attr) == ("committed", "sharding"),
         "probe": sig.probe is not fast["signature_hooks"].probe and sig.probe_ok is True,
-        "registry": hooks["custom_namedtuple"] is ftjit._jax._every_namedtuple
-        and fast["custom_namedtuple"] is not ftjit._jax._every_namedtuple,
+        "registry": hooks["custom_namedtuple"] is ftjit._jax_hooks._every_namedtuple
+        and fast["custom_namedtuple"] is not ftjit._jax_hooks._every_namedtuple,
     }[missing]
 
 
 @pytest.mark.thread_unsafe(reason="swaps the process-wide JAX hooks")
 @pytest.mark.parametrize("missing", FEATURES + ["all"])
 def test_public_fallbacks_match_jax_jit(monkeypatch, missing):
-    fast = frozenset() if missing == "all" else ftjit._jax.FAST_PATHS - {missing}
-    hooks = ftjit._jax.build_hooks(fast)
+    fast = frozenset() if missing == "all" else ftjit._jax_hooks.FAST_PATHS - {missing}
+    hooks = ftjit._jax_hooks.build_hooks(fast)
     for feature in FEATURES if missing == "all" else [missing]:
         assert _fallback_in_use(hooks, feature), feature
-    monkeypatch.setattr(ftjit._jax, "_hooks", hooks)
+    monkeypatch.setattr(ftjit._jax_hooks, "_hooks", hooks)
 
     # Results, dtypes, weak types and trace counts.
     fj, jj, ff, jf = counted_jits(lambda x, y: x * y)
@@ -1146,9 +1147,9 @@ def test_public_context_names_cover_every_readable_trace_context_config():
     names_fn = getattr(getattr(jax_config, "config_ext", None), "trace_context_names", None)
     if names_fn is None:
         pytest.skip("this JAX has no trace_context_names()")
-    readable = [n for n in names_fn() if ftjit._jax._readable(jax.config, n)]
+    readable = [n for n in names_fn() if ftjit._jax_hooks._readable(jax.config, n)]
     assert readable, "no config of the trace context is readable through jax.config"
-    assert [n for n in readable if n not in ftjit._jax.PUBLIC_CONTEXT_NAMES] == []
+    assert [n for n in readable if n not in ftjit._jax_hooks.PUBLIC_CONTEXT_NAMES] == []
 
 
 def test_public_fallback_keys_on_jax_random_seed_offset():
@@ -1156,7 +1157,7 @@ def test_public_fallback_keys_on_jax_random_seed_offset():
     # would ignore the new offset.
     from jax._src import config as jax_config
 
-    hooks = ftjit._jax.build_hooks(frozenset())
+    hooks = ftjit._jax_hooks.build_hooks(frozenset())
     context = hooks["signature_hooks"].context
     before = context()
     with jax_config.random_seed_offset(7):  # the thread-local override
@@ -1167,11 +1168,11 @@ def test_public_fallback_keys_on_jax_random_seed_offset():
 def test_public_fallback_hooks_built_inside_a_trace_still_key_the_mesh():
     # The hooks are built once per process, possibly by a jit() created inside
     # a trace (where get_mesh() raises): the mesh getter must still be there.
-    outside = ftjit._jax.build_hooks(frozenset())["signature_hooks"].extras
+    outside = ftjit._jax_hooks.build_hooks(frozenset())["signature_hooks"].extras
     seen = []
 
     def body(x):
-        seen.append(ftjit._jax.build_hooks(frozenset())["signature_hooks"].extras)
+        seen.append(ftjit._jax_hooks.build_hooks(frozenset())["signature_hooks"].extras)
         return x
 
     jax.make_jaxpr(body)(1.0)
@@ -1182,11 +1183,11 @@ def test_public_fallback_hooks_built_inside_a_trace_still_key_the_mesh():
 
 @pytest.mark.thread_unsafe(reason="swaps the process-wide JAX hooks")
 def test_without_any_trace_probe_every_call_defers_to_jax_jit(monkeypatch):
-    monkeypatch.setattr(ftjit._jax, "_private_trace_probe", lambda: None)
-    monkeypatch.setattr(ftjit._jax, "_public_trace_probe", lambda: (None, None, None))
+    monkeypatch.setattr(ftjit._jax_hooks, "_private_trace_probe", lambda: None)
+    monkeypatch.setattr(ftjit._jax_hooks, "_public_trace_probe", lambda: (None, None, None))
     with pytest.warns(RuntimeWarning, match="no API ftjit knows for detecting an active trace"):
-        hooks = ftjit._jax.build_hooks()
-    monkeypatch.setattr(ftjit._jax, "_hooks", hooks)
+        hooks = ftjit._jax_hooks.build_hooks()
+    monkeypatch.setattr(ftjit._jax_hooks, "_hooks", hooks)
     jf = ftjit.jit(lambda x, a: x * a)
     assert float(jf(2.0, 3.0)) == 6.0
     # A closed-over tracer, which only a probe could have seen: still right.

@@ -14,7 +14,6 @@
 //   |------------|------------------------------------------------------------|
 //   | t_jit_disabled | thread-local (disable_jit() depth; jit_state.h)        |
 //   | t_ahead    | thread-local (depth of compiles asked for ahead of traffic)|
-//   | g_explain_misses | relaxed atomic (ftjit.set_explain_misses)            |
 //   | g_graph    | atomic pointer, process lifetime; swapped for an empty     |
 //   |            | graph in a forked child (the old one leaks); the graph has |
 //   |            | its own leaf lock (compile_latch.h)                        |
@@ -192,103 +191,6 @@ nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObj
     return nb::object();
   }
   return exe;
-}
-
-// --- the max_signatures guard and miss explanations ---------------------------
-
-std::atomic<bool> g_explain_misses{false};
-
-// Up to kExplainCandidates cached signatures a miss of `e` is explained
-// against, exported, oldest first: the newest of the same call structure
-// (arguments passed alike, same tree tokens), else the newest of any. So a
-// miss costs O(arguments), not O(cached signatures).
-constexpr size_t kExplainCandidates = 16;
-
-bool SameStructure(const CallSignature& a, const CallSignature& b) {
-  if (a.num_positional != b.num_positional || !(a.tree == b.tree) || a.kwnames.size() != b.kwnames.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < a.kwnames.size(); ++i) {
-    if (PyUnicode_Compare(a.kwnames[i].ptr(), b.kwnames[i].ptr()) != 0) return false;
-  }
-  return true;
-}
-
-nb::object Candidates(JitState& st, const Entry& e) {
-  std::vector<EntryPtr> ready;
-  for (EntryPtr& c : st.store->Entries()) {
-    if (c.get() != &e && c->latch.state() == CompileLatch::State::kReady) ready.push_back(std::move(c));
-  }
-  std::sort(ready.begin(), ready.end(), [](const EntryPtr& a, const EntryPtr& b) {
-    return a->payload.compiled_order > b->payload.compiled_order;  // newest first
-  });
-  std::vector<const Entry*> picked;
-  for (const EntryPtr& c : ready) {
-    if (picked.size() < kExplainCandidates && SameStructure(*c->sig, *e.sig)) picked.push_back(c.get());
-  }
-  if (picked.empty()) {
-    for (size_t i = 0; i < ready.size() && i < kExplainCandidates; ++i) picked.push_back(ready[i].get());
-  }
-  nb::list out;
-  for (auto it = picked.rbegin(); it != picked.rend(); ++it) out.append(ExportSignature(*(*it)->sig));
-  return std::move(out);
-}
-
-// In the thread that inserted `e` and is about to compile it: counts it
-// against max_signatures, and explains the miss when the function explains
-// its misses (ftjit/_explain.py writes and logs the text). Past the limit:
-// with on_excess="raise", false with RecompileLimitError set (the compile
-// must not run); with "warn", warns once per store and compiles (false, the
-// warning's error set, if the warning was turned into an error). Compiles
-// asked for ahead of traffic (precompile, warmup) are counted, never
-// explained.
-bool GuardCompile(JitState& st, const EntryPtr& e) {
-  FunctionStore& fs = *st.store;
-  const SignatureLimit& limit = fs.limit();
-  const bool explaining = AheadDepth() == 0 &&
-                          (st.explain_misses < 0 ? g_explain_misses.load(std::memory_order_relaxed)
-                                                 : st.explain_misses > 0);
-  bool excess = false, warn_now = false;
-  if (limit.max >= 0) {
-    excess = !fs.Admit(e, limit.max, /*force=*/false);
-    if (excess && !limit.raising) {
-      fs.Admit(e, limit.max, /*force=*/true);  // "warn": compiled, and counted
-      warn_now = fs.TakeWarning();
-    }
-  }
-  const bool message = excess && (limit.raising || warn_now);
-  if (!explaining && !message) return true;
-  PyObject* on_miss = kOnMiss.Get();
-  if (!on_miss) return false;
-  nb::object name = nb::str(st.spec.fun_name.c_str());
-  nb::object text = nb::handle(on_miss)(name, st.spec.arg_names, st.hooks, Candidates(st, *e),
-                                        ExportSignature(*e->sig), nb::bool_(explaining),
-                                        message ? limit.max : -1, nb::bool_(limit.raising));
-  if (!message) return true;
-  const char* msg = PyUnicode_AsUTF8(text.ptr());
-  if (!msg) return false;
-  if (limit.raising) {
-    PyObject* type = kRecompileLimitError.Get();
-    if (type) PyErr_SetString(type, msg);
-    return false;
-  }
-  // The caller of the jitted function (this C code has no frame of its own).
-  if (PyErr_WarnEx(PyExc_RuntimeWarning, msg, 1) < 0) {
-    fs.Unwarn();  // not shown (raised): the next excess warns
-    return false;
-  }
-  return true;
-}
-
-// Whether the guard lets the compile run (see GuardCompile); its Python
-// errors (other than the refusal it sets) are its failure too.
-bool GuardAllows(JitState& st, const EntryPtr& e) {
-  try {
-    return GuardCompile(st, e);
-  } catch (nb::python_error& err) {
-    err.restore();
-    return false;
-  }
 }
 
 // This thread inserted `e`: compile it and publish the result (or the
@@ -673,7 +575,6 @@ std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObj
   return sig.ToString(st.spec);
 }
 
-std::atomic<bool>& ExplainMisses() { return g_explain_misses; }
 int& AheadDepth() { return t_ahead; }
 
 // os.register_at_fork(after_in_child=...): runs in the child's only thread,

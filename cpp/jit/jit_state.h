@@ -108,6 +108,13 @@ nb::object ErrorForWaiters(const nb::object& original);
 // Raises this waiter's own copy of the compile's exception.
 [[noreturn]] void RaiseForWaiter(const JitState& st, const nb::object& error);
 
+// --- jit_type.cc and construct.cc: the type, and a function of it -------------
+
+// A new JitFunction owning `st` (a new reference, or null with an error set).
+PyObject* NewJitFunction(std::unique_ptr<JitState> st);
+// Registers _make_jit_function (construct.cc).
+void RegisterConstruction(nb::module_& m);
+
 // --- call.cc: the call, compile and wait path --------------------------------
 
 // A call of the jitted function (the vectorcall's body). Throws on error.
@@ -115,6 +122,10 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
 // precompile(*args, **kwargs): compiles this signature if it is not cached;
 // true if this call compiled it. Executes nothing.
 bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+// guard.cc: whether the max_signatures guard lets the compile of `e` (just
+// inserted by this thread) run; false with the error set (RecompileLimitError,
+// or the warning turned into an error). Explains the miss when asked to.
+bool GuardAllows(JitState& st, const EntryPtr& e);
 // The adopted signature of these arguments (array specs such as
 // jax.ShapeDtypeStruct stand for arrays); false when the call would take the
 // compiler's fallback.

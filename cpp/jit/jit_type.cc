@@ -177,21 +177,25 @@ extern "C" PyObject* JitFunction_clear_cache(PyObject* self, PyObject*) {
   });
 }
 
+// The entries whose compile finished, newest compile first (the payload is
+// read after the latch's acquire).
+std::vector<EntryPtr> ReadyNewestFirst(const JitState& st) {
+  std::vector<EntryPtr> entries = st.store->Entries();
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [](const EntryPtr& e) { return e->latch.state() != CompileLatch::State::kReady; }),
+                entries.end());
+  std::sort(entries.begin(), entries.end(), [](const EntryPtr& a, const EntryPtr& b) {
+    return a->payload.compiled_order > b->payload.compiled_order;
+  });
+  return entries;
+}
+
 extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
   return Method(self, [](JitState& st) {
-    std::vector<EntryPtr> entries = st.store->Entries();
-    // Ready ones only (the payload is read after the latch's acquire), the
-    // latest compile first.
-    entries.erase(std::remove_if(entries.begin(), entries.end(),
-                                 [](const EntryPtr& e) { return e->latch.state() != CompileLatch::State::kReady; }),
-                  entries.end());
-    std::sort(entries.begin(), entries.end(), [](const EntryPtr& a, const EntryPtr& b) {
-      return a->payload.compiled_order > b->payload.compiled_order;
-    });
     PyObject* info = kSignatureInfo.Get();
     if (!info) throw nb::python_error();
     nb::list out;
-    for (const EntryPtr& e : entries) {
+    for (const EntryPtr& e : ReadyNewestFirst(st)) {
       out.append(nb::handle(info)(e->sig->ToString(st.spec), e->Hits(), e->payload.compile_seconds));
     }
     return nb::object(out);
@@ -300,15 +304,8 @@ extern "C" PyObject* JitFunction_store_forgetter(PyObject* self, PyObject*) {
 // (ftjit/_signature.py records), newest compile first.
 extern "C" PyObject* JitFunction_structured_signatures(PyObject* self, PyObject*) {
   return Method(self, [](JitState& st) {
-    std::vector<EntryPtr> entries = st.store->Entries();
-    entries.erase(std::remove_if(entries.begin(), entries.end(),
-                                 [](const EntryPtr& e) { return e->latch.state() != CompileLatch::State::kReady; }),
-                  entries.end());
-    std::sort(entries.begin(), entries.end(), [](const EntryPtr& a, const EntryPtr& b) {
-      return a->payload.compiled_order > b->payload.compiled_order;
-    });
     nb::list out;
-    for (const EntryPtr& e : entries) out.append(ExportSignature(*e->sig));
+    for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig));
     return nb::object(out);
   });
 }
@@ -518,138 +515,19 @@ PyType_Slot kSlots[] = {
     {0, nullptr},
 };
 
-// --- construction ------------------------------------------------------------------
+}  // namespace
 
-std::vector<int> ToIntVector(nb::handle seq, const char* what) {
-  std::vector<int> out;
-  for (nb::handle h : seq) {
-    int overflow = 0;
-    long long v = PyLong_Check(h.ptr()) ? PyLong_AsLongLongAndOverflow(h.ptr(), &overflow) : 0;
-    if (!PyLong_Check(h.ptr()) || overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
-      PyErr_Clear();
-      throw nb::value_error((std::string(what) + " must hold argument positions (ints between -2**31 and "
-                             "2**31 - 1), got " + nb::cast<std::string>(nb::repr(h)))
-                                .c_str());
-    }
-    out.push_back(static_cast<int>(v));
-  }
-  return out;
-}
-
-// A tuple copy of `types` that nobody can mutate: the spec borrows type
-// pointers from it (a compiler's own list could be mutated, and the borrowed
-// pointer of a type removed from it would dangle once the type died).
-nb::object OwnTypes(nb::handle types, const char* what) {
-  nb::object copy = nb::steal(PySequence_Tuple(types.ptr()));
-  if (!copy.is_valid()) throw nb::python_error();
-  for (nb::handle t : copy) {
-    if (!PyType_Check(t.ptr())) throw nb::type_error((std::string(what) + " must be types").c_str());
-  }
-  return copy;
-}
-
-// The spec's hooks, read once from the CompilerHooks (ftjit/_hooks.py
-// validates them; what the core relies on for memory safety is checked
-// again here).
-void ReadHooks(JitState& st, nb::handle hooks) {
-  SignatureSpec& spec = st.spec;
-  auto field = [&](const char* name) { return nb::object(hooks.attr(name)); };
-  nb::object pytree_flatten = field("pytree_flatten");
-  if (PyTuple_Check(pytree_flatten.ptr())) {
-    if (PyTuple_GET_SIZE(pytree_flatten.ptr()) != 2 || !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0)) ||
-        !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1))) {
-      throw nb::type_error("pytree_flatten must be a callable or a pair (flatten_one_level, defer_leaf)");
-    }
-    spec.registry_flatten = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0));
-    spec.defer_leaf = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1));
-  } else if (!pytree_flatten.is_none()) {
-    spec.pytree_flatten = pytree_flatten;
-  }
-  nb::object custom_namedtuple = field("custom_namedtuple");
-  if (!custom_namedtuple.is_none()) {
-    if (!PyCallable_Check(custom_namedtuple.ptr())) throw nb::type_error("custom_namedtuple must be callable");
-    if (pytree_flatten.is_none()) throw nb::type_error("custom_namedtuple needs pytree_flatten");
-    spec.custom_namedtuple = custom_namedtuple;
-    // JAX's registry hook is a dict's bound __contains__: asked in C.
-    if (PyCFunction_Check(custom_namedtuple.ptr())) {
-      PyObject* self = PyCFunction_GetSelf(custom_namedtuple.ptr());
-      nb::object name = nb::getattr(custom_namedtuple, "__name__", nb::none());
-      if (self && PyDict_CheckExact(self) && nb::isinstance<nb::str>(name) &&
-          nb::cast<std::string>(name) == "__contains__") {
-        spec.custom_namedtuple_dict = nb::borrow(self);
-      }
-    }
-  }
-  if (nb::object context = field("context"); !context.is_none()) spec.SetContextFn(context);
-  if (nb::object fallback_types = field("fallback_types"); nb::len(fallback_types) > 0) {
-    spec.fallback_types = OwnTypes(fallback_types, "fallback_types");
-  }
-  spec.plain_types_owner = OwnTypes(field("plain_types"), "plain_types");
-  for (nb::handle t : spec.plain_types_owner) spec.plain_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
-  spec.aval_types_owner = OwnTypes(field("aval_types"), "aval_types");
-  for (nb::handle t : spec.aval_types_owner) spec.AddAvalType(reinterpret_cast<PyTypeObject*>(t.ptr()));
-  if (nb::object label = field("placement_label"); !label.is_none()) spec.placement_label = label;
-  spec.jax_style_errors = nb::cast<bool>(field("jax_style_errors"));
-  st.strip_static = nb::cast<bool>(field("strip_static"));
-  if (nb::object fallback = field("fallback"); !fallback.is_none()) st.fallback = fallback;
-  nb::object redo_types = OwnTypes(field("redo_types"), "redo_types");
-  for (nb::handle t : redo_types) {
-    if (!PyExceptionClass_Check(t.ptr())) throw nb::type_error("redo_types must be exception types");
-  }
-  if (PyTuple_GET_SIZE(redo_types.ptr()) > 0) st.redo_types = redo_types;
-}
-
-nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks, nb::object cache,
-                           nb::object static_argnums, nb::object static_argnames, nb::object arg_names,
-                           std::string name, nb::object options, nb::object pickle_options,
-                           double compile_timeout, int64_t max_signatures, bool raise_on_excess,
-                           int explain_misses) {
-  if (!PyCallable_Check(fun.ptr())) throw nb::type_error("fun must be callable");
-  if (!PyCallable_Check(compile.ptr())) throw nb::type_error("compile must be callable");
-  if (!IsFunctionCache(cache)) throw nb::type_error("cache must be an ftjit.FunctionCache");
-  if (!nb::inst_ready(cache)) {
-    throw nb::type_error(("cache is a " + std::string(Py_TYPE(cache.ptr())->tp_name) +
-                          " (a FunctionCache subclass) whose __init__ did not call "
-                          "super().__init__(): it has no cache to use. Call "
-                          "super().__init__(capacity) in its __init__.")
-                             .c_str());
-  }
-  auto st = std::make_unique<JitState>();
-  st->fun = fun;
-  st->compile = compile;
-  st->hooks = hooks;
-  st->cache = cache;
-  st->options = options;
-  st->pickle_options = pickle_options;
-  st->spec.static_argnums = ToIntVector(static_argnums, "static_argnums");
-  for (nb::handle h : static_argnames) {
-    if (!PyUnicode_Check(h.ptr())) throw nb::type_error("static_argnames must be str");
-    PyObject* s = Py_NewRef(h.ptr());
-    PyUnicode_InternInPlace(&s);
-    st->spec.static_argnames.push_back(nb::steal(s));
-  }
-  st->spec.arg_names = arg_names;
-  st->spec.fun_name = name;
-  ReadHooks(*st, hooks);
-  // Beyond ~30 years is "forever" (inf included): the deadline must stay
-  // representable in steady_clock's 64-bit nanoseconds.
-  st->compile_timeout = compile_timeout > 1e9 ? 0.0 : compile_timeout;
-  st->explain_misses = explain_misses;
-  // The limit is part of `options`: every wrapper sharing the store gives the same.
-  st->store = StoreFor(cache, fun, options, name, SignatureLimit{max_signatures, raise_on_excess});
-
+PyObject* NewJitFunction(std::unique_ptr<JitState> st) {
   PyTypeObject* type = reinterpret_cast<PyTypeObject*>(g_jit_type);
   PyObject* self = type->tp_alloc(type, 0);
-  if (!self) throw nb::python_error();
+  if (!self) return nullptr;
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
   o->vectorcall = JitFunction_vectorcall;
   o->dict = nullptr;
   o->weaklist = nullptr;
   o->state = st.release();
-  return nb::steal(self);
+  return self;
 }
-
-}  // namespace
 
 void RegisterJitFunction(nb::module_& m) {
   std::string name = nb::cast<std::string>(m.attr("__name__")) + ".JitFunction";
@@ -665,10 +543,7 @@ void RegisterJitFunction(nb::module_& m) {
   if (!g_jit_type) throw nb::python_error();
   m.attr("JitFunction") = nb::handle(g_jit_type);
 
-  m.def("_make_jit_function", &MakeJitFunction, nb::arg("fun"), nb::arg("compile"), nb::arg("hooks"),
-        nb::arg("cache"), nb::arg("static_argnums"), nb::arg("static_argnames"), nb::arg("arg_names"),
-        nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"), nb::arg("compile_timeout") = 0.0,
-        nb::arg("max_signatures") = -1, nb::arg("raise_on_excess") = false, nb::arg("explain_misses") = -1);
+  RegisterConstruction(m);
   m.def("_after_fork_in_child", &AfterForkInChild,
         "For os.register_at_fork(after_in_child=...): compiles in flight in the parent's other "
         "threads are compiled afresh in the child instead of waited for.");

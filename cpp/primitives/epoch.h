@@ -255,8 +255,7 @@ class EpochDomain {
   // epochs would hold every reclaim back forever: they are zeroed and
   // released for reuse. `mine` (the forking thread's, or null) stays.
   void AfterForkInChild(Record* mine) {
-    mu_.~Mutex();
-    new (&mu_) Mutex();
+    ReinitInChild(mu_);
     for (Record* r = records_.load(std::memory_order_relaxed); r; r = r->next) {
       if (r != mine) Release(r);
     }

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <mutex>
+#include <new>
 
 #include "primitives/thread_annotations.h"
 
@@ -47,6 +48,16 @@ namespace ftjit {
 
 template <class M>
 class LockGuard;
+
+// Puts `mu` back in its unlocked, freshly constructed state. Only for a
+// forked child's only thread, before anything else uses `mu`: the lock may
+// have been held by (or handed to) a thread that does not exist there
+// (pyutil/leaf_mutex.h explains how). Every lock's after-fork hook is this.
+template <class M>
+void ReinitInChild(M& mu) {
+  mu.~M();
+  new (&mu) M();
+}
 
 // Debug builds: remembers the thread that holds a lock. A thread sees its
 // own stores, so owner_ reads as itself exactly while it holds the lock

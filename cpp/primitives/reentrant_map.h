@@ -173,10 +173,7 @@ class ReentrantMap {
 
   // In a forked child's only thread, before any use: the lock may have been
   // held by (handed to) a thread that does not exist here (leaf_mutex.h).
-  void ReinitLockInChild() {
-    mu_.~Mutex();
-    new (&mu_) Mutex();
-  }
+  void ReinitLockInChild() { ReinitInChild(mu_); }
   // Tests only: hold the lock as a thread that vanished at fork would.
   void LockForTest() const FTJIT_ACQUIRE(mu_) { mu_.lock(); }
   void UnlockForTest() const FTJIT_RELEASE(mu_) { mu_.unlock(); }

@@ -136,10 +136,7 @@ class SharedLru {
   }
 
   // In a forked child's only thread, before any use (see leaf_mutex.h).
-  void ReinitLockInChild() {
-    mu_.~Mutex();
-    new (&mu_) Mutex();
-  }
+  void ReinitLockInChild() { ReinitInChild(mu_); }
   // Tests only: hold the lock as a thread that vanished at fork would.
   void LockForTest() const FTJIT_ACQUIRE(mu_) { mu_.lock(); }
   void UnlockForTest() const FTJIT_RELEASE(mu_) { mu_.unlock(); }

@@ -78,13 +78,6 @@ class FTJIT_CAPABILITY("mutex") LeafMutex : private DebugOwner {
 #endif
 };
 
-// Puts `mu` back in its unlocked, freshly constructed state. Only for a
-// forked child's only thread, before anything else uses `mu` (see above).
-// (The primitives, which are Python-free and take the lock type as a
-// template parameter, do the same in their ReinitLockInChild().)
-inline void ReinitInChild(LeafMutex& mu) {
-  mu.~LeafMutex();
-  new (&mu) LeafMutex();
-}
+// After fork: ReinitInChild (primitives/locks.h), as for every lock.
 
 }  // namespace ftjit

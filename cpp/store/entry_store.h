@@ -494,8 +494,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // In a forked child's only thread, before any use (leaf_mutex.h).
   void ReinitLocksInChild() {
     map_.ReinitLockInChild();
-    publish_mu_.~Mutex();
-    new (&publish_mu_) Mutex();
+    ReinitInChild(publish_mu_);
   }
 
   // Tests only: takes or releases this store's own locks, as a thread lost
