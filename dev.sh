@@ -130,7 +130,8 @@ tsan() {
 
 # Clang's thread-safety analysis: the C++ tests, and every member of every
 # primitive (cpp/tests/tsa_instantiations.cc), over StdMutex and LeafMutex
-# (against the venv's Python headers), compiled, not run, with clang++
+# (against the venv's Python headers), and the extension's own sources
+# (cpp/store, cpp/signature, cpp/jit), compiled, not run, with clang++
 # -Wthread-safety -Werror, so that every FTJIT_GUARDED_BY/REQUIRES/EXCLUDES
 # of cpp/primitives/thread_annotations.h is checked. Installs Debian's clang
 # package when clang++ is missing (as root, or through sudo).

@@ -1,6 +1,6 @@
 // ftjit: canonical compiler contexts, counted by their users (see interned_context.h).
 //
-// Shared state: the table of interned contexts (Table()), guarded by
+// Shared state: the table of interned contexts (TableLockHeld()), guarded by
 // g_contexts_mu; each InternedContext's `users`, an atomic counted by
 // lookups under that lock (so a releaser re-checks it there), and its
 // `weak`, an atomic. The header's table has them all.
@@ -29,8 +29,10 @@ constexpr size_t kMaxContexts = 256;
 // A leaf lock, taken with the thread attached; no Python code runs under it
 // (only user counts are written and pointers moved).
 LeafMutex g_contexts_mu;
-std::vector<InternedContext*>& Table() {
-  static auto* table = new std::vector<InternedContext*>();  // guarded by g_contexts_mu
+// The table itself (process lifetime), reached only with g_contexts_mu held.
+std::vector<InternedContext*>& TableLockHeld() FTJIT_REQUIRES(g_contexts_mu) {
+  g_contexts_mu.AssertHeld();
+  static auto* table = new std::vector<InternedContext*>();
   return *table;
 }
 
@@ -134,9 +136,9 @@ void ReleaseContext(InternedContext* c) {
   {
     // Re-checked under the lock: a lookup may have taken it up meanwhile
     // (lookups count their candidates under this lock).
-    std::lock_guard<LeafMutex> lock(g_contexts_mu);
+    LockGuard<LeafMutex> lock(g_contexts_mu);
     if (c->users.load(std::memory_order_acquire) == 0) {
-      auto& table = Table();
+      auto& table = TableLockHeld();
       for (auto it = table.begin(); it != table.end(); ++it) {
         if (*it == c) {
           table.erase(it);
@@ -156,8 +158,8 @@ void ReleaseContext(InternedContext* c) {
 ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h) {
   SmallVector<InternedContext*, 4> candidates;  // each counted for this lookup
   {
-    std::lock_guard<LeafMutex> lock(g_contexts_mu);
-    auto& table = Table();
+    LockGuard<LeafMutex> lock(g_contexts_mu);
+    auto& table = TableLockHeld();
     for (InternedContext* c : table) {
       if (c->hash == h) {
         c->users.fetch_add(1, std::memory_order_relaxed);
@@ -174,8 +176,8 @@ ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h) {
     }
   }
   if (found) return ContextRef::Counted(found);
-  std::lock_guard<LeafMutex> lock(g_contexts_mu);
-  auto& table = Table();
+  LockGuard<LeafMutex> lock(g_contexts_mu);
+  auto& table = TableLockHeld();
   // Another thread may have interned this very object meanwhile (identity
   // only, under the lock: no Python here); an equal duplicate is harmless,
   // just slower to match.
@@ -192,13 +194,13 @@ ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h) {
 }
 
 size_t InternedContextCount() {
-  std::lock_guard<LeafMutex> lock(g_contexts_mu);
-  return Table().size();
+  LockGuard<LeafMutex> lock(g_contexts_mu);
+  return TableLockHeld().size();
 }
 
 void ReinitContextLockInChild() { ReinitInChild(g_contexts_mu); }
 
-void LockContextsForTest(bool lock) {
+void LockContextsForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {  // takes or releases by its argument
   if (lock) {
     g_contexts_mu.lock();
   } else {

@@ -50,14 +50,22 @@ LeafMutex g_dtypes_mu;
 
 }  // namespace
 
+// The interned dtypes (strong references, process lifetime), reached only
+// with g_dtypes_mu held.
+std::vector<PyObject*>& DtypesLockHeld() FTJIT_REQUIRES(g_dtypes_mu) {
+  g_dtypes_mu.AssertHeld();
+  static auto* table = new std::vector<PyObject*>();
+  return *table;
+}
+
 bool InternDtype(PyObject* dtype) {
-  static auto* table = new std::vector<PyObject*>();  // strong refs, process lifetime; guarded by g_dtypes_mu
-  std::lock_guard<LeafMutex> lock(g_dtypes_mu);
-  for (PyObject* d : *table) {
+  LockGuard<LeafMutex> lock(g_dtypes_mu);
+  std::vector<PyObject*>& table = DtypesLockHeld();
+  for (PyObject* d : table) {
     if (d == dtype) return true;
   }
-  if (table->size() >= kMaxDtypes) return false;
-  table->push_back(Py_NewRef(dtype));
+  if (table.size() >= kMaxDtypes) return false;
+  table.push_back(Py_NewRef(dtype));
   return true;
 }
 
@@ -82,7 +90,7 @@ void ReinitSignatureLocksInChild() {
   ReinitContextLockInChild();
 }
 
-void LockSignatureLocksForTest(bool lock) {
+void LockSignatureLocksForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {  // takes or releases by its argument
   if (lock) {
     g_dtypes_mu.lock();
     LockContextsForTest(true);

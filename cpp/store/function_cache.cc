@@ -43,20 +43,20 @@ namespace {
 template <class T>
 class LiveRegistry {
  public:
-  void Add(T* p) {
-    std::lock_guard<LeafMutex> lock(mu);
+  void Add(T* p) FTJIT_EXCLUDES(mu) {
+    LockGuard<LeafMutex> lock(mu);
     items_.insert(p);
   }
-  void Remove(T* p) {
-    std::lock_guard<LeafMutex> lock(mu);
+  void Remove(T* p) FTJIT_EXCLUDES(mu) {
+    LockGuard<LeafMutex> lock(mu);
     items_.erase(p);
   }
   // The live ones, by strong reference. An object whose last reference is
   // gone (its destructor waits for `mu` to remove it) is skipped. The
   // references may be the last ones: the caller drops them with no lock held.
-  std::vector<std::shared_ptr<T>> Live() {
+  std::vector<std::shared_ptr<T>> Live() FTJIT_EXCLUDES(mu) {
     std::vector<std::shared_ptr<T>> live;
-    std::lock_guard<LeafMutex> lock(mu);
+    LockGuard<LeafMutex> lock(mu);
     live.reserve(items_.size());
     for (T* p : items_) {
       if (auto strong = std::static_pointer_cast<T>(p->weak_from_this().lock())) {
@@ -68,7 +68,7 @@ class LiveRegistry {
   LeafMutex mu;
 
  private:
-  std::unordered_set<T*> items_;  // guarded by mu
+  std::unordered_set<T*> items_ FTJIT_GUARDED_BY(mu);
 };
 
 // Process lifetime (never destroyed: threads may use them at exit).
@@ -227,7 +227,9 @@ void ClearAllCaches() {
   for (auto& c : Caches().Live()) c->ClearAll();
 }
 
-void FunctionStore::LockAllForTest(bool lock) {
+// Takes or releases by its argument: outside the analysis, which checks
+// functions that do one or the other.
+void FunctionStore::LockAllForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {
   if (lock) {
     LockStoreForTest(true);
     cache().lru.LockForTest();

@@ -142,7 +142,7 @@ class FunctionStore : public EntryStore<PyEntryTraits> {
   // Tests only (_core._debug_hold_locks): takes or releases every lock a
   // call of this function may take (its map, its cache's LRU and function
   // map and the registries), as a thread lost at fork may hold them.
-  void LockAllForTest(bool lock);
+  void LockAllForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
   const std::shared_ptr<Cache> cache_;
