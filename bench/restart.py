@@ -10,7 +10,7 @@ is loaded by ``examples/load.py``'s generator from this process (``--threads`` c
 requests, which cover every bucket):
 
 - ready: seconds from starting the process to its ``serving on`` line (imports, JAX's start, the
-  warm-up, listening);
+  warm-up, listening), and of those the warm-up's (its wall clock, from ``/stats``);
 - the p50, p99 and max latency of those first requests, and the compiles during them (the server's
   compiles after the load minus those of its warm-up).
 
@@ -103,9 +103,10 @@ def measure(name: str, workdir: str, run: int, args: argparse.Namespace) -> dict
         raise RuntimeError(f"{name}: {report.errors} errors, {report.wrong} wrong: {report.first_error}")
     warmup = report.stats["warmup"]
     warm_compiles = 0 if warmup is None else sum(r["compiled"] for r in warmup["results"])
-    return {"ready": ready, "p50": report.p50_ms, "p99": report.p99_ms, "max": report.max_ms,
+    return {"ready": ready, "warmup": 0.0 if warmup is None else warmup["wall_seconds"],
+            "p50": report.p50_ms, "p99": report.p99_ms, "max": report.max_ms,
             "compiles": report.stats["function"]["cache_info"]["compiles"] - warm_compiles,
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0], "gil": report.stats["gil_enabled"]}
 
 
 def _cell(values: list[float], digits: int) -> str:
@@ -135,13 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {run + 1}/{args.runs} {name:13} ready {row['ready']:.2f} s  p99 {row['p99']:.1f} ms  "
                       f"compiles during traffic {row['compiles']}  load {row['load']:.2f}", flush=True)
     print(f"\nmedians (min-max) of {args.runs} runs; first {args.requests} requests from {args.threads} threads")
-    print(f"{'configuration':13}  {'ready s':17}  {'p50 ms':17}  {'p99 ms':17}  compiles in traffic")
+    print(f"{'configuration':13}  {'ready s':16}  {'warm-up s':16}  {'p50 ms':16}  {'p99 ms':19}  compiles in traffic")
     for name, rows in results.items():
-        compiles = sorted({r["compiles"] for r in rows})
-        print(f"{name:13}  {_cell([r['ready'] for r in rows], 2):17}  {_cell([r['p50'] for r in rows], 1):17}  "
-              f"{_cell([r['p99'] for r in rows], 1):17}  {'/'.join(map(str, compiles))}")
+        cells = [_cell([r[key] for r in rows], digits) for key, digits in
+                 (("ready", 2), ("warmup", 2), ("p50", 1), ("p99", 1))]  # fmt: skip
+        compiles = "/".join(map(str, sorted({r["compiles"] for r in rows})))
+        print(f"{name:13}  {cells[0]:16}  {cells[1]:16}  {cells[2]:16}  {cells[3]:19}  {compiles}")
     loads = [r["load"] for rows in results.values() for r in rows]
-    print(f"1-minute load average during the runs: {min(loads):.2f}-{max(loads):.2f}")
+    print(f"1-minute load average during the runs: {min(loads):.2f}-{max(loads):.2f}; the servers' GIL: "
+          + "/".join(sorted({"enabled" if r["gil"] else "disabled" for rows in results.values() for r in rows})))
     return 0
 
 
