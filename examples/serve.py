@@ -309,10 +309,9 @@ def save_specs(path: str, model: Model) -> bool:
     return True
 
 
-def save_specs_every(path: str, model: Model, minutes: float) -> None:
-    """``save_specs`` every ``minutes``, for ever (in a daemon thread of ``main``: it ends with the process)."""
-    while True:
-        time.sleep(60 * minutes)
+def save_specs_every(path: str, model: Model, minutes: float, stop: threading.Event) -> None:
+    """``save_specs`` every ``minutes`` until ``stop`` is set (in a daemon thread of ``main``)."""
+    while not stop.wait(60 * minutes):
         save_specs(path, model)
 
 
@@ -348,10 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"serve.py: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
+    stop = threading.Event()
     if args.specs and args.specs_every:
-        threading.Thread(target=save_specs_every, args=(args.specs, model, args.specs_every), daemon=True).start()
+        threading.Thread(target=save_specs_every, args=(args.specs, model, args.specs_every, stop), daemon=True).start()
     print(f"serving on http://{args.host}:{listener.getsockname()[1]}", flush=True)
     code = serve(server, listener, app)
+    stop.set()  # no periodic write after the last one
     return code if not args.specs or save_specs(args.specs, model) else 1
 
 
