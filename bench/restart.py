@@ -76,6 +76,7 @@ def prime(workdir: str, args: argparse.Namespace) -> int:
     try:
         seed = 0
         while True:
+            assert server.port is not None  # ServerProcess returns once it listens
             report = run_load(server.port, threads=args.threads, requests=args.requests, seconds=None, seed=seed,
                               max_batch=args.max_batch, progress=False)
             stats = report.stats or {}
@@ -95,6 +96,7 @@ def measure(name: str, workdir: str, run: int, args: argparse.Namespace) -> dict
     server = ServerProcess(*flags)
     ready = time.perf_counter() - t0
     try:
+        assert server.port is not None  # ServerProcess returns once it listens
         report = run_load(server.port, threads=args.threads, requests=args.requests, seconds=None, seed=0,
                           max_batch=args.max_batch, progress=False)
     finally:
