@@ -3,22 +3,26 @@
 waitress's worker threads all call one jitted function at once. The ftjit parts are marked ``# ftjit:``:
 jit once with a recompile guard (``Model``), compile every batch bucket before the port opens
 (``Model.warm``, ``main``), pad batches to their bucket so that traffic only meets compiled signatures,
-answer the guard's ``RecompileLimitError`` with a JSON error (``App.predict``), and report ``ftjit.stats()``
-on ``/stats`` and ``/metrics``. HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``).
+answer the guard's ``RecompileLimitError`` with a JSON error (``App.predict``), report ``ftjit.stats()``
+on ``/stats`` and ``/metrics``, and keep the compiled signatures in a file for the next start (``save_specs``).
+HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``).
 
-Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]``;
-SIGTERM or SIGINT stops it. docs/serving.md is its manual.
+Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]
+[--specs FILE] [--compile-cache DIR]``; SIGTERM or SIGINT stops it. docs/serving.md is its manual.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import socket
 import sys
+import threading
 import time
 from http import HTTPStatus
 from typing import Any, Callable, Iterable
@@ -86,14 +90,18 @@ class Model:
         limit = len(self.buckets) if max_signatures is None else max_signatures
         self.fn = ftjit.jit(fun, cache=ftjit.FunctionCache(), max_signatures=limit, on_excess="raise")
         self.warmup_report: ftjit.WarmupReport | None = None
+        self.ready = False  # warmed up, every bucket compiled if asked: /healthz answers 200 (App.route)
 
-    def warm(self, workers: int = 4) -> ftjit.WarmupReport:
-        """Compiles every bucket's signature from shapes alone, ``workers`` at a time."""
+    def warm(self, workers: int = 4, buckets: bool = True, saved: ftjit.SavedSpecs | None = None) -> ftjit.WarmupReport:
+        """Compiles every bucket's signature from shapes alone (if ``buckets``) and those ``saved`` by a previous run
+        (``ftjit.load_specs``), ``workers`` at a time. A saved one that fails is only a line of the report."""
         spec = lambda shape: jax.ShapeDtypeStruct(shape, np.float32)  # noqa: E731
         params = {name: spec(value.shape) for name, value in self.weights.items()}
+        specs = [(params, spec((b, N_INPUTS))) for b in self.buckets] if buckets else []
         # ftjit: compile before traffic, in parallel threads (XLA releases the GIL while it compiles).
-        self.warmup_report = self.fn.warmup([(params, spec((b, N_INPUTS))) for b in self.buckets], workers=workers)
-        return self.warmup_report
+        report = self.fn.warmup(specs + (saved.for_function(self.fn) if saved else []), workers=workers)
+        self.warmup_report, self.ready = report, all(r.error is None for r in report.results[: len(specs)])
+        return report
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Outputs for a float32 ``(rows, N_INPUTS)`` batch: zero-padded to its bucket, then trimmed."""
@@ -109,9 +117,10 @@ class Model:
             "function": {"name": self.fn.__name__, "cache_info": self.fn.cache_info()._asdict(),
                          "signatures": [info._asdict() for info in self.fn.signatures()]},
             "buckets": list(self.buckets),
-            "warmup": None if report is None else {
+            "warmup": None if not report else {  # None: nothing was warmed up
                 "ok": report.ok, "wall_seconds": report.wall_seconds, "workers": report.workers,
-                "results": [{"signature": r.signature, "seconds": r.seconds, "compiled": r.compiled} for r in report]},
+                "results": [{"signature": r.signature, "seconds": r.seconds, "compiled": r.compiled,
+                             "error": None if r.error is None else repr(r.error)} for r in report]},
             "gil_enabled": sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True,
         }  # fmt: skip
 
@@ -229,7 +238,7 @@ class App:
         if path == "/predict":
             return 200, self.predict(environ), JSON
         if path == "/healthz":
-            ok = self.model.warmup_report is not None and self.model.warmup_report.ok and not self.stopping
+            ok = self.model.ready and not self.stopping
             return (200 if ok else 503), json.dumps({"ok": ok}).encode(), JSON
         if path == "/stats":
             return 200, json.dumps(self.model.stats()).encode(), JSON
@@ -266,8 +275,7 @@ def serve(server: Any, listener: socket.socket, app: App) -> int:
     The signal closes the port, then waitress's own stop runs: its loop ends and its workers finish
     the requests they are running, writing their answers, for up to 5 s (requests still waiting for a
     worker are cancelled). 1 if a request was still in the app then, else 0. A second signal is
-    ignored, so that it cannot cut the stop short; that stop is bounded by waitress's 5 s anyway.
-    """
+    ignored, so that it cannot cut the stop short; that stop is bounded by waitress's 5 s anyway."""
 
     def stop(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -279,16 +287,32 @@ def serve(server: Any, listener: socket.socket, app: App) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # the signal came before waitress's loop started: none in flight
         server.run()
-    except KeyboardInterrupt:  # the signal came before waitress's loop started: nothing was in flight
-        pass
     left = app.registry.get_sample_value("http_requests_in_progress")
     if left:
         logger.error("%d request(s) still in the app 5 s after the signal: their answers are lost", left)
         return 1
     print("server stopped", flush=True)
     return 0
+
+
+def save_specs(path: str, model: Model) -> bool:
+    """Writes the signatures ``model`` compiled to ``path``, as the specs of ``--specs``; False if it cannot.
+    Atomically (a temporary file, then a rename): a crash leaves the old file, concurrent writes one whole file."""
+    try:
+        ((written, left_out),) = ftjit.save_specs(path, model.fn).values()  # ftjit: the cached signatures
+    except OSError as exc:  # a missing directory, a full disk: said, and the server goes on
+        logger.error("cannot write the specs file %s: %s", path, exc)
+        return False
+    logger.info("wrote %d signature(s) to %s (left out: %s)", written, path, list(left_out) or "none")
+    return True
+
+
+def save_specs_every(path: str, model: Model, minutes: float, stop: threading.Event) -> None:
+    """``save_specs`` every ``minutes`` until ``stop`` is set (in a daemon thread of ``main``)."""
+    while not stop.wait(60 * minutes):
+        save_specs(path, model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,14 +322,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
     parser.add_argument("--threads", type=int, default=THREADS, help=f"waitress's worker threads (default: {THREADS})")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="the largest batch (default: 32)")
-    parser.add_argument("--warmup-workers", type=int, default=4, help="threads compiling the buckets (default: 4)")
+    parser.add_argument("--warmup-workers", type=int, default=4, help="threads compiling before listening (default 4)")
+    parser.add_argument("--no-bucket-warmup", dest="buckets", action="store_false", help="compile on first use")
+    parser.add_argument("--specs", metavar="FILE", help="also warm up the signatures in FILE; write it at the stop")
+    parser.add_argument("--specs-every", type=float, metavar="MINUTES", help="with --specs: also write it this often")
+    parser.add_argument("--compile-cache", metavar="DIR", help="JAX's persistent compilation cache, kept in DIR")
     args = parser.parse_args(argv)
-    if min(args.threads, args.max_batch, args.warmup_workers) < 1:
-        parser.error("--threads, --max-batch and --warmup-workers must be at least 1")
+    if min(args.threads, args.max_batch, args.warmup_workers) < 1 or (args.specs_every or 1) <= 0:
+        parser.error("--threads, --max-batch and --warmup-workers must be at least 1, --specs-every above 0")
+    if args.compile_cache:  # every compile is kept in DIR and read back by the next start (even the small ones)
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     model = Model(args.max_batch)
-    report = model.warm(args.warmup_workers)  # ftjit: every bucket compiled before the port opens
-    print(report, flush=True)
-    if not report.ok:
+    saved = ftjit.load_specs(args.specs) if args.specs and os.path.exists(args.specs) else None  # never raises
+    report = model.warm(args.warmup_workers, args.buckets, saved)  # ftjit: compiled before the port opens
+    # A saved spec that failed (a damaged or stale file) is a line of the report: the start goes on.
+    print(report if len(report) else "warmup: nothing to compile before listening", flush=True)
+    if not model.ready:
         return 1
     app = App(model)
     try:
@@ -313,15 +347,19 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"serve.py: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
+    stop = threading.Event()
+    if args.specs and args.specs_every:
+        threading.Thread(target=save_specs_every, args=(args.specs, model, args.specs_every, stop), daemon=True).start()
     print(f"serving on http://{args.host}:{listener.getsockname()[1]}", flush=True)
-    return serve(server, listener, app)
+    code = serve(server, listener, app)
+    stop.set()  # no periodic write after the last one
+    return code if not args.specs or save_specs(args.specs, model) else 1
 
 
 if __name__ == "__main__":
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("serve", "ftjit", "waitress"):  # ftjit logs one INFO line per compile
         logging.getLogger(name).setLevel(logging.INFO)
-    # waitress warns "Task queue depth is N" whenever a request waits for a free worker: under load, nearly
-    # every request. The latency histogram of /metrics shows that wait; more --threads shorten it.
+    # waitress warns "Task queue depth is N" whenever a request waits for a worker (under load: nearly always).
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     sys.exit(main())
