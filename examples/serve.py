@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import signal
 import socket
 import sys
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     model = Model(args.max_batch)
-    saved = ftjit.load_specs(args.specs) if args.specs and os.path.exists(args.specs) else None  # never raises
+    saved = ftjit.load_specs(args.specs, missing_ok=True) if args.specs else None  # never raises
     report = model.warm(args.warmup_workers, args.buckets, saved)  # ftjit: compiled before the port opens
     # A saved spec that failed (a damaged or stale file) is a line of the report: the start goes on.
     print(report if len(report) else "warmup: nothing to compile before listening", flush=True)

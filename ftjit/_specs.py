@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import tempfile
+import secrets
+import threading
 from typing import Any, Iterable, NamedTuple
 
 from ._signature import Leaf, Node, Signature, Static
@@ -260,7 +261,11 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
         summary[_key(fn)] = (len(records), tuple(left_out))
     payload = {"format": FORMAT, "version": VERSION, "versions": _versions(), "functions": functions}
     directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-    fd, temporary = tempfile.mkstemp(prefix=".ftjit-specs-", dir=directory)
+    # A name of this process and thread, and a file made with mode 0o666 less
+    # the umask, as open() would make it (mkstemp's 0o600 would keep a
+    # replica running as another user from reading it).
+    temporary = os.path.join(directory, f".ftjit-specs-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -293,7 +298,9 @@ class SavedSpecs:
     def for_function(self, fn: Any) -> list[Spec | BrokenSpec]:
         """The specs saved for ``fn`` (by module and qualified name): Spec for
         each that still fits, BrokenSpec (an error in the warm-up report) for
-        each that does not, and one BrokenSpec for a file that cannot be used."""
+        each that does not, and one BrokenSpec for a file that cannot be used.
+        A function the file does not name (a new one, or one whose module or
+        name changed) gets none."""
         if self.error is not None:
             return [BrokenSpec(f"<specs file {self.path}>", self.error)]
         now = _versions()
@@ -324,10 +331,12 @@ def _describe(versions: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "an unknown version"
 
 
-def load_specs(path: str | os.PathLike[str]) -> SavedSpecs:
+def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> SavedSpecs:
     """Reads a file of ``save_specs``. Never raises for its contents: a
     missing, corrupted or truncated file, or one of another format version,
-    comes back as a SavedSpecs whose specs report the error when warmed up."""
+    comes back as a SavedSpecs whose specs report the error when warmed up.
+    With ``missing_ok`` (a server's first start), a missing file is no
+    specs and no error."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -336,6 +345,8 @@ def load_specs(path: str | os.PathLike[str]) -> SavedSpecs:
             raise ValueError(f"{path} is not an ftjit specs file")
         if payload.get("version") != VERSION:
             raise ValueError(f"{path} is of format version {payload.get('version')}; this ftjit reads version {VERSION}")
+    except FileNotFoundError as exc:
+        return SavedSpecs(path, {"functions": {}}) if missing_ok else SavedSpecs(path, error=exc)
     except Exception as exc:  # noqa: BLE001 - a file that cannot be used is reported, never raised
         return SavedSpecs(path, error=exc)
     return SavedSpecs(path, payload)

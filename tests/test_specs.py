@@ -239,6 +239,43 @@ def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_
 
 
 @pytest.mark.thread_unsafe(reason="two threads write one file")
+def test_missing_ok_takes_a_missing_file_as_no_specs_and_a_damaged_one_still_as_an_error(tmp_path):
+    jf = _saved_function()
+    missing = ftjit.load_specs(tmp_path / "none.pkl", missing_ok=True)
+    assert missing.error is None and missing.for_function(jf) == []
+    assert jf.warmup(missing.for_function(jf)).ok
+    damaged = tmp_path / "damaged.pkl"
+    damaged.write_bytes(b"not a pickle")
+    (broken,) = ftjit.load_specs(damaged, missing_ok=True).for_function(jf)
+    assert isinstance(broken, ftjit.BrokenSpec) and broken.signature == f"<specs file {damaged}>"
+
+
+def test_a_function_the_file_does_not_name_gets_no_specs(tmp_path):
+    saved = _saved_function()
+    path = tmp_path / "specs.pkl"
+    ftjit.save_specs(path, saved)
+
+    def renamed(x, y):  # the same code under another qualified name
+        return x + y
+
+    loaded = ftjit.load_specs(path)
+    assert [type(s) for s in loaded.for_function(saved)] == [ftjit.Spec]
+    assert loaded.for_function(ftjit.jit(renamed)) == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes and umask are POSIX")
+@pytest.mark.thread_unsafe(reason="sets the process's umask")
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_the_file_is_made_as_open_makes_one_under_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        path = tmp_path / "specs.pkl"
+        ftjit.save_specs(path, _saved_function())
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_concurrent_saves_leave_one_complete_file(tmp_path):
     first, second = _saved_function(), _saved_function()
     second(jnp.ones(4), 2.0)
