@@ -78,6 +78,18 @@ class CompilerHooks:
     redo_types: tuple[type[BaseException], ...] = ()
     #: Executables take the dynamic arguments only (statics stripped).
     strip_static: bool = False
+    #: ``(compiled, args, kwargs, leaves) -> (executable, takes_leaves)``,
+    #: asked once per compiled signature with what the compiler returned,
+    #: the dynamic arguments and the call's leaves as ftjit flattened them
+    #: (the positional arguments, then the keyword ones sorted by name, each
+    #: depth-first: dict values by sorted key, a node's children in
+    #: ``pytree_flatten``'s order; statics left out): the executable every
+    #: call of that signature then calls, with that call's leaves alone when
+    #: ``takes_leaves`` (the arguments are flattened once, by ftjit), else
+    #: with its arguments. The JAX compiler's: jaxlib's C++ call of the
+    #: compiled program, rebuilt for flat leaves when JAX's own leaves of
+    #: the arguments are exactly these.
+    executable_for: Callable[[Any, tuple, dict, tuple], tuple[Callable[..., Any], bool]] | None = None
     #: Errors in jax.jit's words (a static argument's failing ``__eq__``).
     jax_style_errors: bool = False
     #: ``(*args, **kwargs) -> object`` for ``JitFunction.lower``,
@@ -104,7 +116,8 @@ class CompilerHooks:
 
     def __post_init__(self) -> None:
         for name in ("custom_namedtuple", "fallback", "lower", "trace", "eval_shape", "clear_cache",
-                     "placement_label", "spec_leaf", "spec_node", "portable_placement", "restore_placement"):
+                     "placement_label", "spec_leaf", "spec_node", "portable_placement", "restore_placement",
+                     "executable_for"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"CompilerHooks.{name} must be callable or None, got {value!r}")

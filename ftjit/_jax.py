@@ -31,11 +31,15 @@ from typing import Any, Callable, NamedTuple
 from ._hooks import CompilerHooks
 from ._jax_hooks import _jax_hooks
 
-__all__ = ["JaxCompiler", "fast_callable", "FAST_PATH"]
+__all__ = ["JaxCompiler", "fast_callable", "executable_for", "FAST_PATH", "FLAT_CALLS"]
 
 # Whether fast_callable() may use Compiled's private C++ callable. Tests turn
 # it off to prove the public fallback gives the same answers.
 FAST_PATH = True
+# Whether executables take the leaves ftjit flattened (flatten once), where
+# JAX's own leaves of the arguments are exactly those. Tests and the bench
+# turn it off to compare with calling the compiled program with the arguments.
+FLAT_CALLS = True
 
 _jax_jit: Callable[..., Any] | None = None  # written once (a benign race: every writer writes the same)
 
@@ -108,6 +112,59 @@ def fast_callable(compiled: Any) -> Callable[..., Any]:
     return compiled
 
 
+def executable_for(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> tuple[Callable[..., Any], bool]:
+    """The JAX compiler's ``CompilerHooks.executable_for``: what each call of
+    a compiled signature calls. A ``jax.stages.Compiled`` is called with the
+    call's leaves (``_flat_call``) when it can be, else through its C++ call
+    with the arguments (``fast_callable``); anything else (the function's
+    jax.jit, for a hijax program) is called with the arguments as it is."""
+    from jax import stages
+
+    if not isinstance(compiled, stages.Compiled):
+        return compiled, False
+    if FAST_PATH and FLAT_CALLS:
+        flat = _flat_call(compiled, args, kwargs, leaves)
+        if flat is not None:
+            return flat, True
+    return fast_callable(compiled), False
+
+
+def _flat_call(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> Callable[..., Any] | None:
+    """``compiled`` as a callable of ``leaves`` alone: jaxlib's C++ call of
+    the same executable, made with the input tree of that many flat leaves
+    (everything else JAX keyed at compile time is per leaf: donation,
+    shardings, pruned arguments). None, so that the call keeps its arguments,
+    when JAX's leaves of ``(args, kwargs)`` (the flatten ``Compiled.call``
+    does) are not exactly ``leaves``, one by one, or not the compiled
+    program's input tree; when the program has hijax inputs or outputs; or
+    when this JAX lacks the private API (``Compiled._params``,
+    ``_executable.create_cpp_call``, ``tree_util.tracing_registry``)."""
+    try:
+        from jax._src import stages as jax_stages
+        from jax._src import tree_util as jax_tree_util
+
+        registry = jax_tree_util.tracing_registry
+        params = compiled._params
+        if params.is_high:
+            return None
+        jax_leaves, tree = registry.flatten((args, kwargs))
+        if tree != params.in_tree or len(jax_leaves) != len(leaves) or any(
+                a is not b for a, b in zip(jax_leaves, leaves)):
+            return None
+        flat_params = params._replace(in_tree=registry.flatten((tuple(leaves), {}))[1])
+        call = compiled._executable.create_cpp_call(flat_params)
+        if call is None:
+            # Ordered effects or host callbacks: JAX's own Python call, with the flat tree.
+            compiled_call = jax_stages.Compiled.call
+
+            def call(*flat: Any) -> Any:
+                return compiled_call(flat_params, *flat)[0]
+
+        return call if callable(call) else None
+    except Exception:  # noqa: BLE001 - a JAX without this private API: the arguments, as before
+        return None
+
+
 class _ThroughJaxJit:
     """What a compiler does with ``self.jax_jit(fun)`` (the function's
     ``jax.jit``): compile a signature, lower it, or serve an uncached call."""
@@ -127,7 +184,8 @@ class _ThroughJaxJit:
             # time path cannot in jax 0.10), so the executable is the jax.jit
             # itself, which compiles it once in its own cache.
             return jitted
-        return fast_callable(traced.lower().compile())
+        # Called through executable_for (the hooks below).
+        return traced.lower().compile()
 
     def hooks(self, fun: Callable[..., Any]) -> CompilerHooks:
         """The compiler protocol's hooks for ``fun`` (ftjit/_hooks.py): jax.jit's
@@ -156,6 +214,7 @@ class _ThroughJaxJit:
             eval_shape=jitted.eval_shape,
             clear_cache=self._clear_cache_hook(),
             placement_label=placement_label,
+            executable_for=executable_for,
             spec_leaf=_spec_leaf,
             spec_node=_spec_node,
             portable_placement=_portable_placement,

@@ -74,6 +74,10 @@ class SignatureInfo(NamedTuple):
     signature: str  #: readable, e.g. "f(float32[8,128], n=3)"
     hits: int  #: calls served by this entry from the cache
     compile_seconds: float
+    #: whether its executable is called with the leaves ftjit flattened (the
+    #: arguments flattened once; ``CompilerHooks.executable_for``), not with
+    #: the arguments
+    takes_leaves: bool = False
 
 
 _DEFAULT_CACHE = FunctionCache(4096)

@@ -100,12 +100,27 @@ WaitForGraph& Graph() { return *g_graph.load(std::memory_order_acquire); }
 #endif
 }
 
-// Calls the executable; when it fails with one of st.redo_types, the call is
-// made again through the fallback (see JitState::redo_types).
-nb::object CallExecutable(JitState& st, PyObject* exe, PyObject* const* args, size_t nargsf,
-                          PyObject* kwnames) {
-  nb::object out = st.strip_static ? CallExecutableStripped(st, exe, args, nargsf, kwnames)
-                                   : nb::steal(PyObject_Vectorcall(exe, args, nargsf, kwnames));
+// Calls the entry's executable: with the call's leaves when it takes them
+// (flattened once, by BuildSignature), else with the arguments. When it
+// fails with one of st.redo_types, the call is made again through the
+// fallback (see JitState::redo_types).
+nb::object CallExecutable(JitState& st, const CompiledPayload& p, PyObject* const* args, size_t nargsf,
+                          PyObject* kwnames, const LeafObjects& leaves) {
+  PyObject* exe = p.executable.ptr();
+  nb::object out;
+  if (p.takes_leaves) {
+    static_assert(sizeof(nb::object) == sizeof(PyObject*), "leaves are passed as a PyObject* array");
+    if (!st.executable_for.is_valid()) {
+      // Entries are shared by wrappers of equal compilers, whose hooks agree.
+      RaiseMessage(PyExc_RuntimeError, "ftjit: an executable that takes leaves, reached by a "
+                                       "function whose hooks have no executable_for");
+    }
+    out = nb::steal(PyObject_Vectorcall(exe, reinterpret_cast<PyObject* const*>(leaves.data()), leaves.size(),
+                                        nullptr));
+  } else {
+    out = st.strip_static ? CallExecutableStripped(st, exe, args, nargsf, kwnames)
+                          : nb::steal(PyObject_Vectorcall(exe, args, nargsf, kwnames));
+  }
   if (!out.is_valid() && st.redo_types.is_valid() && st.fallback.is_valid() &&
       PyErr_ExceptionMatches(st.redo_types.ptr())) {
     PyErr_Clear();
@@ -193,10 +208,50 @@ nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObj
   return exe;
 }
 
+// The hooks' executable_for(compiled, args, kwargs, leaves), asked with
+// what the compiler returned, the dynamic arguments (statics left out when
+// executables take those only) and the call's leaves: the executable to
+// keep, and in `takes_leaves` whether it is called with the leaves. Null
+// with an error set when the hook raised or answered something else.
+nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* args, size_t nargsf,
+                         PyObject* kwnames, const LeafObjects& leaves, bool& takes_leaves) {
+  size_t nargs = PyVectorcall_NARGS(nargsf);
+  nb::object dyn = nb::steal(PyList_New(0));
+  nb::object kw = nb::steal(PyDict_New());
+  nb::object leaf_tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(leaves.size())));
+  if (!dyn.is_valid() || !kw.is_valid() || !leaf_tuple.is_valid()) return nb::object();
+  for (size_t i = 0; i < nargs; ++i) {
+    if (st.strip_static && st.spec.IsStaticPosition(i, nargs)) continue;
+    if (PyList_Append(dyn.ptr(), args[i]) != 0) return nb::object();
+  }
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+    if (st.strip_static && st.spec.IsStaticName(name)) continue;
+    if (PyDict_SetItem(kw.ptr(), name, args[nargs + k]) != 0) return nb::object();
+  }
+  for (size_t i = 0; i < leaves.size(); ++i) PyTuple_SET_ITEM(leaf_tuple.ptr(), i, Py_NewRef(leaves[i].ptr()));
+  nb::object dyn_tuple = nb::steal(PyList_AsTuple(dyn.ptr()));
+  if (!dyn_tuple.is_valid()) return nb::object();
+  PyObject* call_args[] = {compiled.ptr(), dyn_tuple.ptr(), kw.ptr(), leaf_tuple.ptr()};
+  nb::object r = nb::steal(PyObject_Vectorcall(st.executable_for.ptr(), call_args, 4, nullptr));
+  if (!r.is_valid()) return nb::object();
+  if (!PyTuple_CheckExact(r.ptr()) || PyTuple_GET_SIZE(r.ptr()) != 2 ||
+      !PyCallable_Check(PyTuple_GET_ITEM(r.ptr(), 0)) || !PyBool_Check(PyTuple_GET_ITEM(r.ptr(), 1))) {
+    PyErr_Format(PyExc_TypeError,
+                 "CompilerHooks.executable_for of %s() must return (executable, takes_leaves): a callable "
+                 "and a bool, got %R",
+                 st.spec.fun_name.c_str(), r.ptr());
+    return nb::object();
+  }
+  takes_leaves = PyTuple_GET_ITEM(r.ptr(), 1) == Py_True;
+  return nb::borrow(PyTuple_GET_ITEM(r.ptr(), 0));
+}
+
 // This thread inserted `e`: compile it and publish the result (or the
 // error) to every waiter. Throws the compile's exception.
 void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
-                 PyObject* kwnames, CompilePublisher& publisher) {
+                 PyObject* kwnames, const LeafObjects& leaves, CompilePublisher& publisher) {
   Counters& c = st.store->counters();
   // The guard counts `e` before it takes an LRU slot: an eviction that slot
   // causes must not make room under the limit for `e` itself.
@@ -204,6 +259,10 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   st.store->AdmitLru(e);
   auto t0 = std::chrono::steady_clock::now();
   nb::object exe = allowed ? RunCompiler(st, args, nargsf, kwnames) : nb::object();
+  bool takes_leaves = false;
+  if (exe.is_valid() && st.executable_for.is_valid()) {
+    exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves);
+  }
   if (!exe.is_valid()) {
     nb::object error = FetchNormalized();
     // An interruption of this thread (KeyboardInterrupt, SystemExit: any
@@ -221,6 +280,7 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   }
   uint64_t nanos = NanosSince(t0);
   e->payload.executable = std::move(exe);
+  e->payload.takes_leaves = takes_leaves;
   e->payload.compile_seconds = static_cast<double>(nanos) * 1e-9;
   e->payload.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;
   c.compiles.fetch_add(1, std::memory_order_relaxed);
@@ -231,12 +291,13 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   LogCompile(st, *e, e->payload.compile_seconds, nullptr);
 }
 
-void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
+             const LeafObjects& leaves) {
   st.store->counters().misses.fetch_add(1, std::memory_order_relaxed);
   CompilePublisher publisher{st, e};
 #ifdef __GLIBCXX__
   try {
-    CompileBody(st, e, args, nargsf, kwnames, publisher);
+    CompileBody(st, e, args, nargsf, kwnames, leaves, publisher);
   } catch (abi::__forced_unwind&) {
     // This thread is being ended by CPython at interpreter shutdown (it took
     // the GIL back in the compiler): there is no thread state to report
@@ -245,7 +306,7 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
     throw;
   }
 #else
-  CompileBody(st, e, args, nargsf, kwnames, publisher);
+  CompileBody(st, e, args, nargsf, kwnames, leaves, publisher);
 #endif
 }
 
@@ -434,14 +495,16 @@ Resolved Resolve(JitState& st, CallSignature& sig) {
 }
 
 nb::object CallAfterMiss(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
-                         size_t nargsf, PyObject* kwnames);
+                         size_t nargsf, PyObject* kwnames, const LeafObjects& leaves);
 
 nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* args, size_t nargsf,
                              PyObject* kwnames) {
   const ThreadCtx& t = ThisThread();
+  LeafObjects leaves;  // kept only for hooks whose executables may take them
+  LeafObjects* keep = st.executable_for.is_valid() ? &leaves : nullptr;
   for (;;) {
     try {
-      BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig);
+      BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig, /*allow_specs=*/false, keep);
     } catch (const NeedsFallback&) {
       // E.g. tracers of an outer transformation: the compiler's own path, uncached.
       if (!st.fallback.is_valid()) {
@@ -456,7 +519,7 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
     if (Entry* e = st.store->FindReady(sig, t.rec, t.shard)) {
       nb::object out;
       try {
-        out = CallExecutable(st, e->payload.executable.ptr(), args, nargsf, kwnames);
+        out = CallExecutable(st, e->payload, args, nargsf, kwnames, leaves);
       } catch (...) {
         // Also a thread ended by CPython at shutdown (no thread state): the
         // epoch domain then frees nothing here, it only queues.
@@ -469,19 +532,21 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
     // Before any Python code runs with it (interned_context.h).
     if (sig.AdoptContext()) break;
     sig.Clear();  // its context died meanwhile: build it again
+    leaves.clear();
   }
-  return CallAfterMiss(st, sig, t, args, nargsf, kwnames);
+  return CallAfterMiss(st, sig, t, args, nargsf, kwnames, leaves);
 }
 
 // The rest of a call that missed: find, compile or wait for its entry, and
 // call it. Not inlined into the hit path: a recursion through jitted
 // functions stacks the hit path's frame, which stays small without it.
 [[gnu::noinline]] nb::object CallAfterMiss(JitState& st, CallSignature& sig, const ThreadCtx& t,
-                                           PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+                                           PyObject* const* args, size_t nargsf, PyObject* kwnames,
+                                           const LeafObjects& leaves) {
   FunctionStore::AfterMiss(t.rec);  // may run deleters: Python
   Resolved r = Resolve(st, sig);
   if (r.inserted) {
-    Compile(st, r.entry, args, nargsf, kwnames);
+    Compile(st, r.entry, args, nargsf, kwnames, leaves);
   } else {
     if (r.was_ready) {
       st.store->counters().hits.Add(t.shard);
@@ -489,7 +554,7 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
     }
     SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);
   }
-  return CallExecutable(st, r.entry->payload.executable.ptr(), args, nargsf, kwnames);
+  return CallExecutable(st, r.entry->payload, args, nargsf, kwnames, leaves);
 }
 
 }  // namespace
@@ -542,22 +607,24 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
 #endif
 }
 
-bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames,
-                           CallSignature& sig) {
+bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig,
+                  LeafObjects* leaves) {
   for (;;) {
     try {
-      BuildSignature(st.spec, args, nargs, kwnames, sig, /*allow_specs=*/true);
+      BuildSignature(st.spec, args, nargs, kwnames, sig, /*allow_specs=*/true, leaves);
     } catch (const NeedsFallback&) {
       return false;
     }
     if (sig.AdoptContext()) return true;
     sig.Clear();  // its context died meanwhile: build it again
+    if (leaves) leaves->clear();
   }
 }
 
 bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
   CallSignature sig;
-  if (!BuildAdopted(st, args, nargs, kwnames, sig)) {
+  LeafObjects leaves;
+  if (!BuildAdopted(st, args, nargs, kwnames, sig, st.executable_for.is_valid() ? &leaves : nullptr)) {
     RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
                                       "() here: the call would take the compiler's fallback "
                                       "path, which is not cached (e.g. tracers among the "
@@ -565,7 +632,7 @@ bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwn
   }
   Resolved r = Resolve(st, sig);
   if (!r.inserted) return false;
-  Compile(st, r.entry, args, nargs, kwnames);
+  Compile(st, r.entry, args, nargs, kwnames, leaves);
   return true;
 }
 

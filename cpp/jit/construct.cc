@@ -98,6 +98,10 @@ void ReadHooks(JitState& st, nb::handle hooks) {
     if (!PyExceptionClass_Check(t.ptr())) throw nb::type_error("redo_types must be exception types");
   }
   if (PyTuple_GET_SIZE(redo_types.ptr()) > 0) st.redo_types = redo_types;
+  if (nb::object exe_for = field("executable_for"); !exe_for.is_none()) {
+    if (!PyCallable_Check(exe_for.ptr())) throw nb::type_error("executable_for must be callable");
+    st.executable_for = exe_for;
+  }
 }
 
 nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks, nb::object cache,

@@ -45,6 +45,10 @@ struct JitState {
   // again through `fallback`, which reports it its own way (JAX: a NaN found
   // under jax_debug_nans, re-run de-optimised to name the op). May be null.
   nb::object redo_types;
+  // The hooks' executable_for(compiled, args, kwargs, leaves) ->
+  // (executable, takes_leaves), asked once per compile; may be null. When
+  // set, every call keeps its leaves (BuildSignature's leaf_objects).
+  nb::object executable_for;
   SignatureSpec spec;
   std::shared_ptr<FunctionStore> store;
   bool strip_static = false;   // call executables with dynamic arguments only
@@ -55,7 +59,8 @@ struct JitState {
   // and clear (jit_type.cc), so that no list of fields is kept twice.
   template <class F>
   void ForEachObject(F&& f) {
-    for (nb::object* o : {&fun, &compile, &hooks, &cache, &options, &pickle_options, &fallback, &redo_types}) {
+    for (nb::object* o :
+         {&fun, &compile, &hooks, &cache, &options, &pickle_options, &fallback, &redo_types, &executable_for}) {
       f(*o);
     }
     spec.ForEachObject(f);
@@ -129,7 +134,8 @@ bool GuardAllows(JitState& st, const EntryPtr& e);
 // The adopted signature of these arguments (array specs such as
 // jax.ShapeDtypeStruct stand for arrays); false when the call would take the
 // compiler's fallback.
-bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig);
+bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig,
+                  LeafObjects* leaves = nullptr);
 // The readable signature these arguments would have ("f(<traced>)" for a
 // call that would take the fallback).
 std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);

@@ -196,7 +196,8 @@ extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
     if (!info) throw nb::python_error();
     nb::list out;
     for (const EntryPtr& e : ReadyNewestFirst(st)) {
-      out.append(nb::handle(info)(e->sig->ToString(st.spec), e->Hits(), e->payload.compile_seconds));
+      out.append(nb::handle(info)(e->sig->ToString(st.spec), e->Hits(), e->payload.compile_seconds,
+                                  e->payload.takes_leaves));
     }
     return nb::object(out);
   });

@@ -414,8 +414,15 @@ struct SignatureSpec {
 // `allow_specs`: leaves of the hook's spec_types (jax.ShapeDtypeStruct)
 // stand for arrays of that shape (precompile, warmup); otherwise such a leaf
 // is a TypeError (a call cannot execute with one), as in jax.jit.
+// `leaf_objects`, when given, receives the leaves themselves (strong
+// references), in the signature's order: the positional arguments, then the
+// keyword ones sorted by name, each depth-first (dict values by sorted key,
+// a registered node's children as its flatten gives them); statics left out.
+// An executable that takes leaves is called with them (flatten once).
+using LeafObjects = SmallVector<nb::object, 8>;
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
-                    size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false);
+                    size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false,
+                    LeafObjects* leaf_objects = nullptr);
 
 // numpy's array and scalar base types, which the builder checks per leaf:
 // imported at module init (InitSignatures), fixed afterwards.

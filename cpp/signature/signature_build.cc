@@ -129,7 +129,7 @@ Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, Conte
 }  // namespace
 
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
-                    PyObject* kwnames, CallSignature& out, bool allow_specs) {
+                    PyObject* kwnames, CallSignature& out, bool allow_specs, LeafObjects* leaf_objects) {
   // The context first: a call that must defer (a JAX trace is active, jit is
   // disabled) defers before its arguments are looked at, whatever they are.
   const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
@@ -146,7 +146,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
     if (!extras.back().is_valid()) throw nb::python_error();
   }
   ThreadMemos& memos = Memos();
-  Builder b(spec, hook, out, memos, allow_specs);
+  Builder b(spec, hook, out, memos, allow_specs, leaf_objects);
   out.num_positional = static_cast<uint32_t>(nargs);
   b.MixIn(nargs);
   for (size_t i = 0; i < nargs; ++i) {

@@ -47,8 +47,9 @@ struct PathElem {
 class Builder {
  public:
   Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out, ThreadMemos& memos,
-          bool allow_specs)
-      : spec_(spec), hook_(hook), out_(out), memos_(memos), allow_specs_(allow_specs) {}
+          bool allow_specs, LeafObjects* leaf_objects)
+      : spec_(spec), hook_(hook), out_(out), memos_(memos), allow_specs_(allow_specs),
+        leaf_objects_(leaf_objects) {}
 
   // Records `obj` (an argument, or a node or leaf inside one) in `out_` and
   // mixes it into the hash. `SetTop` names the argument for messages.
@@ -101,7 +102,11 @@ class Builder {
   // it has internal linkage, as they had while the Builder was private to
   // one file (without it, a call whose argument holds two custom nodes ran
   // 1.3% more instructions).
-  inline void Scalar(LeafKind kind);
+  inline void Scalar(PyObject* obj, LeafKind kind);
+  // Keeps the leaf `obj` for an executable that takes leaves, when asked to.
+  void KeepLeaf(PyObject* obj) {
+    if (leaf_objects_) leaf_objects_->push_back(nb::borrow(obj));
+  }
   inline void Sequence(PyObject* obj, NodeKind kind);
   inline void Dict(PyObject* obj);
   inline bool IsCustomNamedTuple(PyTypeObject* type);
@@ -127,6 +132,7 @@ class Builder {
   CallSignature& out_;
   ThreadMemos& memos_;
   const bool allow_specs_;  // argument specs stand for arrays (precompile), or are refused (a call)
+  LeafObjects* const leaf_objects_;  // the leaves themselves, or null when not asked for
   size_t h_ = 0;
   PyObject* top_name_ = nullptr;  // borrowed
   Py_ssize_t top_position_ = -1;

@@ -34,10 +34,10 @@ void Builder::FlattenNode(PyObject* obj) {
     return;
   }
   PyTypeObject* type = Py_TYPE(obj);
-  if (type == &PyFloat_Type) return Scalar(LeafKind::kFloat);
-  if (type == &PyLong_Type) return Scalar(LeafKind::kInt);
-  if (type == &PyBool_Type) return Scalar(LeafKind::kBool);
-  if (type == &PyComplex_Type) return Scalar(LeafKind::kComplex);
+  if (type == &PyFloat_Type) return Scalar(obj, LeafKind::kFloat);
+  if (type == &PyLong_Type) return Scalar(obj, LeafKind::kInt);
+  if (type == &PyBool_Type) return Scalar(obj, LeafKind::kBool);
+  if (type == &PyComplex_Type) return Scalar(obj, LeafKind::kComplex);
   if (type == &PyTuple_Type) return Sequence(obj, NodeKind::kTuple);
   if (type == &PyList_Type) return Sequence(obj, NodeKind::kList);
   if (type == &PyDict_Type) return Dict(obj);
@@ -69,13 +69,14 @@ void Builder::FlattenNode(PyObject* obj) {
   }
   if ((spec_.pytree_flatten.is_valid() || spec_.registry_flatten.is_valid()) && TryCustom(obj)) return;
   if (TryArray(obj)) return;
-  if (PyLong_Check(obj)) return Scalar(LeafKind::kInt);  // bool cannot be subclassed
-  if (PyFloat_Check(obj)) return Scalar(LeafKind::kFloat);
-  if (PyComplex_Check(obj)) return Scalar(LeafKind::kComplex);
+  if (PyLong_Check(obj)) return Scalar(obj, LeafKind::kInt);  // bool cannot be subclassed
+  if (PyFloat_Check(obj)) return Scalar(obj, LeafKind::kFloat);
+  if (PyComplex_Check(obj)) return Scalar(obj, LeafKind::kComplex);
   Unsupported(obj);
 }
 
-inline void Builder::Scalar(LeafKind kind) {
+inline void Builder::Scalar(PyObject* obj, LeafKind kind) {
+  KeepLeaf(obj);
   out_.tree.push_back(Token(NodeKind::kLeaf, 0));
   out_.leaves.push_back(LeafSignature{kind, /*weak_type=*/true, 0, PinnedRef(), nb::object()});
   h_ = Mix(h_, 0x100 + static_cast<size_t>(kind));

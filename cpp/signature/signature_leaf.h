@@ -185,6 +185,7 @@ inline bool Builder::TryArray(PyObject* obj) {
     }
   }
   for (int64_t d : s.dims) out_.dims.push_back(d);
+  KeepLeaf(obj);
   out_.tree.push_back(Token(NodeKind::kLeaf, 0));
   out_.leaves.push_back(LeafSignature{LeafKind::kArray, s.weak, static_cast<uint32_t>(s.dims.size()),
                                       std::move(s.dtype), std::move(sharding)});

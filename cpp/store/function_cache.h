@@ -51,6 +51,9 @@ namespace nb = nanobind;
 // What a compile leaves in an entry.
 struct CompiledPayload {
   nb::object executable;
+  // Whether `executable` is called with the call's leaves alone (the
+  // hooks' executable_for chose so), not with its arguments. Written with it.
+  bool takes_leaves = false;
   nb::object error;            // the compile's exception, when it failed
   double compile_seconds = 0;  // written with `executable`
   uint64_t compiled_order = 0;  // written with `executable`: g_compile_order's count then
