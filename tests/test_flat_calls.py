@@ -8,8 +8,9 @@ this could go wrong without an error is an order of leaves other than JAX's
 (same-shaped arrays silently swapped), so most tests here pass arrays of one
 shape whose values say where they went, in every arrangement of keywords,
 dict insertion orders, statics and nodes, and compare with jax.jit.
-Also: the entries that keep calling with the arguments, and the
-``CompilerHooks.executable_for`` protocol with a compiler of our own.
+Also: the entries that keep calling with the arguments. The protocol itself
+(``CompilerHooks.executable_for``), with a compiler of our own and no JAX:
+tests/test_executable_for.py.
 """
 
 from __future__ import annotations
@@ -286,74 +287,3 @@ def test_threads_calling_one_entry_each_get_their_own_leaves():
     run_threads(8, work)
     assert results == {i: (i * 100) * 1 + (i * 100 + 1) * 2 + (i * 100 + 2) * 3 for i in range(8)}
     assert jf.cache_info().compiles == 2 and _takes_leaves(jf) == [True, True]
-
-
-# --- the protocol, with a compiler of our own ------------------------------------
-
-
-class LeafCompiler:
-    """A compiler whose executable_for keeps what it was asked and, when
-    ``flat``, returns a callable of the leaves that says what it got."""
-
-    def __init__(self, flat=True, answer=None):
-        self.flat = flat
-        self.answer = answer
-        self.asked = []
-
-    def __call__(self, fun, args, kwargs):
-        return fun
-
-    def hooks(self, fun):
-        return ftjit.CompilerHooks(strip_static=True, executable_for=self.executable_for)
-
-    def executable_for(self, compiled, args, kwargs, leaves):
-        self.asked.append((compiled, args, kwargs, leaves))
-        if self.answer is not None:
-            return self.answer
-        if self.flat:
-            return (lambda *leaves: ("leaves", leaves)), True
-        return (lambda *a, **k: ("args", a, k)), False
-
-
-def test_executable_for_gets_the_dynamic_arguments_and_the_leaves_in_order():
-    comp = LeafCompiler()
-
-    def f(a, n, b, *, c, mode):
-        raise AssertionError("not called: the executable stands for it")
-
-    jf = ftjit.jit(f, compiler=comp, static_argnums=1, static_argnames="mode", cache=ftjit.FunctionCache())
-    d = {"y": 2, "x": 1}
-    assert jf(d, 7, [3, None, (4,)], mode="m", c=5.0) == ("leaves", (1, 2, 3, 4, 5.0))
-    assert jf(d, 7, [6, None, (7,)], c=8.0, mode="m") == ("leaves", (1, 2, 6, 7, 8.0))
-    ((compiled, args, kwargs, leaves),) = comp.asked  # once per compile
-    assert compiled is f
-    assert args == (d, [3, None, (4,)]) and kwargs == {"c": 5.0}
-    assert leaves == (1, 2, 3, 4, 5.0)
-    assert _takes_leaves(jf) == [True]
-
-
-def test_executable_for_may_keep_the_arguments():
-    comp = LeafCompiler(flat=False)
-    jf = ftjit.jit(lambda x, *, y: None, compiler=comp, cache=ftjit.FunctionCache())
-    assert jf(1, y=2) == ("args", (1,), {"y": 2})
-    assert _takes_leaves(jf) == [False]
-
-
-@pytest.mark.parametrize("answer", [None.__class__, (print, 1), (1, True), [print, True], (print,)])
-def test_a_wrong_answer_of_executable_for_is_a_failed_compile_naming_the_hook(answer):
-    comp = LeafCompiler(answer=answer)
-
-    def g(x):
-        return x
-
-    jf = ftjit.jit(g, compiler=comp, cache=ftjit.FunctionCache())
-    with pytest.raises(TypeError) as info:
-        jf(1)
-    assert str(info.value) == (f"CompilerHooks.executable_for of {g.__qualname__}() must return (executable, takes_leaves): "
-                               f"a callable and a bool, got {answer!r}")
-    assert jf.cache_info().failures == 1 and jf.cache_info().size == 0
-
-
-def test_executable_for_must_be_callable():
-    with pytest.raises(TypeError, match=r"^CompilerHooks.executable_for must be callable or None, got 3$"):
-        ftjit.CompilerHooks(executable_for=3)
