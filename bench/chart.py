@@ -21,7 +21,7 @@ def _label(m: Measurement) -> str:
 
 
 def _scaling_panel(ax: object, scaling: ScalingResult) -> None:
-    sides = [s for pair in scaling.groups for s in pair]
+    sides = [s for group in scaling.groups for s in group]
     width = 0.8 / len(CONFIGS)
     for k, (label, cfg) in enumerate(CONFIGS):
         xs = [i + (k - 1) * width for i in range(len(sides))]
@@ -53,7 +53,7 @@ def write_png(path: str, measurements: Sequence[Measurement], scaling: Optional[
         return "nothing to chart"
     counts = [len(ms) for _, ms in groups]
     panels = len(groups) + (scaling is not None)
-    n_sides = sum(len(pair) for pair in scaling.groups) if scaling is not None else 0
+    n_sides = sum(len(group) for group in scaling.groups) if scaling is not None else 0
     ratios = [c + 0.6 for c in counts] + ([n_sides + 0.6] if scaling is not None else [])
     fig, axes = plt.subplots(1, panels, figsize=(1.8 + 1.9 * (sum(counts) + n_sides) + 0.8 * panels, 4.6),
                              gridspec_kw={"width_ratios": ratios}, squeeze=False)

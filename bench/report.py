@@ -80,8 +80,8 @@ def format_scaling(result: ScalingResult) -> str:
     """The thread-scaling table (calls/s per config, and scaling against 1 thread), then its targets."""
     header = ("side", *(label for label, _ in CONFIGS), "scaling, one fn", "scaling, two fns")
     rows: list[tuple[str, ...]] = [header]
-    for pair in result.groups:
-        for s in pair:
+    for group in result.groups:
+        for s in group:
             rows.append((s.label, *(_rate(s.rate(cfg)) for _, cfg in CONFIGS),
                          f"{s.scaling('same'):.2f}x", f"{s.scaling('distinct'):.2f}x"))
     lb, la = result.load_before, result.load_after
@@ -133,7 +133,7 @@ def to_json(measurements: Sequence[Measurement], meta: dict[str, Any],
             "load_after": list(scaling.load_after),
             "sides": [{"label": s.label, "rates": {cfg: list(v) for cfg, v in s.rates.items()},
                        "median": {cfg: s.rate(cfg) for _, cfg in CONFIGS}}
-                      for pair in scaling.groups for s in pair],
+                      for group in scaling.groups for s in group],
             "targets": [{"text": t.text, "value": t.value, "minimum": t.minimum, "status": t.status}
                         for t in scaling.targets],
         }

@@ -1,5 +1,6 @@
 """Thread scaling: calls per second with 1 thread, and with 2 threads on one function and on two, for
-the ftjit core against functools.lru_cache and ftjit.jit against jax.jit, interleaved in one run.
+the ftjit core against functools.lru_cache, the core on a jax Array (no anchor) and ftjit.jit against
+jax.jit, interleaved in one run.
 
 Every thread is a worker (never the main thread) and calls with arguments of
 its own (distinct objects of the same signature, as requests carry), so the
@@ -65,7 +66,7 @@ class Target:
 
 @dataclasses.dataclass(frozen=True)
 class ScalingResult:
-    groups: tuple[tuple[Scaling, Scaling], ...]  # (ftjit side, anchor side) per group
+    groups: tuple[tuple[Scaling, ...], ...]  # (ftjit side, anchor side), or the ftjit side alone, per group
     targets: tuple[Target, ...]
     calls: int
     rounds: int
@@ -109,8 +110,8 @@ def _hammer(fns: Sequence[Callable[..., Any]], arg_makers: Sequence[Callable[[],
     return len(fns) * calls / elapsed
 
 
-def measure_scaling(groups: Sequence[tuple[Contender, Contender]], calls: int, rounds: int,
-                    on_round: Optional[Callable[[int, int], None]] = None) -> list[tuple[Scaling, Scaling]]:
+def measure_scaling(groups: Sequence[Sequence[Contender]], calls: int, rounds: int,
+                    on_round: Optional[Callable[[int, int], None]] = None) -> list[tuple[Scaling, ...]]:
     """Every contender in every config, ``rounds`` times; within a round the sides of a group alternate
     which goes first, config by config."""
     made = [[(c, c.make(0), c.make(1)) for c in pair] for pair in groups]
@@ -130,7 +131,7 @@ def measure_scaling(groups: Sequence[tuple[Contender, Contender]], calls: int, r
                     rates[g][i][cfg].append(_hammer(fns, makers, calls))
         if on_round is not None:
             on_round(r + 1, rounds)
-    return [tuple(Scaling(c.label, {cfg: tuple(v) for cfg, v in rates[g][i].items()})  # type: ignore[misc]
+    return [tuple(Scaling(c.label, {cfg: tuple(v) for cfg, v in rates[g][i].items()})
                   for i, (c, _, _) in enumerate(pair))
             for g, pair in enumerate(made)]
 
@@ -152,6 +153,23 @@ def _core_contenders() -> tuple[Contender, Contender]:
         return functools.lru_cache(maxsize=None)(f), lambda: (float("1.5"), float("2.5"))
 
     return Contender("ftjit core", core), Contender("lru_cache", lru)
+
+
+def _core_array_contender() -> Contender:
+    """The core (identity compiler) on one f32[4] jax Array: what ftjit's own signature of an array costs
+    across threads, without JAX's dispatch. No anchor: lru_cache cannot hash a jax Array."""
+    import jax.numpy as jnp
+
+    import ftjit
+
+    def core(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+        def f(x: Any) -> Any:
+            return x
+
+        fn = ftjit.jit(f, compiler=identity_compiler, cache=ftjit.FunctionCache(capacity=16))
+        return fn, lambda: (jnp.arange(4, dtype=jnp.float32) + 0,)  # an array object of the thread's own
+
+    return Contender("ftjit core, jax Array", core)
 
 
 def _jax_contenders() -> tuple[Contender, Contender]:
@@ -182,9 +200,9 @@ def scaling_result(calls: int, rounds: int, with_jax: bool = True,
                    on_round: Optional[Callable[[int, int], None]] = None) -> ScalingResult:
     """The scaling table's measurement and its targets (set for the free-threaded build: on a GIL build
     two threads take turns, and the numbers are reported only)."""
-    groups: list[tuple[Contender, Contender]] = [_core_contenders()]
+    groups: list[tuple[Contender, ...]] = [_core_contenders()]
     if with_jax:
-        groups.append(_jax_contenders())
+        groups += [(_core_array_contender(),), _jax_contenders()]
     load_before = os.getloadavg()
     measured = measure_scaling(groups, calls, rounds, on_round)
     load_after = os.getloadavg()
@@ -193,7 +211,7 @@ def scaling_result(calls: int, rounds: int, with_jax: bool = True,
         Target("ftjit core: 2 threads on one function / 1 thread", core.scaling("same"), 1.8, FREE_THREADED),
     ]
     if with_jax:
-        ours, theirs = measured[1]
+        ours, theirs = measured[-1]
         # 2 threads, one function: the ratio of the two rates printed in that column.
         minimum, applies = (1.5, True) if FREE_THREADED else (0.9, True)
         targets.append(Target("ftjit.jit / jax.jit throughput, 2 threads on one function",

@@ -48,7 +48,7 @@ ROWS = [
 WARMUP = ("jax: warmup 2 signatures, 2 workers", "workers=1 (loop)", 1.0)
 MISSES = ("miss with 4000 signatures cached", "10 signatures", 1.25)
 STATUS = re.compile(r"PASS|MISS")
-SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit.jit", "jax.jit"]
+SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit core, jax Array", "ftjit.jit", "jax.jit"]
 
 
 def _table_rows(stdout: str, header: str = "case ") -> list[list[str]]:
