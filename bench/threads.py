@@ -104,17 +104,22 @@ class ScalingResult:
 def _hammer(fns: Sequence[Callable[..., Any]], arg_makers: Sequence[Callable[[], tuple[Any, ...]]],
             calls: int) -> float:
     """Calls per second (all threads together) of len(fns) worker threads, thread i calling fns[i] with
-    arguments from arg_makers[i](), released together by a barrier."""
-    barrier = threading.Barrier(len(fns) + 1)
+    arguments from arg_makers[i](), released together by a barrier: all the calls over the span from the
+    first thread's start to the last one's end, each read by the worker itself (the main thread's clock
+    would start late on a GIL build, when the last thread to reach the barrier keeps running)."""
+    barrier = threading.Barrier(len(fns))
     errors: list[BaseException] = []
+    spans: list[tuple[float, float]] = []
 
     def work(fn: Callable[..., Any], make_args: Callable[[], tuple[Any, ...]]) -> None:
         try:
             args = make_args()
             fn(*args)  # this thread's first call (its per-thread state) is not timed
             barrier.wait()
+            start = time.perf_counter()
             for _ in range(calls):
                 fn(*args)
+            spans.append((start, time.perf_counter()))
         except BaseException as exc:  # re-raised below
             errors.append(exc)
             barrier.abort()
@@ -122,18 +127,13 @@ def _hammer(fns: Sequence[Callable[..., Any]], arg_makers: Sequence[Callable[[],
     workers = [threading.Thread(target=work, args=(fn, mk)) for fn, mk in zip(fns, arg_makers)]
     for w in workers:
         w.start()
-    try:
-        barrier.wait()
-    except threading.BrokenBarrierError:
-        pass
-    t0 = time.perf_counter()
     for w in workers:
         w.join(timeout=600)
-    elapsed = time.perf_counter() - t0
     if errors:
         raise errors[0]
     if any(w.is_alive() for w in workers):
         raise RuntimeError("benchmark thread hung")
+    elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
     return len(fns) * calls / elapsed
 
 
