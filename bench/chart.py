@@ -1,12 +1,12 @@
 """Optional bar chart of the results via matplotlib: ftjit vs anchor per case (dispatch in ns, from the worker-thread
-rows; warm-up in ms), and thread scaling (calls/s with 1 and 2 threads)."""
+rows; warm-up in ms), and thread scaling (calls/s per configuration: the default three, or each --threads count)."""
 
 from __future__ import annotations
 
 import textwrap
 from typing import Optional, Sequence
 
-from .threads import CONFIGS, ScalingResult
+from .threads import ScalingResult
 from .timing import Measurement
 
 _SCALE = {"ns": 1.0, "ms": 1e-6}
@@ -21,15 +21,16 @@ def _label(m: Measurement) -> str:
 
 
 def _scaling_panel(ax: object, scaling: ScalingResult) -> None:
-    sides = [s for pair in scaling.groups for s in pair]
-    width = 0.8 / len(CONFIGS)
-    for k, (label, cfg) in enumerate(CONFIGS):
-        xs = [i + (k - 1) * width for i in range(len(sides))]
-        bars = ax.bar(xs, [s.rate(cfg) for s in sides], width, label=label)  # type: ignore[attr-defined]
-        if cfg != "one":
+    sides = [s for group in scaling.groups for s in group]
+    configs = scaling.configs
+    width = 0.8 / len(configs)
+    for k, cfg in enumerate(configs):  # bars centred on each side's tick, one per config, 1 thread first
+        xs = [i + (k - (len(configs) - 1) / 2) * width for i in range(len(sides))]
+        bars = ax.bar(xs, [s.rate(cfg.key) for s in sides], width, label=cfg.label)  # type: ignore[attr-defined]
+        if k > 0:  # each bar over 1 thread's
             for bar, s in zip(bars, sides):
-                ax.annotate(f"{s.scaling(cfg):.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),  # type: ignore[attr-defined]
-                            ha="center", va="bottom", fontsize=7)
+                ax.annotate(f"{s.scaling(cfg.key):.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),  # type: ignore[attr-defined]
+                            ha="center", va="bottom", fontsize=7 if len(configs) <= 3 else 5)
     ax.set_xticks(range(len(sides)), [s.label for s in sides], fontsize=8)  # type: ignore[attr-defined]
     ax.set_yscale("log")  # type: ignore[attr-defined]
     ax.set_ylabel("calls/s, all threads (higher is better), log")  # type: ignore[attr-defined]
@@ -53,7 +54,8 @@ def write_png(path: str, measurements: Sequence[Measurement], scaling: Optional[
         return "nothing to chart"
     counts = [len(ms) for _, ms in groups]
     panels = len(groups) + (scaling is not None)
-    n_sides = sum(len(pair) for pair in scaling.groups) if scaling is not None else 0
+    # A side's bars widen with the configs it has beyond the default three.
+    n_sides = sum(len(g) for g in scaling.groups) * max(1.0, len(scaling.configs) / 3) if scaling is not None else 0
     ratios = [c + 0.6 for c in counts] + ([n_sides + 0.6] if scaling is not None else [])
     fig, axes = plt.subplots(1, panels, figsize=(1.8 + 1.9 * (sum(counts) + n_sides) + 0.8 * panels, 4.6),
                              gridspec_kw={"width_ratios": ratios}, squeeze=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import sys
 import sysconfig
 from typing import Any, Optional, Sequence
@@ -44,7 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
                         help="calls per thread per thread-scaling timing (overrides the preset)")
     parser.add_argument("--scaling-rounds", type=int, metavar="R",
                         help="interleaved rounds of the thread-scaling timings (overrides the preset)")
+    parser.add_argument("--threads", type=thread_counts, metavar="1,N,...",
+                        help="thread-scaling columns: these thread counts (increasing, from 1), every thread "
+                             "calling a function of its own, instead of 1 thread and 2 threads on one "
+                             "function or two; measure on a machine with as many cores as the largest count")
     return parser
+
+
+def thread_counts(text: str) -> tuple[int, ...]:
+    """--threads' value: comma-separated positive ints, strictly increasing from 1, at least two of them.
+    Anything else is refused rather than sorted or deduplicated: the columns are printed in the order given,
+    and the speed-up is over the first, which must be 1 thread."""
+    counts = tuple(int(part) for part in text.split(",")) if re.fullmatch(r"[0-9]+(,[0-9]+)*", text) else ()
+    if not counts or min(counts) < 1:
+        problem = "thread counts are positive ints, comma-separated"
+    elif len(set(counts)) < len(counts):
+        problem = "a thread count is repeated"
+    elif counts[0] != 1 or list(counts) != sorted(counts):
+        problem = "thread counts start at 1 and increase"
+    elif len(counts) < 2:
+        problem = "give 1 and at least one more thread count"
+    else:
+        return counts
+    raise argparse.ArgumentTypeError(f"{problem} (such as 1,2,4), got {text!r}")
 
 
 def _check_compiled_once(cases: Sequence[Case]) -> list[str]:
@@ -101,11 +124,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     print(f"bench: misses with {LARGE} signatures cached and with 10", file=sys.stderr, flush=True)
     results.append(miss_measurement(misses=sizes["misses"], rounds=sizes["miss_rounds"]))
-    print(f"bench: thread scaling, {sizes['scaling_rounds']} rounds of {sizes['scaling_calls']} calls per thread",
-          file=sys.stderr, flush=True)
+    threads = "" if args.threads is None else f" with {','.join(map(str, args.threads))} threads"
+    print(f"bench: thread scaling{threads}, {sizes['scaling_rounds']} rounds of {sizes['scaling_calls']} calls per "
+          f"thread", file=sys.stderr, flush=True)
     scaling = scaling_result(sizes["scaling_calls"], sizes["scaling_rounds"], with_jax=not args.no_jax,
                              on_round=lambda d, t: print(f"bench: scaling round {d}/{t}", file=sys.stderr,
-                                                         flush=True))
+                                                         flush=True), thread_counts=args.threads)
     load_after = os.getloadavg()
     print(f"ftjit {ftjit.__version__} on {_interpreter()}; load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
@@ -121,7 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             "loop_overhead_ns": overhead, "load_before": list(load_before),
                                             "load_after": list(load_after), "interpreter": _interpreter(),
                                             "warmup_signatures": args.warmup_signatures,
-                                            "warmup_workers": args.warmup_workers, **sizes})
+                                            "warmup_workers": args.warmup_workers,
+                                            "threads": None if args.threads is None else list(args.threads),
+                                            **sizes})
     return 0  # benchmarks report; they do not fail CI
 
 

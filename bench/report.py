@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any, Optional, Sequence
 
-from .threads import CONFIGS, ScalingResult
+from .threads import ScalingResult
 from .timing import Measurement
 
 _HEADER = ("case", "thread", "ftjit /call", "anchor", "anchor /call", "ratio", "target", "status")
@@ -76,26 +76,41 @@ def _rate(r: float) -> str:
     return f"{r / 1e3:.1f}k"
 
 
+def _ratio_columns(result: ScalingResult) -> list[tuple[str, str]]:
+    """(header, config key) of the columns that divide a config's rate by the 1-thread rate."""
+    if result.thread_counts is None:
+        return [("scaling, one fn", "same"), ("scaling, two fns", "distinct")]
+    n = result.thread_counts[-1]
+    return [(f"speed-up {n}/1", str(n))]
+
+
 def format_scaling(result: ScalingResult) -> str:
     """The thread-scaling table (calls/s per config, and scaling against 1 thread), then its targets."""
-    header = ("side", *(label for label, _ in CONFIGS), "scaling, one fn", "scaling, two fns")
-    rows: list[tuple[str, ...]] = [header]
-    for pair in result.groups:
-        for s in pair:
-            rows.append((s.label, *(_rate(s.rate(cfg)) for _, cfg in CONFIGS),
-                         f"{s.scaling('same'):.2f}x", f"{s.scaling('distinct'):.2f}x"))
+    configs, ratios = result.configs, _ratio_columns(result)
+    rows: list[tuple[str, ...]] = [("side", *(cfg.label for cfg in configs), *(header for header, _ in ratios))]
+    for group in result.groups:
+        for s in group:
+            rows.append((s.label, *(_rate(s.rate(cfg.key)) for cfg in configs),
+                         *(f"{s.scaling(key):.2f}x" for _, key in ratios)))
     lb, la = result.load_before, result.load_after
+    own = "arguments" if result.thread_counts is None else "function and arguments, released by a barrier"
     out = [f"thread scaling: calls/s, all threads together (median of {result.rounds} interleaved rounds of "
-           f"{result.calls} calls per thread; worker threads, each with its own arguments; "
+           f"{result.calls} calls per thread; worker threads, each with its own {own}; "
            f"load average {lb[0]:.2f} before, {la[0]:.2f} after)"]
     out += _grid(rows, {0})
-    out.append("scaling = the 2-thread rate / the 1-thread rate, from the rates above")
+    if result.thread_counts is None:
+        out.append("scaling = the 2-thread rate / the 1-thread rate, from the rates above")
+    else:
+        n = result.thread_counts[-1]
+        out.append(f"speed-up {n}/1 = the {n}-thread rate / the 1-thread rate, from the rates above")
+    if not result.targets:
+        return "\n".join(out)
     trows: list[tuple[str, ...]] = [("target", "value", "needs", "status")]
     for t in result.targets:
         trows.append((t.text, f"{t.value:.2f}x", _bound(t.minimum, ">="), t.status))
     out += _grid(trows, {0, 3})
-    if any(t.status == "report" for t in result.targets):
-        out.append("(report: the target is set for the free-threaded build; on a GIL build two threads take turns)")
+    for reason in dict.fromkeys(t.reason for t in result.targets if t.status == "report"):
+        out.append(f"(report: {reason})")
     misses = [t.text for t in result.targets if t.status == "MISS"]
     if misses:
         out.append(f"MISS: {len(misses)} scaling target(s) missed: {'; '.join(misses)}")
@@ -131,10 +146,14 @@ def to_json(measurements: Sequence[Measurement], meta: dict[str, Any],
             "rounds": scaling.rounds,
             "load_before": list(scaling.load_before),
             "load_after": list(scaling.load_after),
-            "sides": [{"label": s.label, "rates": {cfg: list(v) for cfg, v in s.rates.items()},
-                       "median": {cfg: s.rate(cfg) for _, cfg in CONFIGS}}
-                      for pair in scaling.groups for s in pair],
-            "targets": [{"text": t.text, "value": t.value, "minimum": t.minimum, "status": t.status}
+            "thread_counts": None if scaling.thread_counts is None else list(scaling.thread_counts),
+            "configs": [{"key": cfg.key, "label": cfg.label, "threads": cfg.threads, "shared": cfg.shared}
+                        for cfg in scaling.configs],
+            "sides": [{"label": s.label, "group": g, "rates": {cfg: list(v) for cfg, v in s.rates.items()},
+                       "median": {cfg.key: s.rate(cfg.key) for cfg in scaling.configs}}
+                      for g, group in enumerate(scaling.groups) for s in group],
+            "targets": [{"text": t.text, "value": t.value, "minimum": t.minimum, "status": t.status,
+                         "reason": t.reason if t.status == "report" else ""}
                         for t in scaling.targets],
         }
     return out

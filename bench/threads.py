@@ -1,12 +1,15 @@
 """Thread scaling: calls per second with 1 thread, and with 2 threads on one function and on two, for
-the ftjit core against functools.lru_cache and ftjit.jit against jax.jit, interleaved in one run.
+the ftjit core against functools.lru_cache, the core on a jax Array (no anchor) and ftjit.jit against
+jax.jit, interleaved in one run; or, given thread counts (``--threads 1,2,4``), with each of those many
+threads, every thread calling a function of its own.
 
 Every thread is a worker (never the main thread) and calls with arguments of
 its own (distinct objects of the same signature, as requests carry), so the
 numbers show what the dispatch itself shares between threads, not the
 reference counts of one argument object. A configuration's calls/s is the
-median over the rounds; scaling is the 2-thread median over the 1-thread
-median, so every ratio printed can be recomputed from the rates beside it.
+median over the rounds; scaling (speed-up) is the 2-thread (N-thread) median
+over the 1-thread median, so every ratio printed can be recomputed from the
+rates beside it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,26 @@ from typing import Any, Callable, Optional, Sequence
 
 from .cases import FREE_THREADED, identity_compiler
 
-#: (label, config) in table order: 1 thread; 2 threads sharing one function; 2 threads, a function each.
-CONFIGS = (("1 thread", "one"), ("2 threads, one function", "same"), ("2 threads, two functions", "distinct"))
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A column of the table: ``threads`` worker threads, all calling one function (``shared``) or thread i
+    calling the i-th function the contender made; ``key`` names it in Scaling.rates and the JSON."""
+
+    key: str
+    label: str
+    threads: int
+    shared: bool = False
+
+
+#: The default columns: 1 thread; 2 threads sharing one function; 2 threads, a function each.
+CONFIGS = (Config("one", "1 thread", 1), Config("same", "2 threads, one function", 2, shared=True),
+           Config("distinct", "2 threads, two functions", 2))
+
+
+def thread_configs(counts: Sequence[int]) -> tuple[Config, ...]:
+    """The columns of ``--threads``: one per count, keyed by the count, every thread with its own function."""
+    return tuple(Config(str(n), f"{n} thread{'s' if n > 1 else ''}", n) for n in counts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +60,13 @@ class Scaling:
 
     label: str
     rates: dict[str, tuple[float, ...]]
+    base: str = "one"  # the 1-thread config's key
 
     def rate(self, config: str) -> float:
         return statistics.median(self.rates[config])
 
     def scaling(self, config: str) -> float:
-        return self.rate(config) / self.rate("one")
+        return self.rate(config) / self.rate(self.base)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +76,8 @@ class Target:
     text: str
     value: float
     minimum: float
-    applies: bool  # set for this build (False: reported only)
+    applies: bool  # set for this build and machine (False: reported only)
+    reason: str = ""  # why it is reported only, when it does not apply
 
     @property
     def status(self) -> str:
@@ -65,28 +88,38 @@ class Target:
 
 @dataclasses.dataclass(frozen=True)
 class ScalingResult:
-    groups: tuple[tuple[Scaling, Scaling], ...]  # (ftjit side, anchor side) per group
+    groups: tuple[tuple[Scaling, ...], ...]  # (ftjit side, anchor side), or the ftjit side alone, per group
     targets: tuple[Target, ...]
     calls: int
     rounds: int
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
+    thread_counts: Optional[tuple[int, ...]] = None  # --threads; None: the default configs
+
+    @property
+    def configs(self) -> tuple[Config, ...]:
+        return CONFIGS if self.thread_counts is None else thread_configs(self.thread_counts)
 
 
 def _hammer(fns: Sequence[Callable[..., Any]], arg_makers: Sequence[Callable[[], tuple[Any, ...]]],
             calls: int) -> float:
     """Calls per second (all threads together) of len(fns) worker threads, thread i calling fns[i] with
-    arguments from arg_makers[i](), released together by a barrier."""
-    barrier = threading.Barrier(len(fns) + 1)
+    arguments from arg_makers[i](), released together by a barrier: all the calls over the span from the
+    first thread's start to the last one's end, each read by the worker itself (the main thread's clock
+    would start late on a GIL build, when the last thread to reach the barrier keeps running)."""
+    barrier = threading.Barrier(len(fns))
     errors: list[BaseException] = []
+    spans: list[tuple[float, float]] = []
 
     def work(fn: Callable[..., Any], make_args: Callable[[], tuple[Any, ...]]) -> None:
         try:
             args = make_args()
             fn(*args)  # this thread's first call (its per-thread state) is not timed
             barrier.wait()
+            start = time.perf_counter()
             for _ in range(calls):
                 fn(*args)
+            spans.append((start, time.perf_counter()))
         except BaseException as exc:  # re-raised below
             errors.append(exc)
             barrier.abort()
@@ -94,45 +127,39 @@ def _hammer(fns: Sequence[Callable[..., Any]], arg_makers: Sequence[Callable[[],
     workers = [threading.Thread(target=work, args=(fn, mk)) for fn, mk in zip(fns, arg_makers)]
     for w in workers:
         w.start()
-    try:
-        barrier.wait()
-    except threading.BrokenBarrierError:
-        pass
-    t0 = time.perf_counter()
     for w in workers:
         w.join(timeout=600)
-    elapsed = time.perf_counter() - t0
     if errors:
         raise errors[0]
     if any(w.is_alive() for w in workers):
         raise RuntimeError("benchmark thread hung")
+    elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
     return len(fns) * calls / elapsed
 
 
-def measure_scaling(groups: Sequence[tuple[Contender, Contender]], calls: int, rounds: int,
-                    on_round: Optional[Callable[[int, int], None]] = None) -> list[tuple[Scaling, Scaling]]:
+def measure_scaling(groups: Sequence[Sequence[Contender]], calls: int, rounds: int,
+                    on_round: Optional[Callable[[int, int], None]] = None,
+                    configs: Sequence[Config] = CONFIGS) -> list[tuple[Scaling, ...]]:
     """Every contender in every config, ``rounds`` times; within a round the sides of a group alternate
-    which goes first, config by config."""
-    made = [[(c, c.make(0), c.make(1)) for c in pair] for pair in groups]
-    rates: list[list[dict[str, list[float]]]] = [[{cfg: [] for _, cfg in CONFIGS} for _ in pair] for pair in groups]
+    which goes first, config by config. Each contender makes one function per thread index once, and a
+    config's threads call the first (shared) or one each."""
+    width = max(cfg.threads for cfg in configs)
+    made = [[(c, [c.make(t) for t in range(width)]) for c in group] for group in groups]
+    rates: list[list[dict[str, list[float]]]] = [[{cfg.key: [] for cfg in configs} for _ in group] for group in groups]
     for r in range(rounds):
-        for g, pair in enumerate(made):
-            for k, (_, cfg) in enumerate(CONFIGS):
-                order = range(len(pair)) if (r + k) % 2 == 0 else reversed(range(len(pair)))
+        for g, group in enumerate(made):
+            for k, cfg in enumerate(configs):
+                order = range(len(group)) if (r + k) % 2 == 0 else reversed(range(len(group)))
                 for i in order:
-                    _, (fn0, args0), (fn1, args1) = pair[i]
-                    if cfg == "one":
-                        fns, makers = [fn0], [args0]
-                    elif cfg == "same":
-                        fns, makers = [fn0, fn0], [args0, args0]
-                    else:
-                        fns, makers = [fn0, fn1], [args0, args1]
-                    rates[g][i][cfg].append(_hammer(fns, makers, calls))
+                    per_index = group[i][1]  # (function, argument maker) per thread index
+                    per_thread = per_index[:1] * cfg.threads if cfg.shared else per_index[:cfg.threads]
+                    fns, makers = zip(*per_thread)
+                    rates[g][i][cfg.key].append(_hammer(fns, makers, calls))
         if on_round is not None:
             on_round(r + 1, rounds)
-    return [tuple(Scaling(c.label, {cfg: tuple(v) for cfg, v in rates[g][i].items()})  # type: ignore[misc]
-                  for i, (c, _, _) in enumerate(pair))
-            for g, pair in enumerate(made)]
+    return [tuple(Scaling(c.label, {key: tuple(v) for key, v in rates[g][i].items()}, configs[0].key)
+                  for i, (c, _) in enumerate(group))
+            for g, group in enumerate(made)]
 
 
 def _core_contenders() -> tuple[Contender, Contender]:
@@ -152,6 +179,23 @@ def _core_contenders() -> tuple[Contender, Contender]:
         return functools.lru_cache(maxsize=None)(f), lambda: (float("1.5"), float("2.5"))
 
     return Contender("ftjit core", core), Contender("lru_cache", lru)
+
+
+def _core_array_contender() -> Contender:
+    """The core (identity compiler) on one f32[4] jax Array: what ftjit's own signature of an array costs
+    across threads, without JAX's dispatch. No anchor: lru_cache cannot hash a jax Array."""
+    import jax.numpy as jnp
+
+    import ftjit
+
+    def core(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+        def f(x: Any) -> Any:
+            return x
+
+        fn = ftjit.jit(f, compiler=identity_compiler, cache=ftjit.FunctionCache(capacity=16))
+        return fn, lambda: (jnp.arange(4, dtype=jnp.float32) + 0,)  # an array object of the thread's own
+
+    return Contender("ftjit core, jax Array", core)
 
 
 def _jax_contenders() -> tuple[Contender, Contender]:
@@ -179,23 +223,53 @@ def _jax_contenders() -> tuple[Contender, Contender]:
 
 
 def scaling_result(calls: int, rounds: int, with_jax: bool = True,
-                   on_round: Optional[Callable[[int, int], None]] = None) -> ScalingResult:
-    """The scaling table's measurement and its targets (set for the free-threaded build: on a GIL build
-    two threads take turns, and the numbers are reported only)."""
-    groups: list[tuple[Contender, Contender]] = [_core_contenders()]
+                   on_round: Optional[Callable[[int, int], None]] = None,
+                   thread_counts: Optional[Sequence[int]] = None) -> ScalingResult:
+    """The scaling table's measurement and its targets: for the default configs, or for ``thread_counts``
+    (increasing, from 1) with every thread calling a function of its own."""
+    groups: list[tuple[Contender, ...]] = [_core_contenders()]
     if with_jax:
-        groups.append(_jax_contenders())
+        groups += [(_core_array_contender(),), _jax_contenders()]
+    counts = None if thread_counts is None else tuple(thread_counts)
+    configs = CONFIGS if counts is None else thread_configs(counts)
     load_before = os.getloadavg()
-    measured = measure_scaling(groups, calls, rounds, on_round)
+    measured = measure_scaling(groups, calls, rounds, on_round, configs)
     load_after = os.getloadavg()
-    core, lru = measured[0]
+    targets = _default_targets(measured) if counts is None else _thread_targets(measured, counts[-1])
+    return ScalingResult(tuple(measured), tuple(targets), calls, rounds, load_before, load_after, counts)
+
+
+def _default_targets(measured: Sequence[tuple[Scaling, ...]]) -> list[Target]:
+    """Set for the free-threaded build: on a GIL build two threads take turns, and the core's scaling is
+    reported only; ftjit.jit against jax.jit has a GIL build's minimum of its own."""
+    core, _ = measured[0]
     targets = [
-        Target("ftjit core: 2 threads on one function / 1 thread", core.scaling("same"), 1.8, FREE_THREADED),
+        Target("ftjit core: 2 threads on one function / 1 thread", core.scaling("same"), 1.8, FREE_THREADED,
+               "the target is set for the free-threaded build; on a GIL build two threads take turns"),
     ]
-    if with_jax:
-        ours, theirs = measured[1]
+    if len(measured) > 1:
+        ours, theirs = measured[-1]
         # 2 threads, one function: the ratio of the two rates printed in that column.
         minimum, applies = (1.5, True) if FREE_THREADED else (0.9, True)
         targets.append(Target("ftjit.jit / jax.jit throughput, 2 threads on one function",
                               ours.rate("same") / theirs.rate("same"), minimum, applies))
-    return ScalingResult(tuple(measured), tuple(targets), calls, rounds, load_before, load_after)
+    return targets
+
+
+def _thread_targets(measured: Sequence[tuple[Scaling, ...]], n: int) -> list[Target]:
+    """--threads' targets, at the largest count n: set on a free-threaded build with n cores or more (a GIL
+    build runs one thread at a time; fewer cores than threads measure the machine, not ftjit)."""
+    if len(measured) == 1:  # --no-jax: both targets are about jax Arrays
+        return []
+    cpus = os.cpu_count() or 1
+    applies = FREE_THREADED and cpus >= n
+    reason = ("the targets are set for the free-threaded build; on a GIL build threads take turns"
+              if not FREE_THREADED else
+              f"{n} threads need {n} cores and this machine has {cpus}: measure on one with as many cores")
+    (array,), (ours, theirs) = measured[1], measured[2]
+    key = str(n)
+    return [
+        Target(f"ftjit core, jax Array: {n} threads / 1 thread", array.scaling(key), 1.0, applies, reason),
+        Target(f"ftjit.jit / jax.jit throughput at {n} threads", ours.rate(key) / theirs.rate(key), 1.3, applies,
+               reason),
+    ]

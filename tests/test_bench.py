@@ -6,6 +6,7 @@ of its output and the arithmetic of its ratios are asserted.
 
 import json
 import math
+import os
 import re
 import statistics
 import subprocess
@@ -48,7 +49,7 @@ ROWS = [
 WARMUP = ("jax: warmup 2 signatures, 2 workers", "workers=1 (loop)", 1.0)
 MISSES = ("miss with 4000 signatures cached", "10 signatures", 1.25)
 STATUS = re.compile(r"PASS|MISS")
-SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit.jit", "jax.jit"]
+SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit core, jax Array", "ftjit.jit", "jax.jit"]
 
 
 def _table_rows(stdout: str, header: str = "case ") -> list[list[str]]:
@@ -59,7 +60,7 @@ def _table_rows(stdout: str, header: str = "case ") -> list[list[str]]:
     assert set(lines[start + 1]) <= {"-", " "}
     rows = []
     for line in lines[start + 2:]:
-        if not line or line.startswith(("[", "MISS:", "(ratio", "scaling =", "(report")):
+        if not line or line.startswith(("[", "MISS:", "(ratio", "scaling =", "speed-up ", "(report")):
             break
         cells = re.split(r"\s{2,}", line.strip())
         rows.append([re.sub(r" \[\d+\]$", "", cells[0])] + cells[1:])
@@ -76,14 +77,22 @@ def _num(cell: str) -> float:
     return float(value.rstrip("x"))
 
 
+def _bench(*flags: str, timeout: float = 170) -> subprocess.CompletedProcess:
+    """``python -m bench FLAGS`` in a subprocess, from the repository root."""
+    return subprocess.run([sys.executable, "-m", "bench", *flags], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=child_env())
+
+
+#: The smallest counts of every part of the benchmark, and no chart.
+TINY = ("--number", "300", "--repeat", "1", "--warmup-signatures", "2", "--warmup-workers", "2",
+        "--scaling-calls", "300", "--scaling-rounds", "1", "--png", "")
+
+
 @pytest.mark.thread_unsafe(reason="runs the whole benchmark in a subprocess: 8 at once would overload 2 cores")
 @pytest.mark.timeout(180)
 def test_bench_smoke_run_prints_every_row_with_ratios_computable_from_the_printed_times(tmp_path):
     out = tmp_path / "bench.json"
-    command = [sys.executable, "-m", "bench", "--number", "300", "--repeat", "1", "--warmup-signatures", "2",
-               "--warmup-workers", "2", "--scaling-calls", "300", "--scaling-rounds", "1", "--png", "",
-               "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=170, env=child_env())
+    proc = _bench(*TINY, "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "warning:" not in proc.stdout  # every ftjit side compiled exactly once: hit latency only
     assert re.search(r"^ftjit \S+ on CPython \S+ \((free-threaded|GIL) build\); load average \d+\.\d\d before, "
@@ -255,3 +264,134 @@ def test_scaling_measurement_runs_every_config_in_worker_threads_and_targets_fol
     t = bt.Target("x", 1.79, 1.8, True)
     assert t.status == "MISS" and bt.Target("x", 1.8, 1.8, True).status == "PASS"
     assert bt.Target("x", 0.1, 1.8, False).status == "report"
+
+
+@pytest.mark.thread_unsafe(reason="runs the whole benchmark in a subprocess: 8 at once would overload 2 cores")
+@pytest.mark.timeout(180)
+def test_bench_threads_prints_a_column_per_count_with_speed_ups_and_targets_from_the_printed_rates(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _bench(*TINY, "--threads", "1,2", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("side "))
+    assert re.split(r"\s{2,}", header) == ["side", "1 thread", "2 threads", "speed-up 2/1"]
+    assert "each with its own function and arguments" in proc.stdout
+    scaling = _table_rows(proc.stdout, header="side ")
+    assert [r[0] for r in scaling] == SCALING_SIDES
+    for row in scaling:
+        one, two, speed_up = map(_num, row[1:])
+        assert speed_up == pytest.approx(two / one, rel=0.01, abs=0.011), row
+    targets = _table_rows(proc.stdout, header="target ")
+    assert [(t[0], t[2]) for t in targets] == [("ftjit core, jax Array: 2 threads / 1 thread", ">= 1"),
+                                               ("ftjit.jit / jax.jit throughput at 2 threads", ">= 1.3")]
+    rates = {r[0]: r for r in scaling}
+    assert _num(targets[0][1]) == pytest.approx(_num(rates["ftjit core, jax Array"][3]), abs=0.011)
+    assert _num(targets[1][1]) == pytest.approx(_num(rates["ftjit.jit"][2]) / _num(rates["jax.jit"][2]),
+                                                rel=0.01, abs=0.011)
+    applies = FT and (os.cpu_count() or 1) >= 2
+    for (_, value, _, status), minimum in zip(targets, (1.0, 1.3)):
+        if not applies:
+            assert status == "report"
+        elif abs(_num(value) - minimum) > 0.005:  # beyond the printed rounding, the status follows the value
+            assert status == ("PASS" if _num(value) >= minimum else "MISS")
+        else:
+            assert STATUS.fullmatch(status)
+    why = "(report: the targets are set for the free-threaded build" if not FT else "(report: 2 threads need 2 cores"
+    assert (why in proc.stdout) == (not applies)
+
+    data = json.loads(out.read_text())
+    assert data["meta"]["threads"] == [1, 2]
+    result = data["scaling"]
+    assert result["thread_counts"] == [1, 2]
+    assert [(c["key"], c["threads"], c["shared"]) for c in result["configs"]] == [("1", 1, False), ("2", 2, False)]
+    sides = {s["label"]: s for s in result["sides"]}
+    assert [s["label"] for s in result["sides"]] == SCALING_SIDES
+    assert [s["group"] for s in result["sides"]] == [0, 0, 1, 2, 2]  # the core on a jax Array stands alone
+    for s in result["sides"]:
+        assert s["median"] == {k: statistics.median(v) for k, v in s["rates"].items()}
+        assert list(s["median"]) == ["1", "2"]
+    array, ours, theirs = (sides[label]["median"] for label in ("ftjit core, jax Array", "ftjit.jit", "jax.jit"))
+    assert [(t["text"], t["minimum"]) for t in result["targets"]] == [(t[0], m) for t, m in zip(targets, (1.0, 1.3))]
+    assert result["targets"][0]["value"] == pytest.approx(array["2"] / array["1"])
+    assert result["targets"][1]["value"] == pytest.approx(ours["2"] / theirs["2"])
+    assert [t["status"] for t in result["targets"]] == [t[3] for t in targets]
+
+
+@pytest.mark.thread_unsafe(reason="starts a subprocess per value; each parses its arguments only")
+@pytest.mark.parametrize("value, message", [
+    ("1,x", "thread counts are positive ints, comma-separated"),
+    ("0,1", "thread counts are positive ints, comma-separated"),
+    ("1,2,2", "a thread count is repeated"),
+    ("2,4", "thread counts start at 1 and increase"),
+    ("1,4,2", "thread counts start at 1 and increase"),
+    ("1", "give 1 and at least one more thread count"),
+])  # fmt: skip
+def test_bench_refuses_bad_thread_counts_with_a_usage_error(value, message):
+    proc = _bench("--threads", value, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines()[-1] == (f"python -m bench: error: argument --threads: {message} "
+                                            f"(such as 1,2,4), got {value!r}")
+    assert proc.stdout == ""
+
+
+def test_thread_counts_measurement_gives_every_thread_its_own_function_and_arguments_in_worker_threads():
+    import threading
+
+    from bench import threads as bt
+
+    here = threading.current_thread()  # the test's thread (a pytest-run-parallel worker's, or the main one)
+    made = []  # thread indices, in make() order
+    seen = []  # (function index, calling thread, argument object) per call, in call order
+
+    def make(i):
+        made.append(i)
+
+        def fn(arg):
+            seen.append((i, threading.current_thread(), arg))  # keeps the Thread alive: no reused ids
+            return 0
+
+        return fn, lambda: (object(),)
+
+    calls, rounds, counts = 5, 2, (1, 2, 3)
+    ((a,),) = bt.measure_scaling([(bt.Contender("a", make),)], calls, rounds, configs=bt.thread_configs(counts))
+    assert made == [0, 1, 2]  # one function per thread index, made once for every config and round
+    assert {k: len(v) for k, v in a.rates.items()} == {"1": rounds, "2": rounds, "3": rounds}
+    assert a.scaling("3") == pytest.approx(a.rate("3") / a.rate("1"))
+    # Timings run one after another: round by round, a timing per count, each n threads x (1 untimed + calls).
+    start = 0
+    for n in counts * rounds:
+        timing, start = seen[start:start + n * (calls + 1)], start + n * (calls + 1)
+        threads = {t for _, t, _ in timing}
+        assert len(threads) == n and not threads & {here, threading.main_thread()}
+        by_thread = {t: [(i, arg) for i, u, arg in timing if u is t] for t in threads}
+        assert all(len(v) == calls + 1 for v in by_thread.values())
+        fns = [{i for i, _ in v} for v in by_thread.values()]
+        args = [{id(arg) for _, arg in v} for v in by_thread.values()]
+        assert all(len(f) == 1 for f in fns) and set().union(*fns) == set(range(n))  # its own function
+        assert all(len(x) == 1 for x in args) and len(set().union(*args)) == n  # and its own argument
+    assert start == len(seen)
+
+
+def test_thread_count_targets_follow_the_numbers_and_apply_only_with_as_many_cores_as_threads():
+    from bench import threads as bt
+
+    def measured(n):
+        """Scalings as measure_scaling returns them for --threads 1,n: (1 thread, n threads) calls/s."""
+        def side(label, one, many):
+            return bt.Scaling(label, {"1": (one,), str(n): (many,)}, base="1")
+
+        return [(side("ftjit core", 1.0, 1.0), side("lru_cache", 1.0, 1.0)),
+                (side("ftjit core, jax Array", 4e6, 3.96e6),),
+                (side("ftjit.jit", 1e5, 2.62e5), side("jax.jit", 1e5, 2e5))]
+
+    array, ratio = bt._thread_targets(measured(2), 2)
+    assert (array.text, array.value, array.minimum) == ("ftjit core, jax Array: 2 threads / 1 thread",
+                                                        pytest.approx(0.99), 1.0)
+    assert (ratio.text, ratio.value, ratio.minimum) == ("ftjit.jit / jax.jit throughput at 2 threads",
+                                                        pytest.approx(1.31), 1.3)
+    applies = bt.FREE_THREADED and (os.cpu_count() or 1) >= 2
+    assert (array.status, ratio.status) == (("MISS", "PASS") if applies else ("report", "report"))
+    many = (os.cpu_count() or 1) + 1  # more threads than cores: reported only, and the reason says which
+    targets = bt._thread_targets(measured(many), many)
+    assert [t.status for t in targets] == ["report", "report"]
+    assert all(("cores" in t.reason) == bt.FREE_THREADED for t in targets)
+    assert bt._thread_targets(measured(2)[:1], 2) == []  # --no-jax: both targets are about jax Arrays
