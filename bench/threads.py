@@ -181,21 +181,39 @@ def _core_contenders() -> tuple[Contender, Contender]:
     return Contender("ftjit core", core), Contender("lru_cache", lru)
 
 
-def _core_array_contender() -> Contender:
-    """The core (identity compiler) on one f32[4] jax Array: what ftjit's own signature of an array costs
-    across threads, without JAX's dispatch. No anchor: lru_cache cannot hash a jax Array."""
+def _core_array_contenders() -> tuple[Contender, Contender]:
+    """The core on one f32[4] jax Array, without JAX's dispatch: with the identity compiler (no hooks: the
+    array is read as any duck-typed array, through its .dtype/.shape/.weak_type properties), and with the
+    JAX compiler's signature hooks but an executable that returns the function (what ftjit.jit does
+    before it calls jaxlib: the JAX context, the array read through .aval). No anchor: lru_cache cannot
+    hash a jax Array."""
+    import dataclasses
+
     import jax.numpy as jnp
 
     import ftjit
 
-    def core(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
-        def f(x: Any) -> Any:
-            return x
+    class JaxSignatureOnly(ftjit.JaxCompiler):
+        """The JAX compiler's signature; the executable is the function itself."""
 
-        fn = ftjit.jit(f, compiler=identity_compiler, cache=ftjit.FunctionCache(capacity=16))
-        return fn, lambda: (jnp.arange(4, dtype=jnp.float32) + 0,)  # an array object of the thread's own
+        def __call__(self, fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return fun
 
-    return Contender("ftjit core, jax Array", core)
+        def hooks(self, fun: Callable[..., Any]) -> Any:
+            return dataclasses.replace(super().hooks(fun), executable_for=None)
+
+    def maker(compiler: Callable[[], Any]) -> Callable[[int], tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
+        def core(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+            def f(x: Any) -> Any:
+                return x
+
+            fn = ftjit.jit(f, compiler=compiler(), cache=ftjit.FunctionCache(capacity=16))
+            return fn, lambda: (jnp.arange(4, dtype=jnp.float32) + 0,)  # an array object of the thread's own
+
+        return core
+
+    return (Contender("ftjit core, jax Array", maker(lambda: identity_compiler)),
+            Contender("ftjit core + JAX hooks, jax Array", maker(JaxSignatureOnly)))
 
 
 def _jax_contenders() -> tuple[Contender, Contender]:
@@ -229,7 +247,7 @@ def scaling_result(calls: int, rounds: int, with_jax: bool = True,
     (increasing, from 1) with every thread calling a function of its own."""
     groups: list[tuple[Contender, ...]] = [_core_contenders()]
     if with_jax:
-        groups += [(_core_array_contender(),), _jax_contenders()]
+        groups += [_core_array_contenders(), _jax_contenders()]
     counts = None if thread_counts is None else tuple(thread_counts)
     configs = CONFIGS if counts is None else thread_configs(counts)
     load_before = os.getloadavg()
@@ -266,7 +284,7 @@ def _thread_targets(measured: Sequence[tuple[Scaling, ...]], n: int) -> list[Tar
     reason = ("the targets are set for the free-threaded build; on a GIL build threads take turns"
               if not FREE_THREADED else
               f"{n} threads need {n} cores and this machine has {cpus}: measure on one with as many cores")
-    (array,), (ours, theirs) = measured[1], measured[2]
+    (array, _), (ours, theirs) = measured[1], measured[2]
     key = str(n)
     return [
         Target(f"ftjit core, jax Array: {n} threads / 1 thread", array.scaling(key), 1.0, applies, reason),

@@ -49,7 +49,8 @@ ROWS = [
 WARMUP = ("jax: warmup 2 signatures, 2 workers", "workers=1 (loop)", 1.0)
 MISSES = ("miss with 4000 signatures cached", "10 signatures", 1.25)
 STATUS = re.compile(r"PASS|MISS")
-SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit core, jax Array", "ftjit.jit", "jax.jit"]
+SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit core, jax Array", "ftjit core + JAX hooks, jax Array", "ftjit.jit",
+                 "jax.jit"]
 
 
 def _table_rows(stdout: str, header: str = "case ") -> list[list[str]]:
@@ -305,7 +306,7 @@ def test_bench_threads_prints_a_column_per_count_with_speed_ups_and_targets_from
     assert [(c["key"], c["threads"], c["shared"]) for c in result["configs"]] == [("1", 1, False), ("2", 2, False)]
     sides = {s["label"]: s for s in result["sides"]}
     assert [s["label"] for s in result["sides"]] == SCALING_SIDES
-    assert [s["group"] for s in result["sides"]] == [0, 0, 1, 2, 2]  # the core on a jax Array stands alone
+    assert [s["group"] for s in result["sides"]] == [0, 0, 1, 1, 2, 2]  # the core on a jax Array: no anchor
     for s in result["sides"]:
         assert s["median"] == {k: statistics.median(v) for k, v in s["rates"].items()}
         assert list(s["median"]) == ["1", "2"]
@@ -380,7 +381,7 @@ def test_thread_count_targets_follow_the_numbers_and_apply_only_with_as_many_cor
             return bt.Scaling(label, {"1": (one,), str(n): (many,)}, base="1")
 
         return [(side("ftjit core", 1.0, 1.0), side("lru_cache", 1.0, 1.0)),
-                (side("ftjit core, jax Array", 4e6, 3.96e6),),
+                (side("ftjit core, jax Array", 4e6, 3.96e6), side("ftjit core + JAX hooks, jax Array", 2e6, 2e6)),
                 (side("ftjit.jit", 1e5, 2.62e5), side("jax.jit", 1e5, 2e5))]
 
     array, ratio = bt._thread_targets(measured(2), 2)
