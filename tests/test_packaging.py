@@ -32,3 +32,22 @@ def test_gil_stays_disabled_on_free_threaded_builds():
     if not sysconfig.get_config_var("Py_GIL_DISABLED"):
         pytest.skip("not a free-threaded interpreter")
     assert sys._is_gil_enabled() is False
+
+
+def test_the_extension_imports_without_numpy_as_the_stub_generator_imports_it(tmp_path):
+    # The build generates _core.pyi by importing the extension on its own (as
+    # `_core`) in the build environment, which has no numpy when pip builds
+    # in isolation (pip wheel ., an sdist install): its init must not need it.
+    import subprocess
+
+    from helpers import child_env
+
+    script = (
+        "import sys; sys.modules['numpy'] = None; sys.path.insert(0, sys.argv[1]); "
+        "import _core; print(sorted(n for n in ('JitFunction', 'FunctionCache') if hasattr(_core, n)))"
+    )
+    core_dir = str(pathlib.Path(ftjit._core.__file__).parent)
+    proc = subprocess.run([sys.executable, "-c", script, core_dir], capture_output=True, text=True, timeout=120,
+                          env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['FunctionCache', 'JitFunction']"

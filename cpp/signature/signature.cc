@@ -77,11 +77,21 @@ void InitSignatures() {
                         Interned("__jax_array__")};
   }
   // numpy is a dependency of ftjit: its types are looked up once, here.
+  // Where it cannot be imported (the build's stub generator imports this
+  // module in an isolated build environment, which has no numpy), there can
+  // be no numpy arrays either: the types stay null, which the builder reads
+  // as "not numpy".
   NumpyTypes& t = Numpy();
   if (!t.ndarray) {
-    nb::module_ numpy = nb::module_::import_("numpy");
-    t.ndarray = nb::object(numpy.attr("ndarray")).release().ptr();
-    t.generic = nb::object(numpy.attr("generic")).release().ptr();
+    PyObject* numpy = PyImport_ImportModule("numpy");
+    if (!numpy) {
+      if (!PyErr_ExceptionMatches(PyExc_ImportError)) throw nb::python_error();
+      PyErr_Clear();
+      return;
+    }
+    nb::module_ module = nb::steal<nb::module_>(numpy);
+    t.ndarray = nb::object(module.attr("ndarray")).release().ptr();
+    t.generic = nb::object(module.attr("generic")).release().ptr();
   }
 }
 
