@@ -5,21 +5,26 @@ jit once with a recompile guard (``Model``), compile every batch bucket before t
 (``Model.warm``, ``main``), pad batches to their bucket so that traffic only meets compiled signatures,
 answer the guard's ``RecompileLimitError`` with a JSON error (``App.predict``), report ``ftjit.stats()``
 on ``/stats`` and ``/metrics``, and keep the compiled signatures in a file for the next start (``save_specs``).
-HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``).
+HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``). ``--unix-socket PATH`` listens
+on a unix socket instead of TCP (for a machine where no internet socket, not even loopback, may be opened).
 
 Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]
-[--specs FILE] [--compile-cache DIR]``; SIGTERM or SIGINT stops it. docs/serving.md is its manual.
+[--specs FILE] [--compile-cache DIR]`` (or ``--unix-socket PATH`` instead of ``--port``);
+SIGTERM or SIGINT stops it. docs/serving.md is its manual.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import math
+import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -258,9 +263,37 @@ class App:
         return json.dumps({"outputs": outputs.tolist()}).encode()
 
 
-def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int = THREADS) -> tuple[Any, socket.socket]:
-    """waitress serving ``app`` on a listening socket of our own, which is returned with it."""
-    listener = socket.create_server((host, port), backlog=BACKLOG)
+def listen_unix(path: str) -> socket.socket:
+    """A unix socket listening at ``path``, mode 0600 (this user only, like waitress's ``unix_socket`` setting,
+    which is not used: the socket is ours, handed to waitress like the TCP one, so that the stop can close it).
+
+    A socket file there that nothing listens on (left by a server that was killed) is removed first; one that a
+    server answers on, or a file of another kind, is left alone, and the OSError says why the start fails."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(path)
+                except ConnectionRefusedError:  # stale: no listener behind it
+                    os.unlink(path)
+                else:
+                    raise OSError(errno.EADDRINUSE, f"a server is listening on {path}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int = THREADS,
+                unix_socket: str | None = None) -> tuple[Any, socket.socket]:  # fmt: skip
+    """waitress serving ``app`` on a listening socket of our own, which is returned with it: TCP on
+    ``host:port``, or the unix socket file ``unix_socket`` if given (``listen_unix``)."""
+    listener = listen_unix(unix_socket) if unix_socket else socket.create_server((host, port), backlog=BACKLOG)
     server = waitress.create_server(
         app, sockets=[listener], threads=threads, connection_limit=CONNECTION_LIMIT, backlog=BACKLOG,
         max_request_body_size=app.max_body_bytes,  # a bigger body gets waitress's own 413, unread
@@ -271,15 +304,19 @@ def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int =
 def serve(server: Any, listener: socket.socket, app: App) -> int:
     """Runs waitress in this (the main) thread until SIGTERM or SIGINT; returns the exit code.
 
-    The signal closes the port, then waitress's own stop runs: its loop ends and its workers finish
-    the requests they are running, writing their answers, for up to 5 s (requests still waiting for a
-    worker are cancelled). 1 if a request was still in the app then, else 0. A second signal is
-    ignored, so that it cannot cut the stop short; that stop is bounded by waitress's 5 s anyway."""
+    The signal closes the port (and removes a unix socket's file), then waitress's own stop runs: its
+    loop ends and its workers finish the requests they are running, writing their answers, for up to
+    5 s (requests still waiting for a worker are cancelled). 1 if a request was still in the app then,
+    else 0. A second signal is ignored, so that it cannot cut the stop short; that stop is bounded by
+    waitress's 5 s anyway."""
 
     def stop(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         app.stopping = True
+        if listener.family == socket.AF_UNIX:
+            with contextlib.suppress(OSError):
+                os.unlink(listener.getsockname())
         listener.close()
         logger.info("%s: stopping; answering the requests being served", signal.Signals(signum).name)
         raise KeyboardInterrupt  # what waitress's run() stops on
@@ -317,8 +354,9 @@ def save_specs_every(path: str, model: Model, minutes: float, stop: threading.Ev
 def main(argv: list[str] | None = None) -> int:
     """The command line: warm up, then listen and serve until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
+    parser.add_argument("--host", help="address to bind (default: 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default: 8000)")
+    parser.add_argument("--unix-socket", metavar="PATH", help="listen on a unix socket at PATH instead of TCP")
     parser.add_argument("--threads", type=int, default=THREADS, help=f"waitress's worker threads (default: {THREADS})")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="the largest batch (default: 32)")
     parser.add_argument("--warmup-workers", type=int, default=4, help="threads compiling before listening (default 4)")
@@ -329,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.threads, args.max_batch, args.warmup_workers) < 1 or (args.specs_every or 1) <= 0:
         parser.error("--threads, --max-batch and --warmup-workers must be at least 1, --specs-every above 0")
+    if args.unix_socket is not None and (args.host is not None or args.port is not None):
+        parser.error("--unix-socket cannot be combined with --host or --port")
+    host, port = args.host or "127.0.0.1", 8000 if args.port is None else args.port
     if args.compile_cache:  # every compile is kept in DIR and read back by the next start (even the small ones)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -342,14 +383,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     app = App(model)
     try:
-        server, listener = make_server(app, args.host, args.port, args.threads)
+        server, listener = make_server(app, host, port, args.threads, args.unix_socket)
     except OSError as exc:
-        print(f"serve.py: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"serve.py: cannot listen on {args.unix_socket or f'{host}:{port}'}: {exc}", file=sys.stderr)
         return 1
     stop = threading.Event()
     if args.specs and args.specs_every:
         threading.Thread(target=save_specs_every, args=(args.specs, model, args.specs_every, stop), daemon=True).start()
-    print(f"serving on http://{args.host}:{listener.getsockname()[1]}", flush=True)
+    where = f"unix:{args.unix_socket}" if args.unix_socket else f"http://{host}:{listener.getsockname()[1]}"
+    print(f"serving on {where}", flush=True)
     code = serve(server, listener, app)
     stop.set()  # no periodic write after the last one
     return code if not args.specs or save_specs(args.specs, model) else 1

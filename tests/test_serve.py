@@ -11,22 +11,28 @@ port opens, 200 clients at once all answered with the GIL still off, the
 load generator's count and time limits, SIGTERM and SIGINT answering the
 request in flight, the demo, and --specs: the file written periodically and
 at SIGTERM, a restart from it compiling nothing during traffic, a corrupted
-one still letting the server start and answer. HTTP mechanics are waitress's
-and are not tested here. Nothing asserts on speed; timeouts are hang guards.
+one still letting the server start and answer. --unix-socket: a stale
+socket file is replaced, a live one or another file refused; the option
+clashes are argparse errors. HTTP mechanics are waitress's and are not
+tested here. Nothing asserts on speed; timeouts are hang guards.
 
-The over-the-wire tests skip where TCP on 127.0.0.1 is refused (the TPU machine); their processes run JAX on
-the CPU (helpers.child_env).
+The over-the-wire tests on TCP skip where TCP on 127.0.0.1 is refused (the TPU machine); those on unix sockets
+run everywhere. Their processes run JAX on the CPU (helpers.child_env).
 """
 
 import http.client
 import io
 import json
+import os
 import platform
 import re
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -276,15 +282,15 @@ def test_warmup_happens_before_the_port_opens(monkeypatch, capsys):
     class Listening(Exception):
         pass
 
-    def make_server(app, host, port, threads):
-        seen.append((host, port, threads, app.model.fn.cache_info(), app.model.warmup_report))
+    def make_server(app, host, port, threads, unix_socket):
+        seen.append((host, port, threads, unix_socket, app.model.fn.cache_info(), app.model.warmup_report))
         raise Listening
 
     monkeypatch.setattr(serve, "make_server", make_server)
     with pytest.raises(Listening):
         serve.main(["--port", "0", "--max-batch", "4", "--threads", "3", "--warmup-workers", "2"])
-    (host, port, threads, info, report), = seen
-    assert (host, port, threads) == ("127.0.0.1", 0, 3)
+    (host, port, threads, unix_socket, info, report), = seen
+    assert (host, port, threads, unix_socket) == ("127.0.0.1", 0, 3, None)
     assert (info.compiles, info.misses, info.hits, info.failures) == (3, 3, 0, 0)
     assert report.ok and [r.compiled for r in report] == [True] * 3 and report.workers == 2
     assert "warmup: 3/3 ok" in capsys.readouterr().out
@@ -586,3 +592,71 @@ def test_a_corrupted_specs_file_still_lets_the_server_start_and_answer(tmp_path,
     lines = [line for line in output.splitlines() if error in line]
     assert len(lines) == 1 and lines[0].startswith(f"<specs file {path}>"), output  # said once, in the report
     assert len(_saved_signatures(path)) == 3  # the stop replaced the damaged file with the buckets
+
+
+# --- --unix-socket: serving on a machine without TCP (the TPU one) ---------------------------------------------
+
+
+def test_listen_unix_replaces_only_a_stale_socket_file():
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
+        path = os.path.join(tmp, "serve.sock")
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(path)
+        stale.close()  # a killed server's file: nothing listens behind it
+        with serve.listen_unix(path):
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            with pytest.raises(OSError, match=f"a server is listening on {re.escape(path)}"):
+                serve.listen_unix(path)  # a live one is left alone
+        os.unlink(path)
+        open(path, "w").close()
+        with pytest.raises(OSError, match="Address already in use"):
+            serve.listen_unix(path)  # not a socket: not removed
+        assert os.path.isfile(path)
+
+
+SERVE_UNIX_CLASH = "--unix-socket cannot be combined with --host or --port"
+
+
+@pytest.mark.thread_unsafe(reason="reads what argparse wrote to this process's stderr (capsys)")
+@pytest.mark.parametrize(("main", "argv", "message"), [
+    (serve.main, ["--unix-socket", "s", "--port", "8000"], SERVE_UNIX_CLASH),
+    (serve.main, ["--unix-socket", "s", "--host", "::1"], SERVE_UNIX_CLASH),
+    (load.main, ["--unix-socket", "s", "--port", "8000"], "argument --port: not allowed with argument --unix-socket"),
+    (load.main, ["--unix-socket", "s", "--host", "::1"], "argument --host: not allowed with argument --unix-socket"),
+    (load.main, ["--threads", "2"], "one of the arguments --port --unix-socket is required"),
+], ids=["serve-port", "serve-host", "load-port", "load-host", "load-neither"])  # fmt: skip
+def test_option_clashes_are_argparse_errors(main, argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
+
+
+def _report_values(stdout):
+    """examples/load.py's printed report as {measure: value}."""
+    return {parts[0]: parts[1] for parts in (re.split(r"\s{2,}", line.strip()) for line in stdout.splitlines())
+            if len(parts) == 3}  # fmt: skip
+
+
+@starts_servers
+@pytest.mark.timeout(300)
+def test_a_server_on_a_unix_socket_answers_load_py(monkeypatch):
+    # examples/load.py --unix-socket (its command line) loads a server on a unix socket: all answered and checked.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
+        path = os.path.join(tmp, "serve.sock")
+        server = ServerProcess("--max-batch", "8", "--threads", "2", "--warmup-workers", "2", unix_socket=path)
+        try:
+            assert f"serving on unix:{path}\n" in server.output
+            assert load.fetch_json("localhost", None, "/healthz", unix_socket=path) == (200, {"ok": True})
+            command = [sys.executable, str(REPO / "examples" / "load.py"), "--unix-socket", path,
+                       "--threads", "2", "--requests", "60", "--seed", "5", "--max-batch", "8"]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env())
+            assert done.returncode == 0, done.stdout + done.stderr
+            values = _report_values(done.stdout)
+            assert (values["requests"], values["errors"], values["wrong answers"], values["compiles"]) == (
+                "60", "0", "0", "4")  # fmt: skip
+        finally:
+            output = _stop_cleanly(server)
+        assert output.rstrip().endswith("server stopped")
+        assert not os.path.exists(path)  # the stop removed the socket file
