@@ -62,8 +62,9 @@ class LoadReport:
 
     @property
     def compiles(self) -> int | None:
-        """The server's compiles of the MLP after the run."""
-        return None if self.stats is None else self.stats["function"]["cache_info"]["compiles"]
+        """The server's compiles of the MLP after the run (None under ``serve.py --jit jax``: not counted)."""
+        info = None if self.stats is None else self.stats["function"]["cache_info"]
+        return None if info is None else info["compiles"]
 
 
 def reference_forward(weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
@@ -319,13 +320,19 @@ def report_rows(report: LoadReport) -> list[tuple[str, str, str]]:
                            f"a sum over {workers} parallel warm-up workers, not wall clock")  # fmt: skip
         warmup_row = ("server warm-up", f"{warmup['wall_seconds']:.3f} s",
                       f"wall clock of its warm-up ({workers} worker{'s' * (workers > 1)}), before listening")  # fmt: skip
+    if info is None:  # serve.py --jit jax: jax.jit keeps no counters that /stats could report
+        cache_rows = [("compiles", "n/a", "the server runs jax.jit (--jit jax): no compile, hit or wait counts")]
+    else:
+        cache_rows = [
+            ("compiles", str(info["compiles"]), "the server's compiles of the model (one per bucket)"),
+            ("hits", str(info["hits"]), "model calls that found their bucket compiled"),
+            ("waits", str(info["waits"]), "model calls that waited for another thread's compile"),
+            ("compile time", f"{info['compile_seconds']:.3f} s", compile_meaning),
+        ]  # fmt: skip
     gil = report.stats["gil_enabled"]
     return rows + [
         ("buckets", str(len(buckets)), "batch sizes the server pads to: " + ", ".join(map(str, buckets))),
-        ("compiles", str(info["compiles"]), "the server's compiles of the model (one per bucket)"),
-        ("hits", str(info["hits"]), "model calls that found their bucket compiled"),
-        ("waits", str(info["waits"]), "model calls that waited for another thread's compile"),
-        ("compile time", f"{info['compile_seconds']:.3f} s", compile_meaning),
+        *cache_rows,
         warmup_row,
         ("server GIL", "enabled" if gil else "disabled", "the GIL in the server process, after the load"),
     ]  # fmt: skip

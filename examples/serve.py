@@ -5,11 +5,12 @@ jit once with a recompile guard (``Model``), compile every batch bucket before t
 (``Model.warm``, ``main``), pad batches to their bucket so that traffic only meets compiled signatures,
 answer the guard's ``RecompileLimitError`` with a JSON error (``App.predict``), report ``ftjit.stats()``
 on ``/stats`` and ``/metrics``, and keep the compiled signatures in a file for the next start (``save_specs``).
-HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``). ``--unix-socket PATH`` listens
+HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``). ``--jit jax`` serves the same model,
+buckets and padding through ``jax.jit`` instead (``JaxModel``), for comparison; ``--unix-socket PATH`` listens
 on a unix socket instead of TCP (for a machine where no internet socket, not even loopback, may be opened).
 
 Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]
-[--specs FILE] [--compile-cache DIR]`` (or ``--unix-socket PATH`` instead of ``--port``);
+[--specs FILE] [--compile-cache DIR] [--jit ftjit|jax]`` (or ``--unix-socket PATH`` instead of ``--port``);
 SIGTERM or SIGINT stops it. docs/serving.md is its manual.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -79,22 +81,32 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(2**i for i in range(max_batch.bit_length()) if 2**i < max_batch) + (max_batch,)
 
 
+def gil_enabled() -> bool:
+    """Whether the GIL is enabled in this process now (always, before CPython 3.13)."""
+    return sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True
+
+
 class Model:
     """The MLP, jitted once; every worker thread calls ``predict`` at once. ``fun`` replaces ``mlp``;
     ``max_signatures`` defaults to the number of buckets. Each Model has its own ``ftjit.FunctionCache``,
     so that several in one process (tests, the demo) count their compiles apart."""
+
+    jit = "ftjit"  #: what jits ``fun`` (``--jit``; ``JaxModel``'s is "jax")
 
     def __init__(self, max_batch: int = DEFAULT_MAX_BATCH, fun: Callable[..., Any] = mlp,
                  max_signatures: int | None = None, seed: int = DEFAULT_SEED):  # fmt: skip
         self.max_batch, self.buckets = max_batch, batch_buckets(max_batch)
         self.weights = make_weights(seed)
         self.params = {name: jnp.asarray(value) for name, value in self.weights.items()}
+        self.fn = self._jit(fun, len(self.buckets) if max_signatures is None else max_signatures)
+        self.warmup_report: Any = None  # ftjit.WarmupReport (JaxModel: CallWarmup) once warmed up
+        self.ready = False  # warmed up, every bucket compiled if asked: /healthz answers 200 (App.route)
+
+    def _jit(self, fun: Callable[..., Any], max_signatures: int) -> Any:
+        """``fun`` jitted once, for every thread (``JaxModel`` jits it with jax.jit instead)."""
         # ftjit: one jitted function for all threads. Padding makes one signature per bucket; a signature past
         # them (an unpadded batch, another dtype: a bug) raises RecompileLimitError instead of compiling.
-        limit = len(self.buckets) if max_signatures is None else max_signatures
-        self.fn = ftjit.jit(fun, cache=ftjit.FunctionCache(), max_signatures=limit, on_excess="raise")
-        self.warmup_report: ftjit.WarmupReport | None = None
-        self.ready = False  # warmed up, every bucket compiled if asked: /healthz answers 200 (App.route)
+        return ftjit.jit(fun, cache=ftjit.FunctionCache(), max_signatures=max_signatures, on_excess="raise")
 
     def warm(self, workers: int = 4, buckets: bool = True, saved: ftjit.SavedSpecs | None = None) -> ftjit.WarmupReport:
         """Compiles every bucket's signature from shapes alone (if ``buckets``) and those ``saved`` by a previous run
@@ -117,6 +129,7 @@ class Model:
         """``ftjit.stats()`` and this model's counters, signatures, buckets and warm-up, JSON-ready."""
         snapshot, report = ftjit.stats(), self.warmup_report
         return {
+            "jit": self.jit,
             "ftjit": snapshot.as_dict(top=len(snapshot.functions)),  # every live jitted function
             "function": {"name": self.fn.__name__, "cache_info": self.fn.cache_info()._asdict(),
                          "signatures": [info._asdict() for info in self.fn.signatures()]},
@@ -125,7 +138,58 @@ class Model:
                 "ok": report.ok, "wall_seconds": report.wall_seconds, "workers": report.workers,
                 "results": [{"signature": r.signature, "seconds": r.seconds, "compiled": r.compiled,
                              "error": None if r.error is None else repr(r.error)} for r in report]},
-            "gil_enabled": sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True,
+            "gil_enabled": gil_enabled(),
+        }  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class CallWarmup:
+    """``JaxModel.warm``'s report: the seconds of each bucket's first call (its compile, under jax.jit)."""
+
+    seconds: dict[int, float]  #: bucket -> seconds of its call
+    wall_seconds: float
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+    def __str__(self) -> str:
+        calls = ", ".join(f"{bucket}: {s:.3f} s" for bucket, s in self.seconds.items())
+        return f"warmup: {len(self)} bucket(s) called once each through jax.jit in {self.wall_seconds:.2f} s ({calls})"
+
+
+class JaxModel(Model):
+    """The same MLP, weights, buckets and padding (``predict``), jitted by ``jax.jit`` instead: ``--jit jax``,
+    to compare with. jax.jit has no recompile guard (``max_signatures`` is ignored: padding alone keeps the
+    signatures to the buckets), no warm-up from shapes, and no counters that /stats could report."""
+
+    jit = "jax"
+
+    def _jit(self, fun: Callable[..., Any], max_signatures: int) -> Any:
+        return jax.jit(fun)
+
+    def warm(self, workers: int = 4, buckets: bool = True, saved: ftjit.SavedSpecs | None = None) -> Any:
+        """Calls the function once per bucket (if ``buckets``), in turn, on zeros: jax.jit compiles at a
+        signature's first call. ``workers`` does not apply, and ``saved`` must be None (specs are ftjit's)."""
+        assert saved is None, "a specs file is ftjit's: --specs needs --jit ftjit"
+        seconds, start = {}, time.perf_counter()
+        for bucket in self.buckets if buckets else ():
+            t0 = time.perf_counter()
+            jax.block_until_ready(self.fn(self.params, np.zeros((bucket, N_INPUTS), np.float32)))
+            seconds[bucket] = time.perf_counter() - t0
+        self.warmup_report, self.ready = CallWarmup(seconds, time.perf_counter() - start), True
+        return self.warmup_report
+
+    def stats(self) -> dict[str, Any]:
+        """What /stats can say of a jax.jit function: no ftjit numbers (null), the buckets and the warm-up's calls."""
+        report = self.warmup_report
+        return {
+            "jit": self.jit, "ftjit": None,
+            "function": {"name": self.fn.__name__, "cache_info": None, "signatures": None},
+            "buckets": list(self.buckets),
+            "warmup": None if not report else {  # None: nothing was warmed up
+                "ok": True, "wall_seconds": report.wall_seconds, "workers": 1,
+                "results": [{"bucket": bucket, "seconds": s} for bucket, s in report.seconds.items()]},
+            "gil_enabled": gil_enabled(),
         }  # fmt: skip
 
 
@@ -204,7 +268,8 @@ class App:
         #: The largest /predict body (a full batch of long decimal numbers, with room): waitress refuses more.
         self.max_body_bytes = 1024 + model.max_batch * N_INPUTS * 32
         self.registry = registry = prometheus_client.CollectorRegistry()
-        registry.register(FtjitCollector())
+        if model.jit == "ftjit":  # under --jit jax no ftjit function lives: no ftjit series at all
+            registry.register(FtjitCollector())
         self.requests = prometheus_client.Counter(
             "http_requests", "Requests answered, by endpoint, method and status.", ["handler", "method", "code"],
             registry=registry)  # fmt: skip
@@ -357,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="address to bind (default: 127.0.0.1, loopback only)")
     parser.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default: 8000)")
     parser.add_argument("--unix-socket", metavar="PATH", help="listen on a unix socket at PATH instead of TCP")
+    parser.add_argument("--jit", choices=("ftjit", "jax"), default="ftjit",
+                        help="serve through ftjit.jit, or jax.jit to compare with (default: ftjit)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=THREADS, help=f"waitress's worker threads (default: {THREADS})")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="the largest batch (default: 32)")
     parser.add_argument("--warmup-workers", type=int, default=4, help="threads compiling before listening (default 4)")
@@ -369,12 +436,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--threads, --max-batch and --warmup-workers must be at least 1, --specs-every above 0")
     if args.unix_socket is not None and (args.host is not None or args.port is not None):
         parser.error("--unix-socket cannot be combined with --host or --port")
+    if args.jit == "jax" and args.specs:
+        parser.error("--specs needs --jit ftjit: a specs file holds ftjit's signatures")
     host, port = args.host or "127.0.0.1", 8000 if args.port is None else args.port
     if args.compile_cache:  # every compile is kept in DIR and read back by the next start (even the small ones)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    model = Model(args.max_batch)
+    model = (Model if args.jit == "ftjit" else JaxModel)(args.max_batch)
     saved = ftjit.load_specs(args.specs, missing_ok=True) if args.specs else None  # never raises
     report = model.warm(args.warmup_workers, args.buckets, saved)  # ftjit: compiled before the port opens
     # A saved spec that failed (a damaged or stale file) is a line of the report: the start goes on.

@@ -11,10 +11,12 @@ port opens, 200 clients at once all answered with the GIL still off, the
 load generator's count and time limits, SIGTERM and SIGINT answering the
 request in flight, the demo, and --specs: the file written periodically and
 at SIGTERM, a restart from it compiling nothing during traffic, a corrupted
-one still letting the server start and answer. --unix-socket: a stale
-socket file is replaced, a live one or another file refused; the option
-clashes are argparse errors. HTTP mechanics are waitress's and are not
-tested here. Nothing asserts on speed; timeouts are hang guards.
+one still letting the server start and answer. --jit jax (JaxModel): the same
+answers, no ftjit numbers on /stats and /metrics. --unix-socket: a stale
+socket file is replaced, a live one or another file refused; both --jit
+servers on unix sockets answer examples/load.py --unix-socket, and agree;
+the option clashes are argparse errors. HTTP mechanics are waitress's and
+are not tested here. Nothing asserts on speed; timeouts are hang guards.
 
 The over-the-wire tests on TCP skip where TCP on 127.0.0.1 is refused (the TPU machine); those on unix sockets
 run everywhere. Their processes run JAX on the CPU (helpers.child_env).
@@ -594,7 +596,30 @@ def test_a_corrupted_specs_file_still_lets_the_server_start_and_answer(tmp_path,
     assert len(_saved_signatures(path)) == 3  # the stop replaced the damaged file with the buckets
 
 
-# --- --unix-socket: serving on a machine without TCP (the TPU one) ---------------------------------------------
+# --- --jit jax and --unix-socket: the comparison on a machine without TCP (the TPU one) -----------------------
+
+
+def test_jax_model_answers_the_same_and_reports_no_ftjit_numbers():
+    # The same weights, buckets and padding through jax.jit: the same answers as ftjit's Model. /stats says
+    # null where only ftjit has numbers, and /metrics has no ftjit series at all (not zeros).
+    ftjit_model, jax_model = serve.Model(max_batch=8), serve.JaxModel(max_batch=8)
+    app = serve.App(jax_model)
+    assert _call(app, "GET", "/healthz")[::2] == (503, b'{"ok": false}')
+    report = jax_model.warm(workers=3)
+    assert jax_model.ready and list(report.seconds) == [1, 2, 4, 8] and str(report).startswith("warmup: 4 bucket(s)")
+    for rows in (1, 3, 8):
+        x = _rows(rows, seed=rows)
+        status, _, body = _call(app, "POST", "/predict", _body(x))
+        assert status == 200, body
+        np.testing.assert_allclose(json.loads(body)["outputs"], ftjit_model.predict(x), rtol=load.RTOL, atol=load.ATOL)
+    status, _, body = _call(app, "GET", "/stats")
+    stats = json.loads(body)
+    assert (status, stats["jit"], stats["ftjit"], stats["buckets"]) == (200, "jax", None, [1, 2, 4, 8])
+    assert stats["function"] == {"name": "mlp", "cache_info": None, "signatures": None}
+    assert [r["bucket"] for r in stats["warmup"]["results"]] == [1, 2, 4, 8] and stats["warmup"]["workers"] == 1
+    families = {f.name for f in text_string_to_metric_families(_call(app, "GET", "/metrics")[2].decode())}
+    assert "http_requests" in families and not any(name.startswith("ftjit_") for name in families)
+    assert serve.JaxModel(max_batch=4).warm(buckets=False).seconds == {}  # --no-bucket-warmup: nothing called
 
 
 def test_listen_unix_replaces_only_a_stale_socket_file():
@@ -621,10 +646,11 @@ SERVE_UNIX_CLASH = "--unix-socket cannot be combined with --host or --port"
 @pytest.mark.parametrize(("main", "argv", "message"), [
     (serve.main, ["--unix-socket", "s", "--port", "8000"], SERVE_UNIX_CLASH),
     (serve.main, ["--unix-socket", "s", "--host", "::1"], SERVE_UNIX_CLASH),
+    (serve.main, ["--jit", "jax", "--specs", "f"], "--specs needs --jit ftjit: a specs file holds ftjit's signatures"),
     (load.main, ["--unix-socket", "s", "--port", "8000"], "argument --port: not allowed with argument --unix-socket"),
     (load.main, ["--unix-socket", "s", "--host", "::1"], "argument --host: not allowed with argument --unix-socket"),
     (load.main, ["--threads", "2"], "one of the arguments --port --unix-socket is required"),
-], ids=["serve-port", "serve-host", "load-port", "load-host", "load-neither"])  # fmt: skip
+], ids=["serve-port", "serve-host", "serve-specs-jax", "load-port", "load-host", "load-neither"])  # fmt: skip
 def test_option_clashes_are_argparse_errors(main, argv, message, capsys):
     with pytest.raises(SystemExit) as exited:
         main(argv)
@@ -640,23 +666,40 @@ def _report_values(stdout):
 
 @starts_servers
 @pytest.mark.timeout(300)
-def test_a_server_on_a_unix_socket_answers_load_py(monkeypatch):
-    # examples/load.py --unix-socket (its command line) loads a server on a unix socket: all answered and checked.
+def test_ftjit_and_jax_servers_on_unix_sockets_answer_load_py_alike(monkeypatch):
+    # Each --jit in turn, on a unix socket: examples/load.py --unix-socket (its command line) sends the same
+    # seeded requests to both, all answered and checked; then the same batches get the same answers from both.
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    answers = {}
     with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
-        path = os.path.join(tmp, "serve.sock")
-        server = ServerProcess("--max-batch", "8", "--threads", "2", "--warmup-workers", "2", unix_socket=path)
-        try:
-            assert f"serving on unix:{path}\n" in server.output
-            assert load.fetch_json("localhost", None, "/healthz", unix_socket=path) == (200, {"ok": True})
-            command = [sys.executable, str(REPO / "examples" / "load.py"), "--unix-socket", path,
-                       "--threads", "2", "--requests", "60", "--seed", "5", "--max-batch", "8"]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env())
-            assert done.returncode == 0, done.stdout + done.stderr
-            values = _report_values(done.stdout)
-            assert (values["requests"], values["errors"], values["wrong answers"], values["compiles"]) == (
-                "60", "0", "0", "4")  # fmt: skip
-        finally:
-            output = _stop_cleanly(server)
-        assert output.rstrip().endswith("server stopped")
-        assert not os.path.exists(path)  # the stop removed the socket file
+        for jit in ("ftjit", "jax"):
+            path = os.path.join(tmp, f"{jit}.sock")
+            server = ServerProcess("--jit", jit, "--max-batch", "8", "--threads", "2", "--warmup-workers", "2",
+                                   unix_socket=path)  # fmt: skip
+            try:
+                assert f"serving on unix:{path}\n" in server.output
+                assert load.fetch_json("localhost", None, "/healthz", unix_socket=path) == (200, {"ok": True})
+                command = [sys.executable, str(REPO / "examples" / "load.py"), "--unix-socket", path,
+                           "--threads", "2", "--requests", "60", "--seed", "5", "--max-batch", "8"]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env())
+                assert done.returncode == 0, done.stdout + done.stderr
+                values = _report_values(done.stdout)
+                assert (values["requests"], values["errors"], values["wrong answers"]) == ("60", "0", "0")
+                assert values["compiles"] == {"ftjit": "4", "jax": "n/a"}[jit], done.stdout
+                _, stats = load.fetch_json("localhost", None, "/stats", unix_socket=path)
+                assert stats["jit"] == jit and (stats["ftjit"] is None) is (jit == "jax")
+                answers[jit] = []
+                for n in range(1, 9):
+                    connection = load.UnixHTTPConnection(path, timeout=60)
+                    connection.request("POST", "/predict", _body(_rows(n, seed=n)), {"Content-Type": JSON})
+                    answers[jit].append(json.loads(connection.getresponse().read())["outputs"])
+                    connection.close()
+            finally:
+                output = _stop_cleanly(server)
+            assert output.rstrip().endswith("server stopped")
+            assert not os.path.exists(path)  # the stop removed the socket file
+    weights = serve.make_weights()
+    for n, ftjit_answer, jax_answer in zip(range(1, 9), answers["ftjit"], answers["jax"]):
+        np.testing.assert_allclose(ftjit_answer, load.reference_forward(weights, _rows(n, seed=n)),
+                                   rtol=load.RTOL, atol=load.ATOL)  # fmt: skip
+        np.testing.assert_allclose(jax_answer, ftjit_answer, rtol=load.RTOL, atol=load.ATOL)
