@@ -15,8 +15,9 @@ one still letting the server start and answer. --jit jax (JaxModel): the same
 answers, no ftjit numbers on /stats and /metrics. --unix-socket: a stale
 socket file is replaced, a live one or another file refused; both --jit
 servers on unix sockets answer examples/load.py --unix-socket, and agree;
-the option clashes are argparse errors. HTTP mechanics are waitress's and
-are not tested here. Nothing asserts on speed; timeouts are hang guards.
+the option clashes are argparse errors; bench/tpu_compare.py, which compares
+them, prints its table. HTTP mechanics are waitress's and are not tested
+here. Nothing asserts on speed; timeouts are hang guards.
 
 The over-the-wire tests on TCP skip where TCP on 127.0.0.1 is refused (the TPU machine); those on unix sockets
 run everywhere. Their processes run JAX on the CPU (helpers.child_env).
@@ -28,6 +29,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -703,3 +705,19 @@ def test_ftjit_and_jax_servers_on_unix_sockets_answer_load_py_alike(monkeypatch)
         np.testing.assert_allclose(ftjit_answer, load.reference_forward(weights, _rows(n, seed=n)),
                                    rtol=load.RTOL, atol=load.ATOL)  # fmt: skip
         np.testing.assert_allclose(jax_answer, ftjit_answer, rtol=load.RTOL, atol=load.ATOL)
+
+
+@starts_servers
+@pytest.mark.timeout(300)
+def test_the_tpu_comparison_driver_prints_its_table():
+    # bench/tpu_compare.py, small: one server per --jit, on a unix socket, each loaded by load.py; one table.
+    command = [sys.executable, "-m", "bench.tpu_compare", "--threads", "2", "--load-threads", "2", "--requests", "20"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=280, env=child_env())
+    workdir = re.search(r"^servers' output and load reports: (\S+)$", done.stdout, re.M)
+    if workdir:
+        shutil.rmtree(workdir.group(1))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("ftjit ", "jax "))]
+    # jit, server threads, requests, requests/s, p50, p99, errors, wrong, compiles during traffic
+    assert [(r[:3], r[6:]) for r in rows] == [(["ftjit", "2", "20"], ["0", "0", "0"]),
+                                             (["jax", "2", "20"], ["0", "0", "n/a"])]  # fmt: skip
