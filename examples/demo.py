@@ -48,21 +48,24 @@ SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 
 class ServerProcess:
     """``examples/serve.py --port 0 ARGS`` in a child process; returns once it listens (``port``).
+    With ``unix_socket``, ``--unix-socket PATH`` instead of ``--port 0`` (``port`` stays None).
 
     Its stdout and stderr (one stream) are collected in ``output``. Raises
     RuntimeError, with that output, if it exits or is silent for ``timeout``
     seconds before listening.
     """
 
-    def __init__(self, *args: str, timeout: float = 120.0):
+    def __init__(self, *args: str, timeout: float = 120.0, unix_socket: str | None = None):
         self.port: int | None = None
+        self.unix_socket, self.listening = unix_socket, False
         self._lines: list[str] = []
         self._listening = threading.Event()
-        self.proc = subprocess.Popen([sys.executable, SERVE, "--port", "0", *args],
+        where = ["--unix-socket", unix_socket] if unix_socket else ["--port", "0"]
+        self.proc = subprocess.Popen([sys.executable, SERVE, *where, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self._reader = threading.Thread(target=self._read, name="serve-output", daemon=True)
         self._reader.start()
-        if not self._listening.wait(timeout) or self.port is None:
+        if not self._listening.wait(timeout) or not self.listening:
             self.stop(signal.SIGKILL)
             raise RuntimeError(f"examples/serve.py did not start listening; its output:\n{self.output}")
 
@@ -71,8 +74,8 @@ class ServerProcess:
         for line in self.proc.stdout:
             self._lines.append(line)
             match = re.fullmatch(r"serving on http://127\.0\.0\.1:(\d+)", line.strip())
-            if match:
-                self.port = int(match.group(1))
+            if match or line.strip() == f"serving on unix:{self.unix_socket}":
+                self.port, self.listening = int(match.group(1)) if match else None, True
                 self._listening.set()
         self._listening.set()  # the output ended: it exited
 

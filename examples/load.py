@@ -6,7 +6,8 @@ were sent or ``--seconds`` passed, whichever comes first. Every answer is
 compared with a float64 numpy reference of the same MLP (a wrong answer
 counts apart from errors). Then it reads the server's ``/stats`` and prints
 the report that ``examples/demo.py`` prints too (``report_rows``). Only
-loopback servers are accepted.
+servers on this machine are accepted: on a loopback address, or on a unix
+socket (``--unix-socket PATH``, for ``serve.py --unix-socket PATH``).
 
 Run it as ``.venv/bin/python examples/load.py --port 8000 --threads 8 --requests 2000``.
 """
@@ -23,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -61,8 +62,9 @@ class LoadReport:
 
     @property
     def compiles(self) -> int | None:
-        """The server's compiles of the MLP after the run."""
-        return None if self.stats is None else self.stats["function"]["cache_info"]["compiles"]
+        """The server's compiles of the MLP after the run (None under ``serve.py --jit jax``: not counted)."""
+        info = None if self.stats is None else self.stats["function"]["cache_info"]
+        return None if info is None else info["compiles"]
 
 
 def reference_forward(weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
@@ -84,10 +86,38 @@ def check_loopback(host: str) -> None:
         )
 
 
-def fetch_json(host: str, port: int, path: str, timeout: float = REQUEST_TIMEOUT) -> tuple[int, Any]:
-    """``GET path`` on a loopback server: (status, decoded JSON body)."""
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection over the unix socket file ``path`` (its Host header says ``localhost``)."""
+
+    def __init__(self, path: str, timeout: float = REQUEST_TIMEOUT):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_socket = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.unix_socket)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def connector(host: str, port: int | None, unix_socket: str | None = None,
+              timeout: float = REQUEST_TIMEOUT) -> Callable[[], http.client.HTTPConnection]:  # fmt: skip
+    """A maker of new connections to the server: over ``unix_socket`` if given, else to ``host:port``,
+    which must be a loopback address (ValueError otherwise)."""
+    if unix_socket is not None:
+        return lambda: UnixHTTPConnection(unix_socket, timeout=timeout)
     check_loopback(host)
-    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    return lambda: http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def fetch_json(host: str, port: int | None, path: str, timeout: float = REQUEST_TIMEOUT,
+               unix_socket: str | None = None) -> tuple[int, Any]:  # fmt: skip
+    """``GET path`` on a loopback server (or the one on ``unix_socket``): (status, decoded JSON body)."""
+    connection = connector(host, port, unix_socket, timeout)()
     try:
         connection.request("GET", path)
         response = connection.getresponse()
@@ -185,7 +215,8 @@ def _check_answer(status: int, body: bytes, expected: np.ndarray) -> tuple[str |
     return None, False
 
 
-def _worker(run: _Run, host: str, port: int, seed: int, max_batch: int, weights: dict[str, np.ndarray]) -> None:
+def _worker(run: _Run, connect: Callable[[], http.client.HTTPConnection], seed: int, max_batch: int,
+            weights: dict[str, np.ndarray]) -> None:  # fmt: skip
     """Sends requests over one keep-alive connection (reopened after an error) until the run is over."""
     connection: http.client.HTTPConnection | None = None
     while (index := run.take()) is not None:
@@ -193,7 +224,7 @@ def _worker(run: _Run, host: str, port: int, seed: int, max_batch: int, weights:
         body = json.dumps({"inputs": x.tolist()}).encode()
         t0 = time.perf_counter()
         try:
-            connection = connection or http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT)
+            connection = connection or connect()
             connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
             response = connection.getresponse()
             answer = response.read()
@@ -215,17 +246,19 @@ def _worker(run: _Run, host: str, port: int, seed: int, max_batch: int, weights:
         connection.close()
 
 
-def run_load(port: int, threads: int = 8, requests: int | None = 2000, seconds: float | None = 60.0,
+def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, seconds: float | None = 60.0,
              seed: int = 0, max_batch: int = DEFAULT_MAX_BATCH, host: str = "127.0.0.1",
-             progress: bool | None = None, weights_seed: int = DEFAULT_SEED) -> LoadReport:  # fmt: skip
-    """Loads ``host:port`` from ``threads`` threads until ``requests`` were sent or ``seconds`` passed.
+             progress: bool | None = None, weights_seed: int = DEFAULT_SEED,
+             unix_socket: str | None = None) -> LoadReport:  # fmt: skip
+    """Loads ``host:port`` (or the server on ``unix_socket``, if given) from ``threads`` threads until
+    ``requests`` were sent or ``seconds`` passed.
 
     At least one of ``requests`` and ``seconds`` must be given. ``progress``:
     None or True reports on stderr, False not. ``weights_seed`` must match
     the server's weights for answers to check out. Raises ValueError for a
     non-loopback host or bad limits.
     """
-    check_loopback(host)
+    connect = connector(host, port, unix_socket)
     if threads < 1 or (requests is not None and requests < 1) or (seconds is not None and seconds <= 0):
         raise ValueError(f"need threads >= 1, requests >= 1, seconds > 0; got {threads}, {requests}, {seconds}")
     if requests is None and seconds is None:
@@ -234,7 +267,7 @@ def run_load(port: int, threads: int = 8, requests: int | None = 2000, seconds: 
     bar = _Progress(requests, progress is None or bool(progress))
     t0 = time.monotonic()
     run = _Run(requests, None if seconds is None else t0 + seconds, bar)
-    workers = [threading.Thread(target=_worker, args=(run, host, port, seed, max_batch, weights), name=f"load-{i}")
+    workers = [threading.Thread(target=_worker, args=(run, connect, seed, max_batch, weights), name=f"load-{i}")
                for i in range(threads)]  # fmt: skip
     for worker in workers:
         worker.start()
@@ -247,7 +280,7 @@ def run_load(port: int, threads: int = 8, requests: int | None = 2000, seconds: 
         run.first_error = run.first_error or f"{lost} request(s) taken by a load thread that died"
     bar.update(len(run.latencies), final=True)
     try:
-        status, stats = fetch_json(host, port, "/stats")
+        status, stats = fetch_json(host, port, "/stats", unix_socket=unix_socket)
     except (OSError, http.client.HTTPException, ValueError):
         status, stats = None, None
     ms = np.asarray(run.latencies) * 1e3
@@ -287,13 +320,19 @@ def report_rows(report: LoadReport) -> list[tuple[str, str, str]]:
                            f"a sum over {workers} parallel warm-up workers, not wall clock")  # fmt: skip
         warmup_row = ("server warm-up", f"{warmup['wall_seconds']:.3f} s",
                       f"wall clock of its warm-up ({workers} worker{'s' * (workers > 1)}), before listening")  # fmt: skip
+    if info is None:  # serve.py --jit jax: jax.jit keeps no counters that /stats could report
+        cache_rows = [("compiles", "n/a", "the server runs jax.jit (--jit jax): no compile, hit or wait counts")]
+    else:
+        cache_rows = [
+            ("compiles", str(info["compiles"]), "the server's compiles of the model (one per bucket)"),
+            ("hits", str(info["hits"]), "model calls that found their bucket compiled"),
+            ("waits", str(info["waits"]), "model calls that waited for another thread's compile"),
+            ("compile time", f"{info['compile_seconds']:.3f} s", compile_meaning),
+        ]  # fmt: skip
     gil = report.stats["gil_enabled"]
     return rows + [
         ("buckets", str(len(buckets)), "batch sizes the server pads to: " + ", ".join(map(str, buckets))),
-        ("compiles", str(info["compiles"]), "the server's compiles of the model (one per bucket)"),
-        ("hits", str(info["hits"]), "model calls that found their bucket compiled"),
-        ("waits", str(info["waits"]), "model calls that waited for another thread's compile"),
-        ("compile time", f"{info['compile_seconds']:.3f} s", compile_meaning),
+        *cache_rows,
         warmup_row,
         ("server GIL", "enabled" if gil else "disabled", "the GIL in the server process, after the load"),
     ]  # fmt: skip
@@ -317,16 +356,21 @@ def format_rows(rows: Sequence[tuple[str, str, str]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The command line; exit code 1 if no request was sent, or any failed or was answered wrongly."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1", help="server address, loopback only (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, required=True, help="server port")
+    parser.add_argument("--host", help="server address, loopback only (default: 127.0.0.1)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int, help="server port")
+    where.add_argument("--unix-socket", metavar="PATH", help="the server's unix socket (serve.py --unix-socket PATH)")
     parser.add_argument("--threads", type=int, default=8, help="concurrent connections (default: 8)")
     parser.add_argument("--requests", type=int, default=2000, help="total requests to send (default: 2000)")
     parser.add_argument("--seconds", type=float, default=60.0, help="time limit in seconds (default: 60)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random batches (default: 0)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch to send")
     args = parser.parse_args(argv)
+    if args.unix_socket is not None and args.host is not None:
+        parser.error("argument --host: not allowed with argument --unix-socket")
     try:
-        report = run_load(args.port, args.threads, args.requests, args.seconds, args.seed, args.max_batch, args.host)
+        report = run_load(args.port, args.threads, args.requests, args.seconds, args.seed, args.max_batch,
+                          args.host or "127.0.0.1", unix_socket=args.unix_socket)  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))
     print(format_rows(report_rows(report)))

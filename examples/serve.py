@@ -5,21 +5,28 @@ jit once with a recompile guard (``Model``), compile every batch bucket before t
 (``Model.warm``, ``main``), pad batches to their bucket so that traffic only meets compiled signatures,
 answer the guard's ``RecompileLimitError`` with a JSON error (``App.predict``), report ``ftjit.stats()``
 on ``/stats`` and ``/metrics``, and keep the compiled signatures in a file for the next start (``save_specs``).
-HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``).
+HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``). ``--jit jax`` serves the same model,
+buckets and padding through ``jax.jit`` instead (``JaxModel``), for comparison; ``--unix-socket PATH`` listens
+on a unix socket instead of TCP (for a machine where no internet socket, not even loopback, may be opened).
 
 Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]
-[--specs FILE] [--compile-cache DIR]``; SIGTERM or SIGINT stops it. docs/serving.md is its manual.
+[--specs FILE] [--compile-cache DIR] [--jit ftjit|jax]`` (or ``--unix-socket PATH`` instead of ``--port``);
+SIGTERM or SIGINT stops it. docs/serving.md is its manual.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import errno
 import json
 import logging
 import math
+import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -74,22 +81,32 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(2**i for i in range(max_batch.bit_length()) if 2**i < max_batch) + (max_batch,)
 
 
+def gil_enabled() -> bool:
+    """Whether the GIL is enabled in this process now (always, before CPython 3.13)."""
+    return sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True
+
+
 class Model:
     """The MLP, jitted once; every worker thread calls ``predict`` at once. ``fun`` replaces ``mlp``;
     ``max_signatures`` defaults to the number of buckets. Each Model has its own ``ftjit.FunctionCache``,
     so that several in one process (tests, the demo) count their compiles apart."""
+
+    jit = "ftjit"  #: what jits ``fun`` (``--jit``; ``JaxModel``'s is "jax")
 
     def __init__(self, max_batch: int = DEFAULT_MAX_BATCH, fun: Callable[..., Any] = mlp,
                  max_signatures: int | None = None, seed: int = DEFAULT_SEED):  # fmt: skip
         self.max_batch, self.buckets = max_batch, batch_buckets(max_batch)
         self.weights = make_weights(seed)
         self.params = {name: jnp.asarray(value) for name, value in self.weights.items()}
+        self.fn = self._jit(fun, len(self.buckets) if max_signatures is None else max_signatures)
+        self.warmup_report: Any = None  # ftjit.WarmupReport (JaxModel: CallWarmup) once warmed up
+        self.ready = False  # warmed up, every bucket compiled if asked: /healthz answers 200 (App.route)
+
+    def _jit(self, fun: Callable[..., Any], max_signatures: int) -> Any:
+        """``fun`` jitted once, for every thread (``JaxModel`` jits it with jax.jit instead)."""
         # ftjit: one jitted function for all threads. Padding makes one signature per bucket; a signature past
         # them (an unpadded batch, another dtype: a bug) raises RecompileLimitError instead of compiling.
-        limit = len(self.buckets) if max_signatures is None else max_signatures
-        self.fn = ftjit.jit(fun, cache=ftjit.FunctionCache(), max_signatures=limit, on_excess="raise")
-        self.warmup_report: ftjit.WarmupReport | None = None
-        self.ready = False  # warmed up, every bucket compiled if asked: /healthz answers 200 (App.route)
+        return ftjit.jit(fun, cache=ftjit.FunctionCache(), max_signatures=max_signatures, on_excess="raise")
 
     def warm(self, workers: int = 4, buckets: bool = True, saved: ftjit.SavedSpecs | None = None) -> ftjit.WarmupReport:
         """Compiles every bucket's signature from shapes alone (if ``buckets``) and those ``saved`` by a previous run
@@ -112,6 +129,7 @@ class Model:
         """``ftjit.stats()`` and this model's counters, signatures, buckets and warm-up, JSON-ready."""
         snapshot, report = ftjit.stats(), self.warmup_report
         return {
+            "jit": self.jit,
             "ftjit": snapshot.as_dict(top=len(snapshot.functions)),  # every live jitted function
             "function": {"name": self.fn.__name__, "cache_info": self.fn.cache_info()._asdict(),
                          "signatures": [info._asdict() for info in self.fn.signatures()]},
@@ -120,7 +138,58 @@ class Model:
                 "ok": report.ok, "wall_seconds": report.wall_seconds, "workers": report.workers,
                 "results": [{"signature": r.signature, "seconds": r.seconds, "compiled": r.compiled,
                              "error": None if r.error is None else repr(r.error)} for r in report]},
-            "gil_enabled": sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True,
+            "gil_enabled": gil_enabled(),
+        }  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class CallWarmup:
+    """``JaxModel.warm``'s report: the seconds of each bucket's first call (its compile, under jax.jit)."""
+
+    seconds: dict[int, float]  #: bucket -> seconds of its call
+    wall_seconds: float
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+    def __str__(self) -> str:
+        calls = ", ".join(f"{bucket}: {s:.3f} s" for bucket, s in self.seconds.items())
+        return f"warmup: {len(self)} bucket(s) called once each through jax.jit in {self.wall_seconds:.2f} s ({calls})"
+
+
+class JaxModel(Model):
+    """The same MLP, weights, buckets and padding (``predict``), jitted by ``jax.jit`` instead: ``--jit jax``,
+    to compare with. jax.jit has no recompile guard (``max_signatures`` is ignored: padding alone keeps the
+    signatures to the buckets), no warm-up from shapes, and no counters that /stats could report."""
+
+    jit = "jax"
+
+    def _jit(self, fun: Callable[..., Any], max_signatures: int) -> Any:
+        return jax.jit(fun)
+
+    def warm(self, workers: int = 4, buckets: bool = True, saved: ftjit.SavedSpecs | None = None) -> Any:
+        """Calls the function once per bucket (if ``buckets``), in turn, on zeros: jax.jit compiles at a
+        signature's first call. ``workers`` does not apply, and ``saved`` must be None (specs are ftjit's)."""
+        assert saved is None, "a specs file is ftjit's: --specs needs --jit ftjit"
+        seconds, start = {}, time.perf_counter()
+        for bucket in self.buckets if buckets else ():
+            t0 = time.perf_counter()
+            jax.block_until_ready(self.fn(self.params, np.zeros((bucket, N_INPUTS), np.float32)))
+            seconds[bucket] = time.perf_counter() - t0
+        self.warmup_report, self.ready = CallWarmup(seconds, time.perf_counter() - start), True
+        return self.warmup_report
+
+    def stats(self) -> dict[str, Any]:
+        """What /stats can say of a jax.jit function: no ftjit numbers (null), the buckets and the warm-up's calls."""
+        report = self.warmup_report
+        return {
+            "jit": self.jit, "ftjit": None,
+            "function": {"name": self.fn.__name__, "cache_info": None, "signatures": None},
+            "buckets": list(self.buckets),
+            "warmup": None if not report else {  # None: nothing was warmed up
+                "ok": True, "wall_seconds": report.wall_seconds, "workers": 1,
+                "results": [{"bucket": bucket, "seconds": s} for bucket, s in report.seconds.items()]},
+            "gil_enabled": gil_enabled(),
         }  # fmt: skip
 
 
@@ -199,7 +268,8 @@ class App:
         #: The largest /predict body (a full batch of long decimal numbers, with room): waitress refuses more.
         self.max_body_bytes = 1024 + model.max_batch * N_INPUTS * 32
         self.registry = registry = prometheus_client.CollectorRegistry()
-        registry.register(FtjitCollector())
+        if model.jit == "ftjit":  # under --jit jax no ftjit function lives: no ftjit series at all
+            registry.register(FtjitCollector())
         self.requests = prometheus_client.Counter(
             "http_requests", "Requests answered, by endpoint, method and status.", ["handler", "method", "code"],
             registry=registry)  # fmt: skip
@@ -258,9 +328,37 @@ class App:
         return json.dumps({"outputs": outputs.tolist()}).encode()
 
 
-def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int = THREADS) -> tuple[Any, socket.socket]:
-    """waitress serving ``app`` on a listening socket of our own, which is returned with it."""
-    listener = socket.create_server((host, port), backlog=BACKLOG)
+def listen_unix(path: str) -> socket.socket:
+    """A unix socket listening at ``path``, mode 0600 (this user only, like waitress's ``unix_socket`` setting,
+    which is not used: the socket is ours, handed to waitress like the TCP one, so that the stop can close it).
+
+    A socket file there that nothing listens on (left by a server that was killed) is removed first; one that a
+    server answers on, or a file of another kind, is left alone, and the OSError says why the start fails."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(path)
+                except ConnectionRefusedError:  # stale: no listener behind it
+                    os.unlink(path)
+                else:
+                    raise OSError(errno.EADDRINUSE, f"a server is listening on {path}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int = THREADS,
+                unix_socket: str | None = None) -> tuple[Any, socket.socket]:  # fmt: skip
+    """waitress serving ``app`` on a listening socket of our own, which is returned with it: TCP on
+    ``host:port``, or the unix socket file ``unix_socket`` if given (``listen_unix``)."""
+    listener = listen_unix(unix_socket) if unix_socket else socket.create_server((host, port), backlog=BACKLOG)
     server = waitress.create_server(
         app, sockets=[listener], threads=threads, connection_limit=CONNECTION_LIMIT, backlog=BACKLOG,
         max_request_body_size=app.max_body_bytes,  # a bigger body gets waitress's own 413, unread
@@ -271,15 +369,19 @@ def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int =
 def serve(server: Any, listener: socket.socket, app: App) -> int:
     """Runs waitress in this (the main) thread until SIGTERM or SIGINT; returns the exit code.
 
-    The signal closes the port, then waitress's own stop runs: its loop ends and its workers finish
-    the requests they are running, writing their answers, for up to 5 s (requests still waiting for a
-    worker are cancelled). 1 if a request was still in the app then, else 0. A second signal is
-    ignored, so that it cannot cut the stop short; that stop is bounded by waitress's 5 s anyway."""
+    The signal closes the port (and removes a unix socket's file), then waitress's own stop runs: its
+    loop ends and its workers finish the requests they are running, writing their answers, for up to
+    5 s (requests still waiting for a worker are cancelled). 1 if a request was still in the app then,
+    else 0. A second signal is ignored, so that it cannot cut the stop short; that stop is bounded by
+    waitress's 5 s anyway."""
 
     def stop(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         app.stopping = True
+        if listener.family == socket.AF_UNIX:
+            with contextlib.suppress(OSError):
+                os.unlink(listener.getsockname())
         listener.close()
         logger.info("%s: stopping; answering the requests being served", signal.Signals(signum).name)
         raise KeyboardInterrupt  # what waitress's run() stops on
@@ -317,8 +419,11 @@ def save_specs_every(path: str, model: Model, minutes: float, stop: threading.Ev
 def main(argv: list[str] | None = None) -> int:
     """The command line: warm up, then listen and serve until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
+    parser.add_argument("--host", help="address to bind (default: 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default: 8000)")
+    parser.add_argument("--unix-socket", metavar="PATH", help="listen on a unix socket at PATH instead of TCP")
+    parser.add_argument("--jit", choices=("ftjit", "jax"), default="ftjit",
+                        help="serve through ftjit.jit, or jax.jit to compare with (default: ftjit)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=THREADS, help=f"waitress's worker threads (default: {THREADS})")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="the largest batch (default: 32)")
     parser.add_argument("--warmup-workers", type=int, default=4, help="threads compiling before listening (default 4)")
@@ -329,11 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.threads, args.max_batch, args.warmup_workers) < 1 or (args.specs_every or 1) <= 0:
         parser.error("--threads, --max-batch and --warmup-workers must be at least 1, --specs-every above 0")
+    if args.unix_socket is not None and (args.host is not None or args.port is not None):
+        parser.error("--unix-socket cannot be combined with --host or --port")
+    if args.jit == "jax" and args.specs:
+        parser.error("--specs needs --jit ftjit: a specs file holds ftjit's signatures")
+    host, port = args.host or "127.0.0.1", 8000 if args.port is None else args.port
     if args.compile_cache:  # every compile is kept in DIR and read back by the next start (even the small ones)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    model = Model(args.max_batch)
+    model = (Model if args.jit == "ftjit" else JaxModel)(args.max_batch)
     saved = ftjit.load_specs(args.specs, missing_ok=True) if args.specs else None  # never raises
     report = model.warm(args.warmup_workers, args.buckets, saved)  # ftjit: compiled before the port opens
     # A saved spec that failed (a damaged or stale file) is a line of the report: the start goes on.
@@ -342,14 +452,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     app = App(model)
     try:
-        server, listener = make_server(app, args.host, args.port, args.threads)
+        server, listener = make_server(app, host, port, args.threads, args.unix_socket)
     except OSError as exc:
-        print(f"serve.py: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"serve.py: cannot listen on {args.unix_socket or f'{host}:{port}'}: {exc}", file=sys.stderr)
         return 1
     stop = threading.Event()
     if args.specs and args.specs_every:
         threading.Thread(target=save_specs_every, args=(args.specs, model, args.specs_every, stop), daemon=True).start()
-    print(f"serving on http://{args.host}:{listener.getsockname()[1]}", flush=True)
+    where = f"unix:{args.unix_socket}" if args.unix_socket else f"http://{host}:{listener.getsockname()[1]}"
+    print(f"serving on {where}", flush=True)
     code = serve(server, listener, app)
     stop.set()  # no periodic write after the last one
     return code if not args.specs or save_specs(args.specs, model) else 1

@@ -11,22 +11,32 @@ port opens, 200 clients at once all answered with the GIL still off, the
 load generator's count and time limits, SIGTERM and SIGINT answering the
 request in flight, the demo, and --specs: the file written periodically and
 at SIGTERM, a restart from it compiling nothing during traffic, a corrupted
-one still letting the server start and answer. HTTP mechanics are waitress's
-and are not tested here. Nothing asserts on speed; timeouts are hang guards.
+one still letting the server start and answer. --jit jax (JaxModel): the same
+answers, no ftjit numbers on /stats and /metrics. --unix-socket: a stale
+socket file is replaced, a live one or another file refused; both --jit
+servers on unix sockets answer examples/load.py --unix-socket, and agree;
+the option clashes are argparse errors; bench/tpu_compare.py, which compares
+them, prints its table. HTTP mechanics are waitress's and are not tested
+here. Nothing asserts on speed; timeouts are hang guards.
 
-The over-the-wire tests skip where TCP on 127.0.0.1 is refused (the TPU machine); their processes run JAX on
-the CPU (helpers.child_env).
+The over-the-wire tests on TCP skip where TCP on 127.0.0.1 is refused (the TPU machine); those on unix sockets
+run everywhere. Their processes run JAX on the CPU (helpers.child_env).
 """
 
 import http.client
 import io
 import json
+import os
 import platform
 import re
+import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -276,15 +286,15 @@ def test_warmup_happens_before_the_port_opens(monkeypatch, capsys):
     class Listening(Exception):
         pass
 
-    def make_server(app, host, port, threads):
-        seen.append((host, port, threads, app.model.fn.cache_info(), app.model.warmup_report))
+    def make_server(app, host, port, threads, unix_socket):
+        seen.append((host, port, threads, unix_socket, app.model.fn.cache_info(), app.model.warmup_report))
         raise Listening
 
     monkeypatch.setattr(serve, "make_server", make_server)
     with pytest.raises(Listening):
         serve.main(["--port", "0", "--max-batch", "4", "--threads", "3", "--warmup-workers", "2"])
-    (host, port, threads, info, report), = seen
-    assert (host, port, threads) == ("127.0.0.1", 0, 3)
+    (host, port, threads, unix_socket, info, report), = seen
+    assert (host, port, threads, unix_socket) == ("127.0.0.1", 0, 3, None)
     assert (info.compiles, info.misses, info.hits, info.failures) == (3, 3, 0, 0)
     assert report.ok and [r.compiled for r in report] == [True] * 3 and report.workers == 2
     assert "warmup: 3/3 ok" in capsys.readouterr().out
@@ -586,3 +596,128 @@ def test_a_corrupted_specs_file_still_lets_the_server_start_and_answer(tmp_path,
     lines = [line for line in output.splitlines() if error in line]
     assert len(lines) == 1 and lines[0].startswith(f"<specs file {path}>"), output  # said once, in the report
     assert len(_saved_signatures(path)) == 3  # the stop replaced the damaged file with the buckets
+
+
+# --- --jit jax and --unix-socket: the comparison on a machine without TCP (the TPU one) -----------------------
+
+
+def test_jax_model_answers_the_same_and_reports_no_ftjit_numbers():
+    # The same weights, buckets and padding through jax.jit: the same answers as ftjit's Model. /stats says
+    # null where only ftjit has numbers, and /metrics has no ftjit series at all (not zeros).
+    ftjit_model, jax_model = serve.Model(max_batch=8), serve.JaxModel(max_batch=8)
+    app = serve.App(jax_model)
+    assert _call(app, "GET", "/healthz")[::2] == (503, b'{"ok": false}')
+    report = jax_model.warm(workers=3)
+    assert jax_model.ready and list(report.seconds) == [1, 2, 4, 8] and str(report).startswith("warmup: 4 bucket(s)")
+    for rows in (1, 3, 8):
+        x = _rows(rows, seed=rows)
+        status, _, body = _call(app, "POST", "/predict", _body(x))
+        assert status == 200, body
+        np.testing.assert_allclose(json.loads(body)["outputs"], ftjit_model.predict(x), rtol=load.RTOL, atol=load.ATOL)
+    status, _, body = _call(app, "GET", "/stats")
+    stats = json.loads(body)
+    assert (status, stats["jit"], stats["ftjit"], stats["buckets"]) == (200, "jax", None, [1, 2, 4, 8])
+    assert stats["function"] == {"name": "mlp", "cache_info": None, "signatures": None}
+    assert [r["bucket"] for r in stats["warmup"]["results"]] == [1, 2, 4, 8] and stats["warmup"]["workers"] == 1
+    families = {f.name for f in text_string_to_metric_families(_call(app, "GET", "/metrics")[2].decode())}
+    assert "http_requests" in families and not any(name.startswith("ftjit_") for name in families)
+    assert serve.JaxModel(max_batch=4).warm(buckets=False).seconds == {}  # --no-bucket-warmup: nothing called
+
+
+def test_listen_unix_replaces_only_a_stale_socket_file():
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
+        path = os.path.join(tmp, "serve.sock")
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(path)
+        stale.close()  # a killed server's file: nothing listens behind it
+        with serve.listen_unix(path):
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            with pytest.raises(OSError, match=f"a server is listening on {re.escape(path)}"):
+                serve.listen_unix(path)  # a live one is left alone
+        os.unlink(path)
+        open(path, "w").close()
+        with pytest.raises(OSError, match="Address already in use"):
+            serve.listen_unix(path)  # not a socket: not removed
+        assert os.path.isfile(path)
+
+
+SERVE_UNIX_CLASH = "--unix-socket cannot be combined with --host or --port"
+
+
+@pytest.mark.thread_unsafe(reason="reads what argparse wrote to this process's stderr (capsys)")
+@pytest.mark.parametrize(("main", "argv", "message"), [
+    (serve.main, ["--unix-socket", "s", "--port", "8000"], SERVE_UNIX_CLASH),
+    (serve.main, ["--unix-socket", "s", "--host", "::1"], SERVE_UNIX_CLASH),
+    (serve.main, ["--jit", "jax", "--specs", "f"], "--specs needs --jit ftjit: a specs file holds ftjit's signatures"),
+    (load.main, ["--unix-socket", "s", "--port", "8000"], "argument --port: not allowed with argument --unix-socket"),
+    (load.main, ["--unix-socket", "s", "--host", "::1"], "argument --host: not allowed with argument --unix-socket"),
+    (load.main, ["--threads", "2"], "one of the arguments --port --unix-socket is required"),
+], ids=["serve-port", "serve-host", "serve-specs-jax", "load-port", "load-host", "load-neither"])  # fmt: skip
+def test_option_clashes_are_argparse_errors(main, argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
+
+
+def _report_values(stdout):
+    """examples/load.py's printed report as {measure: value}."""
+    return {parts[0]: parts[1] for parts in (re.split(r"\s{2,}", line.strip()) for line in stdout.splitlines())
+            if len(parts) == 3}  # fmt: skip
+
+
+@starts_servers
+@pytest.mark.timeout(300)
+def test_ftjit_and_jax_servers_on_unix_sockets_answer_load_py_alike(monkeypatch):
+    # Each --jit in turn, on a unix socket: examples/load.py --unix-socket (its command line) sends the same
+    # seeded requests to both, all answered and checked; then the same batches get the same answers from both.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    answers = {}
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
+        for jit in ("ftjit", "jax"):
+            path = os.path.join(tmp, f"{jit}.sock")
+            server = ServerProcess("--jit", jit, "--max-batch", "8", "--threads", "2", "--warmup-workers", "2",
+                                   unix_socket=path)  # fmt: skip
+            try:
+                assert f"serving on unix:{path}\n" in server.output
+                assert load.fetch_json("localhost", None, "/healthz", unix_socket=path) == (200, {"ok": True})
+                command = [sys.executable, str(REPO / "examples" / "load.py"), "--unix-socket", path,
+                           "--threads", "2", "--requests", "60", "--seed", "5", "--max-batch", "8"]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env())
+                assert done.returncode == 0, done.stdout + done.stderr
+                values = _report_values(done.stdout)
+                assert (values["requests"], values["errors"], values["wrong answers"]) == ("60", "0", "0")
+                assert values["compiles"] == {"ftjit": "4", "jax": "n/a"}[jit], done.stdout
+                _, stats = load.fetch_json("localhost", None, "/stats", unix_socket=path)
+                assert stats["jit"] == jit and (stats["ftjit"] is None) is (jit == "jax")
+                answers[jit] = []
+                for n in range(1, 9):
+                    connection = load.UnixHTTPConnection(path, timeout=60)
+                    connection.request("POST", "/predict", _body(_rows(n, seed=n)), {"Content-Type": JSON})
+                    answers[jit].append(json.loads(connection.getresponse().read())["outputs"])
+                    connection.close()
+            finally:
+                output = _stop_cleanly(server)
+            assert output.rstrip().endswith("server stopped")
+            assert not os.path.exists(path)  # the stop removed the socket file
+    weights = serve.make_weights()
+    for n, ftjit_answer, jax_answer in zip(range(1, 9), answers["ftjit"], answers["jax"]):
+        np.testing.assert_allclose(ftjit_answer, load.reference_forward(weights, _rows(n, seed=n)),
+                                   rtol=load.RTOL, atol=load.ATOL)  # fmt: skip
+        np.testing.assert_allclose(jax_answer, ftjit_answer, rtol=load.RTOL, atol=load.ATOL)
+
+
+@starts_servers
+@pytest.mark.timeout(300)
+def test_the_tpu_comparison_driver_prints_its_table():
+    # bench/tpu_compare.py, small: one server per --jit, on a unix socket, each loaded by load.py; one table.
+    command = [sys.executable, "-m", "bench.tpu_compare", "--threads", "2", "--load-threads", "2", "--requests", "20"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=280, env=child_env())
+    workdir = re.search(r"^servers' output and load reports: (\S+)$", done.stdout, re.M)
+    if workdir:
+        shutil.rmtree(workdir.group(1))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("ftjit ", "jax "))]
+    # jit, server threads, requests, requests/s, p50, p99, errors, wrong, compiles during traffic
+    assert [(r[:3], r[6:]) for r in rows] == [(["ftjit", "2", "20"], ["0", "0", "0"]),
+                                             (["jax", "2", "20"], ["0", "0", "n/a"])]  # fmt: skip
