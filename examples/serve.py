@@ -72,8 +72,12 @@ def forward(params: dict[str, Any], x: Any, xp: Any = np) -> Any:
 
 
 def mlp(params: dict[str, Any], x: Any) -> Any:
-    """``forward`` in ``jax.numpy``: the function the server runs through ``ftjit.jit``."""
-    return forward(params, x, jnp)
+    """``forward`` in ``jax.numpy``: the function the server runs through ``ftjit.jit``.
+
+    Its matmuls are float32 on every backend (a TPU's default passes bfloat16), so answers match load.py's
+    float64 reference there too."""
+    with jax.default_matmul_precision("highest"):
+        return forward(params, x, jnp)
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
