@@ -113,6 +113,15 @@ class SharedLru {
     return RemoveLockHeld(item);
   }
 
+  // Unlinks each element of `items` that is linked, under one lock;
+  // `get(element)` gives its Item. The caller keeps the items alive (the
+  // list's references are dropped under the lock, never the last one).
+  template <class Range, class Get>
+  void RemoveEach(const Range& items, Get&& get) FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
+    for (const auto& x : items) RemoveLockHeld(get(x));
+  }
+
   // Unlinks every item satisfying `pred`; returns them.
   template <class Pred>
   std::vector<Item> RemoveIf(Pred&& pred) FTJIT_EXCLUDES(mu_) {

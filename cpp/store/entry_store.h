@@ -467,11 +467,12 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   void Clear() {
     auto removed = map_.Clear();
     for (auto& kv : removed) Uncount(*kv.second);
-    const EntryStore* self = this;
-    std::vector<EntryPtr> unlinked =
-        lru_->RemoveIf([self](const EntryPtr& e) { return e->store_raw == self; });
-    // Exactly the entries the clear removed: one inserted (and listed)
-    // since belongs to the map now and stays listed.
+    // From the LRU and the ready table, exactly the entries the clear
+    // removed: one inserted (linked, listed) since belongs to the map now
+    // and stays in both. (Unlinking by store instead lost such an entry's
+    // LRU link: it then held a slot outside the capacity bound.) An entry
+    // linked after this unlink sees itself gone from the map (AdmitLru).
+    lru_->RemoveEach(removed, [](const auto& kv) -> const EntryPtr& { return kv.second; });
     std::vector<Entry*> gone;
     gone.reserve(removed.size());
     for (auto& kv : removed) gone.push_back(kv.second.get());

@@ -195,6 +195,46 @@ void RunCallsAgainstEvictions(int clearers) {
 void TestCallsAgainstEvictions() { RunCallsAgainstEvictions(0); }
 void TestCallsAgainstEvictionsAndClears() { RunCallsAgainstEvictions(1); }
 
+// A clear racing a first call: an entry inserted after the clear emptied
+// the map belongs to the map, so it keeps its LRU link (a clear unlinks
+// exactly the entries it removed). Unlinking by store lost that link: the
+// entry then held a slot outside the capacity bound (CI saw the LRU count
+// 16 entries of 17 in TestCallsAgainstEvictionsAndClears). The window is
+// held open here: the test holds the LRU's lock while a clearer empties the
+// map and then waits for that lock; it inserts key 1 meanwhile, and links it
+// as soon as it lets go (usually before the woken clearer unlinks; either
+// order must leave the LRU holding exactly the store's entries).
+void TestClearKeepsTheLruLinkOfAnEntryInsertedAfterIt() {
+  auto lru = std::make_shared<Lru>(64);
+  auto store = std::make_shared<Store>(lru);
+  auto* rec = Slot::Get().rec;
+  for (int round = 0; round < 300; ++round) {
+    Ledger ledger(2, /*strict=*/true);
+    CHECK_EQ(CallOnce(*store, 0, ledger, rec, 0), 0);  // something to clear
+    lru->LockForTest();
+    std::thread clearer([&] { store->Clear(); });
+    while (store->size() != 0) std::this_thread::yield();  // the map is empty...
+    std::this_thread::sleep_for(1ms);                      // ...and the clearer waits for the LRU
+    TestSig sig = SigOf(1);
+    Store::Lookup found = store->FindOrInsert(sig);
+    CHECK(found.inserted);
+    lru->UnlockForTest();
+    store->AdmitLru(found.entry);
+    clearer.join();
+    found.entry->payload.value = 2;
+    found.entry->latch.Publish(State::kReady);
+    store->Published(found.entry);
+    CHECK_EQ(store->size(), size_t{1});
+    CHECK_EQ(lru->size(), size_t{1});  // key 1's link survived the clear
+    CHECK_EQ(CallOnce(*store, 1, ledger, rec, 0), 2);  // and it is served
+    CHECK_EQ(ledger.compiles[1].load(), 0);            // (the hit path: no second compile)
+    store->Clear();
+    CHECK_EQ(lru->size(), size_t{0});
+  }
+  store.reset();
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+
 // A thread in flight on an entry keeps it (and its payload) alive after
 // every table, the map and the LRU let go of it; the last FinishCall frees it.
 void TestInFlightEntryOutlivesItsUnlinking() {
@@ -377,6 +417,7 @@ int main() {
 #endif
   RUN_TEST(TestCallsAgainstEvictions);
   RUN_TEST(TestCallsAgainstEvictionsAndClears);
+  RUN_TEST(TestClearKeepsTheLruLinkOfAnEntryInsertedAfterIt);
   RUN_TEST(TestInFlightEntryOutlivesItsUnlinking);
   RUN_TEST(TestInFlightRacesWithClears);
   RUN_TEST(TestRetirementRacingAHitIsFreedWhenTheCallEnds);

@@ -157,7 +157,7 @@ void TestPinned() {
   CHECK_EQ(lru.size(), size_t{0});
 }
 
-// Remove, RemoveIf and Clear unlink exactly the requested items and leave them re-insertable.
+// Remove, RemoveEach, RemoveIf and Clear unlink exactly the requested items and leave them re-insertable.
 void TestRemove() {
   Lru lru(100);
   std::vector<Item> ns;
@@ -174,6 +174,18 @@ void TestRemove() {
   CHECK_EQ(lru.size(), size_t{5});
   for (const auto& it : odd) CHECK(!lru.Remove(it));
   CHECK(lru.RemoveIf([](const Item&) { return false; }).empty());
+  // RemoveEach unlinks the linked ones among those given (2 and 4 here;
+  // 5 is already out), and only those.
+  std::vector<std::pair<int, Item>> some{{0, ns[2]}, {1, ns[5]}, {2, ns[4]}};
+  lru.RemoveEach(some, [](const std::pair<int, Item>& p) -> const Item& { return p.second; });
+  CHECK_EQ(lru.size(), size_t{3});
+  CHECK(!lru.Remove(ns[2]));
+  CHECK(!lru.Remove(ns[4]));
+  CHECK_EQ(ns[2].use_count(), 2L);  // ns and `some`: the LRU's reference is gone
+  some.clear();
+  CHECK(lru.Insert(ns[2], Evictable).empty());
+  CHECK(lru.Insert(ns[4], Evictable).empty());
+  CHECK_EQ(lru.size(), size_t{5});
   // Re-insert a removed item: it links again, at the front.
   CHECK(lru.Insert(ns[3], Evictable).empty());
   CHECK_EQ(lru.size(), size_t{6});
@@ -181,7 +193,7 @@ void TestRemove() {
   CHECK(lru.Insert(ns[3], Evictable).empty());
   CHECK_EQ(lru.size(), size_t{6});
   auto all = lru.Clear();
-  CHECK_IDS(all, 3, 8, 6, 4, 2, 0);
+  CHECK_IDS(all, 3, 4, 2, 8, 6, 0);  // 4 and 2 re-inserted at the front before 3
   CHECK_EQ(lru.size(), size_t{0});
   for (const auto& it : all) CHECK(!lru.Remove(it));
   CHECK(lru.Clear().empty());

@@ -84,6 +84,7 @@ void UseMemberTemplates(Map& map, Lru& lru, ftjit::SnapshotPtr<Node>& ptr, TsaMu
   lru.Insert(node, AlwaysTrue);
   lru.Trim(AlwaysTrue);
   lru.RemoveIf(AlwaysTrue);
+  lru.RemoveEach(std::vector<NodePtr>{node}, [](const NodePtr& n) -> const NodePtr& { return n; });
   ftjit::LockGuard<TsaMutex> lock(writer_mu);
   delete ptr.Swap(new ftjit::SnapshotTable<Node>({}), writer_mu);
   delete ptr.Take(writer_mu);
