@@ -8,7 +8,7 @@ structure, else the newest of any: at most 16, so a miss costs
 O(arguments), not O(cached signatures)). Each is described (leaves by
 path, statics by name, tree skeletons, how the arguments were passed, the
 context) and the closest cached one is diffed against the new one. The
-core owns the count and the once-only warning (cpp/jit/call.cc); this
+core owns the count and the once-only warning (cpp/jit/guard.cc); this
 module only writes text and logs it.
 
 Shared state: none (each call works on its own arguments).

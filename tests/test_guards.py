@@ -4,9 +4,10 @@ either way naming what differs from the closest cached signature),
 compile_timeout (how long a caller waits on another thread's compile), and the
 validation of these options.
 
-The guard counts the function's cached entries in the core (cpp/jit/call.cc),
-so it counts exactly what the cache keys, by the cache's own equality; the
-last section checks that it keeps nothing alive.
+The guard counts the function's cached entries in the core (cpp/jit/guard.cc
+over cpp/store/entry_store.h), so it counts exactly what the cache keys, by
+the cache's own equality; the last section checks that it keeps nothing
+alive.
 
 Every test builds its own FunctionCache and fresh functions. Functions whose
 names show up in process-wide places (logs, stats()) get a unique name per

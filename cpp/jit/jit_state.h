@@ -1,6 +1,7 @@
 // ftjit: what the JitFunction files share: the per-function state, the
 // Python object's layout, and the few helpers more than one of them uses.
-// The type itself: jit_type.cc; the call, compile and wait path: call.cc;
+// The type itself: jit_type.cc; the call and wait path: call.cc; a compile:
+// compile.cc; the max_signatures guard: guard.cc;
 // a failed compile's error as each waiter raises it: waiter_errors.cc.
 //
 //   | state                  | protection                                      |
@@ -120,7 +121,16 @@ PyObject* NewJitFunction(std::unique_ptr<JitState> st);
 // Registers _make_jit_function (construct.cc).
 void RegisterConstruction(nb::module_& m);
 
-// --- call.cc: the call, compile and wait path --------------------------------
+// --- compile.cc: a compile, by the thread that inserted the entry ------------
+
+// This thread inserted `e` (its miss): runs the guard, links `e` into the
+// LRU, compiles, and publishes the executable, or the error to every waiter
+// (abandoned, when this thread was interrupted: a waiter compiles again).
+// Throws the compile's exception.
+void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
+             const LeafObjects& leaves);
+
+// --- call.cc: the call and wait path ------------------------------------------
 
 // A call of the jitted function (the vectorcall's body). Throws on error.
 nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);

@@ -436,7 +436,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // (any number when `force`); false, counting nothing, otherwise. Exact
   // under concurrent misses: the count is one atomic, and an entry stops
   // counting when it leaves the map (Uncount), however it leaves. The
-  // max_signatures guard (cpp/jit/call.cc) is built on it.
+  // max_signatures guard (cpp/jit/guard.cc) is built on it.
   bool Admit(const EntryPtr& e, int64_t limit, bool force) {
     int64_t n = counted_.load(std::memory_order_relaxed);
     do {

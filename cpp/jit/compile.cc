@@ -1,0 +1,207 @@
+// ftjit: a compile, run by the one thread that inserted the entry: the
+// compiler's call, the hooks' executable_for, the guard, and the latch
+// published whatever happens (a result, an error copied for each waiter, or
+// abandoned when this thread was interrupted), so that waiters never hang.
+//
+// Takes no lock itself and declares no shared state: the store's calls take
+// their leaf locks around Python-free steps only (see call.cc's header for
+// the call path this is one step of, and jit_state.h for the state).
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <chrono>
+#ifdef __GLIBCXX__
+#include <cxxabi.h>  // abi::__forced_unwind
+#endif
+
+#include "jit/jit_state.h"
+#include "pyutil/imported.h"
+#include "signature/signature.h"
+#include "store/function_cache.h"
+
+namespace ftjit {
+
+namespace {
+
+// Logs a compile's outcome through ftjit._observe.on_compile (best effort).
+void LogCompile(const JitState& st, const Entry& e, double seconds, PyObject* error) {
+  PyObject* hook = kOnCompile.Get();
+  nb::object secs = nb::steal(PyFloat_FromDouble(seconds));
+  nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
+  nb::object sig = SignatureString(st, e);
+  if (hook && secs.is_valid() && name.is_valid() && sig.is_valid()) {
+    CallHook(hook, {name.ptr(), sig.ptr(), secs.ptr(), error ? error : Py_None});
+  }
+  if (PyErr_Occurred()) ClearErrorKeepingInterrupt();
+}
+
+// Whatever happens in a compile, the latch is published: waiters never hang.
+struct CompilePublisher {
+  JitState& st;
+  const EntryPtr& e;
+  bool done = false;
+  void Fail(CompileLatch::State how = CompileLatch::State::kFailed) {
+    done = true;
+    st.store->Discard(e);  // before publishing: the next call recompiles
+    st.store->counters().failures.fetch_add(1, std::memory_order_relaxed);
+    e->latch.Publish(how);
+  }
+  ~CompilePublisher() {
+    if (!done) {
+      // A C++ exception escaped (e.g. bad_alloc): report it to waiters.
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      e->payload.error = nb::steal(PyObject_CallFunction(
+          PyExc_RuntimeError, "s", "ftjit: the compile was aborted by an internal error"));
+      PyErr_Clear();
+      PyErr_Restore(t, v, tb);
+      Fail();
+    }
+  }
+};
+
+// compile(fun, args, kwargs) with the call's arguments; null with an error
+// set when it raised or returned something that cannot be called.
+nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  size_t nargs = PyVectorcall_NARGS(nargsf);
+  nb::object a = nb::steal(PyTuple_New(nargs));
+  nb::object kw = nb::steal(PyDict_New());
+  if (!a.is_valid() || !kw.is_valid()) return nb::object();
+  for (size_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(a.ptr(), i, Py_NewRef(args[i]));
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    if (PyDict_SetItem(kw.ptr(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) != 0) return nb::object();
+  }
+  PyObject* call_args[] = {st.fun.ptr(), a.ptr(), kw.ptr()};
+  nb::object exe;
+#ifdef __GLIBCXX__
+  try {
+    exe = nb::steal(PyObject_Vectorcall(st.compile.ptr(), call_args, 3, nullptr));
+  } catch (abi::__forced_unwind&) {
+    // Ended inside the compiler at interpreter shutdown, with no thread
+    // state: the argument tuple and dict, whose last references these are,
+    // must not be deallocated here. Leaked.
+    a.release();
+    kw.release();
+    throw;
+  }
+#else
+  exe = nb::steal(PyObject_Vectorcall(st.compile.ptr(), call_args, 3, nullptr));
+#endif
+  if (exe.is_valid() && !PyCallable_Check(exe.ptr())) {
+    // A failed compile (counted, not cached), rather than an entry that
+    // raises "'int' object is not callable" on every call.
+    PyErr_Format(PyExc_TypeError,
+                 "the compiler of %s() returned an object of type %s, which is not callable: "
+                 "compiler(fun, args, kwargs) must return the executable",
+                 st.spec.fun_name.c_str(), Py_TYPE(exe.ptr())->tp_name);
+    return nb::object();
+  }
+  return exe;
+}
+
+// The hooks' executable_for(compiled, args, kwargs, leaves), asked with
+// what the compiler returned, the dynamic arguments (statics left out when
+// executables take those only) and the call's leaves: the executable to
+// keep, and in `takes_leaves` whether it is called with the leaves. Null
+// with an error set when the hook raised or answered something else.
+nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* args, size_t nargsf,
+                         PyObject* kwnames, const LeafObjects& leaves, bool& takes_leaves) {
+  size_t nargs = PyVectorcall_NARGS(nargsf);
+  nb::object dyn = nb::steal(PyList_New(0));
+  nb::object kw = nb::steal(PyDict_New());
+  nb::object leaf_tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(leaves.size())));
+  if (!dyn.is_valid() || !kw.is_valid() || !leaf_tuple.is_valid()) return nb::object();
+  for (size_t i = 0; i < nargs; ++i) {
+    if (st.strip_static && st.spec.IsStaticPosition(i, nargs)) continue;
+    if (PyList_Append(dyn.ptr(), args[i]) != 0) return nb::object();
+  }
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+    if (st.strip_static && st.spec.IsStaticName(name)) continue;
+    if (PyDict_SetItem(kw.ptr(), name, args[nargs + k]) != 0) return nb::object();
+  }
+  for (size_t i = 0; i < leaves.size(); ++i) PyTuple_SET_ITEM(leaf_tuple.ptr(), i, Py_NewRef(leaves[i].ptr()));
+  nb::object dyn_tuple = nb::steal(PyList_AsTuple(dyn.ptr()));
+  if (!dyn_tuple.is_valid()) return nb::object();
+  PyObject* call_args[] = {compiled.ptr(), dyn_tuple.ptr(), kw.ptr(), leaf_tuple.ptr()};
+  nb::object r = nb::steal(PyObject_Vectorcall(st.executable_for.ptr(), call_args, 4, nullptr));
+  if (!r.is_valid()) return nb::object();
+  if (!PyTuple_CheckExact(r.ptr()) || PyTuple_GET_SIZE(r.ptr()) != 2 ||
+      !PyCallable_Check(PyTuple_GET_ITEM(r.ptr(), 0)) || !PyBool_Check(PyTuple_GET_ITEM(r.ptr(), 1))) {
+    PyErr_Format(PyExc_TypeError,
+                 "CompilerHooks.executable_for of %s() must return (executable, takes_leaves): a callable "
+                 "and a bool, got %R",
+                 st.spec.fun_name.c_str(), r.ptr());
+    return nb::object();
+  }
+  takes_leaves = PyTuple_GET_ITEM(r.ptr(), 1) == Py_True;
+  return nb::borrow(PyTuple_GET_ITEM(r.ptr(), 0));
+}
+
+// This thread inserted `e`: compile it and publish the result (or the
+// error) to every waiter. Throws the compile's exception.
+void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
+                 PyObject* kwnames, const LeafObjects& leaves, CompilePublisher& publisher) {
+  Counters& c = st.store->counters();
+  // The guard counts `e` before it takes an LRU slot: an eviction that slot
+  // causes must not make room under the limit for `e` itself.
+  const bool allowed = GuardAllows(st, e);
+  st.store->AdmitLru(e);
+  auto t0 = std::chrono::steady_clock::now();
+  nb::object exe = allowed ? RunCompiler(st, args, nargsf, kwnames) : nb::object();
+  bool takes_leaves = false;
+  if (exe.is_valid() && st.executable_for.is_valid()) {
+    exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves);
+  }
+  if (!exe.is_valid()) {
+    nb::object error = FetchNormalized();
+    // An interruption of this thread (KeyboardInterrupt, SystemExit: any
+    // BaseException that is not an Exception) is not the compile's result:
+    // it stays with this thread, and a waiter compiles again instead.
+    if (PyObject_IsInstance(error.ptr(), PyExc_Exception) == 1) {
+      e->payload.error = ErrorForWaiters(error);
+      publisher.Fail();
+    } else {
+      PyErr_Clear();  // IsInstance may have raised (a hostile __class__)
+      publisher.Fail(CompileLatch::State::kAbandoned);
+    }
+    LogCompile(st, *e, static_cast<double>(NanosSince(t0)) * 1e-9, error.ptr());
+    Reraise(error.ptr());
+  }
+  uint64_t nanos = NanosSince(t0);
+  e->payload.executable = std::move(exe);
+  e->payload.takes_leaves = takes_leaves;
+  e->payload.compile_seconds = static_cast<double>(nanos) * 1e-9;
+  e->payload.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;
+  c.compiles.fetch_add(1, std::memory_order_relaxed);
+  c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
+  publisher.done = true;
+  e->latch.Publish(CompileLatch::State::kReady);
+  st.store->Published(e);
+  LogCompile(st, *e, e->payload.compile_seconds, nullptr);
+}
+
+}  // namespace
+
+void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
+             const LeafObjects& leaves) {
+  st.store->counters().misses.fetch_add(1, std::memory_order_relaxed);
+  CompilePublisher publisher{st, e};
+#ifdef __GLIBCXX__
+  try {
+    CompileBody(st, e, args, nargsf, kwnames, leaves, publisher);
+  } catch (abi::__forced_unwind&) {
+    // This thread is being ended by CPython at interpreter shutdown (it took
+    // the GIL back in the compiler): there is no thread state to report
+    // anything with, so the publisher must not run Python.
+    publisher.done = true;
+    throw;
+  }
+#else
+  CompileBody(st, e, args, nargsf, kwnames, leaves, publisher);
+#endif
+}
+
+}  // namespace ftjit
