@@ -512,6 +512,17 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   size_t size() const { return map_.size(); }
+  // The `limit` newest ready entries, newest first: the ready table lists
+  // them in the order they were published (compiled), and keeps that order
+  // when it unlists. Costs O(limit), not O(entries): a miss explanation
+  // picks its candidates from these.
+  std::vector<EntryPtr> NewestReady(size_t limit) const FTJIT_EXCLUDES(publish_mu_) {
+    std::vector<EntryPtr> out;
+    LockGuard<Mutex> lock(publish_mu_);
+    const auto& items = ready_.Load()->items();
+    for (size_t i = items.size(); i-- > 0 && out.size() < limit;) out.push_back(TableRefLockHeld(items[i].second));
+    return out;
+  }
   size_t ready_size() const FTJIT_EXCLUDES(publish_mu_) {
     LockGuard<Mutex> lock(publish_mu_);
     return ready_.Load()->size();
