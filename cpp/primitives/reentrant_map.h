@@ -25,7 +25,7 @@
 //
 //   | member    | protection                                                 |
 //   |-----------|------------------------------------------------------------|
-//   | slots_    | FTJIT_GUARDED_BY(mu_) (a slot's seq is fixed once inserted)|
+//   | slots_    | FTJIT_GUARDED_BY(mu_)                                      |
 //   | version_  | FTJIT_GUARDED_BY(mu_)                                      |
 //
 // The guards are checked by clang++ -Wthread-safety (thread_annotations.h):
@@ -115,6 +115,28 @@ class ReentrantMap {
     return false;
   }
 
+  // Puts `fresh` in place of `old` (identity of the shared handle) in the
+  // slot with this hash that holds it, keeping that slot's key, if
+  // `claim()` (called under the lock: Python-free, no lock, cannot throw)
+  // agrees; false, changing nothing, when no slot holds `old` or `claim()`
+  // refuses. The slot counts as inserted now (a fresh seq), so a
+  // FindOrInsert racing with it re-checks it and finds `fresh`. `old` stays
+  // the caller's to drop, outside the lock.
+  template <class Claim>
+  bool ReplaceValueIf(size_t hash, const Value& old, Claim&& claim, const Value& fresh) FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
+    auto range = slots_.equal_range(hash);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second.value == old) {
+        if (!claim()) return false;
+        it->second.seq = ++version_;
+        it->second.value = fresh;
+        return true;
+      }
+    }
+    return false;
+  }
+
   // Removes the slot with this hash whose value equals `value` (identity of
   // the shared handle). Returns the removed value (default if none) so the
   // caller drops it outside the lock.
@@ -180,7 +202,7 @@ class ReentrantMap {
 
  private:
   struct Slot {
-    uint64_t seq;  // value of version_ when inserted; fixed after insert
+    uint64_t seq;  // value of version_ when inserted (or its value replaced: ReplaceValueIf)
     Key key;
     Value value;
   };

@@ -574,6 +574,64 @@ void TestConcurrentEraseClear() {
 
 }  // namespace
 
+// ReplaceValueIf swaps one slot's value (keeping its key) only when the
+// claim agrees; racing claimers: exactly one wins, and every FindOrInsert of
+// the key, before or after, sees exactly one value (old, then the new one).
+void TestReplaceValueIf() {
+  const size_t kH = 3;
+  {
+    Map m;
+    Value old = InsertFresh(m, kH, 1, 10);
+    InsertFresh(m, kH, 2, 20);  // a colliding neighbour, untouched
+    Value fresh = MakePair(1, 11).second;
+    int claims = 0;
+    CHECK(!m.ReplaceValueIf(kH, fresh, [&] { ++claims; return true; }, old));  // `fresh` is in no slot
+    CHECK(!m.ReplaceValueIf(kH + 1, old, [&] { ++claims; return true; }, fresh));  // other hash
+    CHECK_EQ(claims, 0);  // the claim is asked only of the slot holding `old`
+    CHECK(!m.ReplaceValueIf(kH, old, [&] { ++claims; return false; }, fresh));  // refused
+    CHECK_EQ(claims, 1);
+    CHECK(m.Find(kH, 1, PlainEq) == old);
+    CHECK(m.ReplaceValueIf(kH, old, [&] { ++claims; return true; }, fresh));
+    CHECK_EQ(claims, 2);
+    CHECK(m.Find(kH, 1, PlainEq) == fresh);
+    CHECK(!m.ContainsValue(kH, old));
+    CHECK_EQ(m.size(), size_t{2});
+    CHECK_EQ(m.Find(kH, 2, PlainEq)->tag, 20);
+    CHECK(!m.FindOrInsert(kH, 1, PlainEq, [] { return MakePair(1, 99); }).inserted);
+    CHECK(m.Erase(kH, fresh) == fresh);  // an ordinary slot afterwards
+    CHECK(m.Find(kH, 1, PlainEq) == nullptr);
+  }
+  const size_t kThreads = 8;
+  for (int round = 0; round < 60; ++round) {
+    Map m;
+    Value old = InsertFresh(m, kH, 7, -1);
+    std::atomic<bool> claimed{false};
+    std::atomic<int> winners{0};
+    std::vector<Value> seen(kThreads);
+    RunThreads(kThreads, [&](size_t t) {
+      if (t % 2 == 0) {
+        Value mine = MakePair(7, static_cast<int>(t)).second;
+        bool won = m.ReplaceValueIf(kH, old, [&] { return !claimed.exchange(true); }, mine);
+        if (won) winners.fetch_add(1);
+      } else {
+        auto eq = [](const Key& k, const int& p) {
+          std::this_thread::yield();
+          return k->id == p;
+        };
+        auto r = m.FindOrInsert(kH, 7, eq, [&] { return MakePair(7, 1000 + static_cast<int>(t)); });
+        CHECK(!r.inserted);  // the key never leaves the map
+        seen[t] = r.value;
+      }
+    });
+    CHECK_EQ(winners.load(), 1);
+    CHECK_EQ(m.size(), size_t{1});
+    Value now = m.Find(kH, 7, PlainEq);
+    CHECK(now != old);
+    CHECK(now->tag >= 0 && now->tag % 2 == 0);  // one of the claimers' values
+    for (size_t t = 1; t < kThreads; t += 2) CHECK(seen[t] == old || seen[t] == now);
+  }
+}
+
 int main() {
   RUN_TEST(TestBasic);
   RUN_TEST(TestRaceSameKey);
@@ -582,6 +640,7 @@ int main() {
   RUN_TEST(TestReentrantEqThreads);
   RUN_TEST(TestThrowingEq);
   RUN_TEST(TestConcurrentEraseClear);
+  RUN_TEST(TestReplaceValueIf);
   std::fprintf(stderr, "all ReentrantMap tests passed\n");
   return 0;
 }
