@@ -60,7 +60,7 @@ from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
 from ._observe import FunctionStats, Stats, set_explain_misses, stats
 from ._specs import LeftOut, SavedSpecs, SpecList, load_specs, save_specs
-from ._warmup import BrokenSpec, Spec, WarmupReport, WarmupResult
+from ._warmup import BrokenSpec, SavedSpec, Spec, WarmupReport, WarmupResult
 from .errors import (
     CompileCycleError,
     CompileTimeoutError,
@@ -90,6 +90,7 @@ __all__ = [
     "set_explain_misses",
     "Spec",
     "BrokenSpec",
+    "SavedSpec",
     "SpecList",
     "LeftOut",
     "SavedSpecs",

@@ -38,7 +38,7 @@ import threading
 from typing import Any, Iterable, NamedTuple
 
 from ._signature import Leaf, Node, Signature, Static
-from ._warmup import BrokenSpec, Spec
+from ._warmup import BrokenSpec, SavedSpec, Spec
 
 __all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs"]
 
@@ -295,8 +295,8 @@ class SavedSpecs:
             self.versions = dict(payload.get("versions", {}))
             self.functions = payload.get("functions", {})
 
-    def for_function(self, fn: Any) -> list[Spec | BrokenSpec]:
-        """The specs saved for ``fn`` (by module and qualified name): Spec for
+    def for_function(self, fn: Any) -> list[SavedSpec | BrokenSpec]:
+        """The specs saved for ``fn`` (by module and qualified name): SavedSpec for
         each that still fits, BrokenSpec (an error in the warm-up report) for
         each that does not, and one BrokenSpec for a file that cannot be used.
         A function the file does not name (a new one, or one whose module or
@@ -323,7 +323,7 @@ class SavedSpecs:
             except Exception as exc:  # noqa: BLE001 - reported in the warm-up, never raised
                 out.append(BrokenSpec(signature, exc))
                 continue
-            out.append(spec)
+            out.append(SavedSpec(spec.args, spec.kwargs))
         return out
 
 

@@ -1,14 +1,16 @@
 """fn.warmup(specs, workers=N): compile many signatures in parallel threads, before traffic arrives.
 
 Read top to bottom: the spec and report types, the progress bar, warmup()
-itself, and the check that worker threads would compile the same
-signatures as the calling thread (thread-local JAX config).
+itself with its worker threads, and the check that worker threads would
+compile the same signatures as the calling thread (thread-local JAX config).
 
 Shared state: none at module level. Within one warmup(), the worker threads
 share the progress bar, whose counter and drawing are guarded by its
-_lock (a leaf: only the stream write runs under it); results come back
-through the executor. Each spec compiles through fn.precompile, so
-compile-once against live traffic is the core's to keep.
+_lock (a leaf: only the stream write runs under it), and _run_each's
+result list and counters, guarded by its condition's lock (a leaf: no
+compile, write or callback runs under it). Each spec compiles through
+fn.precompile (a SavedSpec through fn._precompile_saved), so compile-once
+against live traffic is the core's to keep.
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ class Spec:
         )
 
 
+class SavedSpec(Spec):
+    """A spec saved by an earlier run (``ftjit.load_specs(...).for_function(fn)``
+    gives these). ``warmup()`` compiles the program's own specs first, then
+    these, and only into the room ``max_signatures`` leaves: a saved spec's
+    signature is not counted against the limit until a call (or a
+    ``precompile``) uses it, so a stale one never takes a signature the
+    program needs. One that finds no room is reported as skipped."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BrokenSpec:
     """A spec that could not be rebuilt (ftjit.load_specs): warming it up
@@ -66,8 +77,10 @@ class BrokenSpec:
 class WarmupResult:
     signature: str
     seconds: float
-    compiled: bool  # False: it was cached already (or compiled by another thread meanwhile)
+    compiled: bool  # False: it was cached already (or compiled by another thread meanwhile), or skipped
     error: BaseException | None
+    #: Why a SavedSpec was not compiled although nothing failed (no room under max_signatures), else None.
+    skipped: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +115,8 @@ class WarmupReport:
         rows = [("signature", "seconds", "result")]
         for r in self.results:
             what = "compiled" if r.compiled else "cached"
+            if r.skipped is not None:
+                what = f"skipped: {r.skipped}"
             if r.error is not None:
                 what = f"{type(r.error).__name__}: {r.error}"
             rows.append((r.signature, f"{r.seconds:.3f}", what))
@@ -177,13 +192,18 @@ def warmup(
 ) -> WarmupReport:
     """Compiles each spec's signature into ``fn``'s cache, ``workers`` at a time.
 
-    Specs are tuples of positional arguments or ``ftjit.Spec(args, kwargs)``;
-    arguments may be concrete or ``jax.ShapeDtypeStruct``. Nothing is executed.
-    XLA compiles release the GIL, so several workers overlap them. Errors are
-    collected in the report; with ``strict=True`` the first one (in spec
-    order) is raised after all specs ran. ``progress`` draws a one-line bar:
-    None (default) on stderr when it is a terminal, True always on stderr,
-    False never, or a text stream to draw on. Thread-safe, and compile-once
+    Specs are tuples of positional arguments, ``ftjit.Spec(args, kwargs)``, or
+    ``ftjit.SavedSpec`` (from a specs file); arguments may be concrete or
+    ``jax.ShapeDtypeStruct``. Nothing is executed. XLA compiles release the
+    GIL, so several workers overlap them. The program's own specs are
+    compiled first, then the saved ones, into the room ``max_signatures``
+    leaves (see SavedSpec). Errors are collected in the report; with
+    ``strict=True`` the first one (in spec order) is raised after all specs
+    ran. ``progress`` draws a one-line bar: None (default) on stderr when it
+    is a terminal, True always on stderr, False never, or a text stream to
+    draw on. A KeyboardInterrupt in the calling thread ends the warm-up at
+    once, even while a worker is stuck in a compile (which finishes in its
+    daemon thread, and serves later calls). Thread-safe, and compile-once
     holds against concurrent calls of ``fn``.
     """
     if not isinstance(workers, int) or isinstance(workers, bool):
@@ -203,13 +223,20 @@ def warmup(
         except Exception as exc:  # a KeyboardInterrupt ends the warm-up instead
             bar.step()
             return WarmupResult(f"<{type(exc).__name__}>", 0.0, False, exc)
+        skipped = None
         try:
-            compiled = fn.precompile(*spec.args, **spec.kwargs)
+            if isinstance(spec, SavedSpec):
+                outcome = fn._precompile_saved(*spec.args, **spec.kwargs)
+                compiled = outcome == 1
+                if outcome < 0:
+                    skipped = "no room under max_signatures beside the program's own signatures and other saved specs"
+            else:
+                compiled = fn.precompile(*spec.args, **spec.kwargs)
             error = None
         except Exception as exc:
             compiled, error = False, exc
         bar.step()
-        return WarmupResult(signature, time.perf_counter() - t0, bool(compiled), error)
+        return WarmupResult(signature, time.perf_counter() - t0, bool(compiled), error, skipped)
 
     if workers > 1 and len(items) > 1 and not _same_context_in_a_new_thread(fn):
         warnings.warn(
@@ -221,15 +248,64 @@ def warmup(
         )
         workers = 1
     t0 = time.perf_counter()
-    if workers == 1:
-        results = [run(s) for s in items]
-    else:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ftjit-warmup") as pool:
-            results = list(pool.map(run, items))
-    report = WarmupReport(tuple(results), time.perf_counter() - t0, workers)
+    results: list[WarmupResult | None] = [None] * len(items)
+    # The program's own specs first, then the saved ones into the room those leave.
+    own = [i for i, spec in enumerate(items) if not isinstance(spec, SavedSpec)]
+    saved = [i for i, spec in enumerate(items) if isinstance(spec, SavedSpec)]
+    for phase in (own, saved):
+        done = _run_each(run, [items[i] for i in phase], workers)
+        for i, result in zip(phase, done):
+            results[i] = result
+    report = WarmupReport(tuple(r for r in results if r is not None), time.perf_counter() - t0, workers)
     if strict and report.errors:
         raise report.errors[0].error  # type: ignore[misc]
     return report
+
+
+def _run_each(run: Any, items: Sequence[Any], workers: int) -> list[WarmupResult]:
+    """``[run(item) for item in items]``, ``workers`` at a time.
+
+    With more than one worker, in daemon threads that this thread waits for
+    in 0.1 s slices: a KeyboardInterrupt here returns at once (the workers
+    take no further item; one stuck in a compile finishes in the
+    background). Not a ThreadPoolExecutor: its threads are joined when it
+    is shut down and again at interpreter exit, so a stuck compile would
+    hold the warm-up, and then the process, until it ended."""
+    if workers == 1 or len(items) <= 1:
+        return [run(item) for item in items]
+    results: list[Any] = [None] * len(items)
+    cond = threading.Condition()
+    taken = finished = 0  # guarded by cond
+    stop = False  # guarded by cond
+
+    def work() -> None:
+        nonlocal taken, finished
+        while True:
+            with cond:
+                if stop or taken == len(items):
+                    return
+                i = taken
+                taken += 1
+            try:
+                result: Any = run(items[i])
+            except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit in a compile: reported, never lost
+                result = WarmupResult("<warmup worker>", 0.0, False, exc)
+            with cond:
+                results[i] = result
+                finished += 1
+                cond.notify_all()
+
+    for k in range(min(workers, len(items))):
+        threading.Thread(target=work, name=f"ftjit-warmup-{k}", daemon=True).start()
+    try:
+        with cond:
+            while finished < len(items):
+                cond.wait(0.1)
+    except BaseException:
+        with cond:
+            stop = True
+        raise
+    return results
 
 
 def _same_context_in_a_new_thread(fn: Any) -> bool:

@@ -292,15 +292,33 @@ struct Resolved {
   EntryPtr entry;
   bool inserted;   // this thread owns the compile
   bool was_ready;  // ready when found: a hit, no wait
+  // With `inserted`: the provisional entry whose slot `entry` took, whose
+  // payload the compile takes instead of compiling (entry_store.h,
+  // "Provisional entries").
+  EntryPtr adopted;
 };
 
-// `sig` must have adopted its context (CallSignature::AdoptContext).
-Resolved Resolve(JitState& st, CallSignature& sig) {
+// `sig` must have adopted its context (CallSignature::AdoptContext). With
+// `adopt`, a provisional entry found ready is adopted (a call, a precompile
+// of the program's own); without, it is found as any ready entry (the
+// warm-up of another saved spec).
+Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true) {
   for (;;) {
     FunctionStore::Lookup found = st.store->FindOrInsert(sig);  // moves `sig` if inserted
-    if (found.inserted) return {std::move(found.entry), true, false};
+    if (found.inserted) return {std::move(found.entry), true, false, nullptr};
     if (found.entry->latch.state() == CompileLatch::State::kReady) {
-      return {std::move(found.entry), false, true};
+      if (!adopt) return {std::move(found.entry), false, true, nullptr};
+      switch (found.entry->provisional.load(std::memory_order_seq_cst)) {
+        case Entry::kNotProvisional:
+          return {std::move(found.entry), false, true, nullptr};
+        case Entry::kProvisional:
+          if (EntryPtr fresh = st.store->Adopt(found.entry)) {
+            return {std::move(fresh), true, false, std::move(found.entry)};
+          }
+          continue;  // adopted by another thread, or removed: look again
+        default:
+          continue;  // adopted meanwhile: the map holds the fresh entry
+      }
     }
     if (found.entry->latch.OrphanedByFork()) {
       // In a forked child: its compiling thread stayed in the parent (the
@@ -309,7 +327,13 @@ Resolved Resolve(JitState& st, CallSignature& sig) {
       st.store->Discard(found.entry);
       continue;
     }
-    if (WaitForCompile(st, *found.entry)) return {std::move(found.entry), false, false};
+    if (WaitForCompile(st, *found.entry)) {
+      // Ready now. A provisional compile (a saved spec's warm-up) that a
+      // call waited for is adopted: looked up again.
+      if (!adopt || found.entry->provisional.load(std::memory_order_seq_cst) == Entry::kNotProvisional) {
+        return {std::move(found.entry), false, false, nullptr};
+      }
+    }
   }
 }
 
@@ -365,7 +389,7 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
   FunctionStore::AfterMiss(t.rec);  // may run deleters: Python
   Resolved r = Resolve(st, sig);
   if (r.inserted) {
-    Compile(st, r.entry, args, nargsf, kwnames, leaves);
+    Compile(st, r.entry, args, nargsf, kwnames, leaves, r.adopted.get());
   } else {
     if (r.was_ready) {
       st.store->counters().hits.Add(t.shard);
@@ -451,8 +475,37 @@ bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwn
   }
   Resolved r = Resolve(st, sig);
   if (!r.inserted) return false;
-  Compile(st, r.entry, args, nargs, kwnames, leaves);
-  return true;
+  Compile(st, r.entry, args, nargs, kwnames, leaves, r.adopted.get());
+  return r.adopted == nullptr;  // an adopted one was compiled already
+}
+
+PrecompileSaved PrecompileSavedSpec(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
+  CallSignature sig;
+  LeafObjects leaves;
+  if (!BuildAdopted(st, args, nargs, kwnames, sig, st.executable_for.is_valid() ? &leaves : nullptr)) {
+    RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
+                                      "() here: the call would take the compiler's fallback "
+                                      "path, which is not cached (e.g. tracers among the "
+                                      "arguments, a JAX trace active, or jax.disable_jit() on)");
+  }
+  // Only into the room max_signatures leaves beside the counted signatures
+  // and the other provisional ones (a reservation, exact among warm-ups;
+  // traffic counted meanwhile is counted as usual).
+  FunctionStore& store = *st.store;
+  if (store.Find(sig)) return PrecompileSaved::kCached;  // cached already: needs no room
+  if (!store.ReserveProvisional(store.limit().max)) return PrecompileSaved::kNoRoom;
+  struct Reservation {
+    FunctionStore& store;
+    bool held = true;
+    ~Reservation() {
+      if (held) store.ReleaseProvisional();
+    }
+  } reservation{store};
+  Resolved r = Resolve(st, sig, /*adopt=*/false);
+  if (!r.inserted) return PrecompileSaved::kCached;
+  Compile(st, r.entry, args, nargs, kwnames, leaves, nullptr, /*provisional=*/true);  // throws if it failed
+  reservation.held = false;  // handed to the entry (MarkProvisional)
+  return PrecompileSaved::kCompiled;
 }
 
 std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {

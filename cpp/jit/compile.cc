@@ -143,17 +143,36 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
 // This thread inserted `e`: compile it and publish the result (or the
 // error) to every waiter. Throws the compile's exception.
 void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
-                 PyObject* kwnames, const LeafObjects& leaves, CompilePublisher& publisher) {
+                 PyObject* kwnames, const LeafObjects& leaves, const Entry* adopted, bool provisional,
+                 CompilePublisher& publisher) {
   Counters& c = st.store->counters();
   // The guard counts `e` before it takes an LRU slot: an eviction that slot
-  // causes must not make room under the limit for `e` itself.
-  const bool allowed = GuardAllows(st, e);
+  // causes must not make room under the limit for `e` itself. A provisional
+  // entry is not counted (until adopted).
+  const bool allowed = provisional || GuardAllows(st, e);
+  // A call that adopts a warmed saved spec found a compiled signature: a
+  // hit; any other compile (or a refused adoption) is the call's miss.
+  if (adopted && allowed) {
+    const int shard = ThisThread().shard;
+    c.hits.Add(shard);
+    e->shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    c.misses.fetch_add(1, std::memory_order_relaxed);
+  }
   st.store->AdmitLru(e);
   auto t0 = std::chrono::steady_clock::now();
-  nb::object exe = allowed ? RunCompiler(st, args, nargsf, kwnames) : nb::object();
+  nb::object exe;
   bool takes_leaves = false;
-  if (exe.is_valid() && st.executable_for.is_valid()) {
-    exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves);
+  if (adopted) {
+    if (allowed) {
+      exe = adopted->payload.executable;
+      takes_leaves = adopted->payload.takes_leaves;
+    }
+  } else {
+    exe = allowed ? RunCompiler(st, args, nargsf, kwnames) : nb::object();
+    if (exe.is_valid() && st.executable_for.is_valid()) {
+      exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves);
+    }
   }
   if (!exe.is_valid()) {
     nb::object error = FetchNormalized();
@@ -173,25 +192,27 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   uint64_t nanos = NanosSince(t0);
   e->payload.executable = std::move(exe);
   e->payload.takes_leaves = takes_leaves;
-  e->payload.compile_seconds = static_cast<double>(nanos) * 1e-9;
+  e->payload.compile_seconds = adopted ? adopted->payload.compile_seconds : static_cast<double>(nanos) * 1e-9;
   e->payload.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;
-  c.compiles.fetch_add(1, std::memory_order_relaxed);
-  c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
+  if (!adopted) {  // an adoption compiled nothing (its warm-up did, and was counted)
+    c.compiles.fetch_add(1, std::memory_order_relaxed);
+    c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
+  }
   publisher.done = true;
+  if (provisional) st.store->MarkProvisional(e);  // before the latch: finders see it ready and provisional
   e->latch.Publish(CompileLatch::State::kReady);
-  st.store->Published(e);
-  LogCompile(st, *e, e->payload.compile_seconds, nullptr);
+  if (!provisional) st.store->Published(e);
+  if (!adopted) LogCompile(st, *e, e->payload.compile_seconds, nullptr);
 }
 
 }  // namespace
 
 void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
-             const LeafObjects& leaves) {
-  st.store->counters().misses.fetch_add(1, std::memory_order_relaxed);
+             const LeafObjects& leaves, const Entry* adopted, bool provisional) {
   CompilePublisher publisher{st, e};
 #ifdef __GLIBCXX__
   try {
-    CompileBody(st, e, args, nargsf, kwnames, leaves, publisher);
+    CompileBody(st, e, args, nargsf, kwnames, leaves, adopted, provisional, publisher);
   } catch (abi::__forced_unwind&) {
     // This thread is being ended by CPython at interpreter shutdown (it took
     // the GIL back in the compiler): there is no thread state to report
@@ -200,7 +221,7 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
     throw;
   }
 #else
-  CompileBody(st, e, args, nargsf, kwnames, leaves, publisher);
+  CompileBody(st, e, args, nargsf, kwnames, leaves, adopted, provisional, publisher);
 #endif
 }
 

@@ -126,9 +126,13 @@ void RegisterConstruction(nb::module_& m);
 // This thread inserted `e` (its miss): runs the guard, links `e` into the
 // LRU, compiles, and publishes the executable, or the error to every waiter
 // (abandoned, when this thread was interrupted: a waiter compiles again).
-// Throws the compile's exception.
+// Throws the compile's exception. With `adopted` (the provisional entry
+// whose slot `e` took: entry_store.h), the guard runs as for any miss and
+// `e` takes its executable instead of compiling. With `provisional` (a
+// saved spec's warm-up), the guard does not run and `e` is published
+// provisional: in the map, unlisted, uncounted until adopted.
 void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
-             const LeafObjects& leaves);
+             const LeafObjects& leaves, const Entry* adopted = nullptr, bool provisional = false);
 
 // --- call.cc: the call and wait path ------------------------------------------
 
@@ -137,6 +141,12 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
 // precompile(*args, **kwargs): compiles this signature if it is not cached;
 // true if this call compiled it. Executes nothing.
 bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+// _precompile_saved(*args, **kwargs): a saved spec's warm-up. Compiles the
+// signature as a provisional entry (not counted against max_signatures
+// until a call or precompile adopts it), only while the counted and
+// provisional signatures leave room under max_signatures. Executes nothing.
+enum class PrecompileSaved { kNoRoom = -1, kCached = 0, kCompiled = 1 };
+PrecompileSaved PrecompileSavedSpec(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
 // guard.cc: whether the max_signatures guard lets the compile of `e` (just
 // inserted by this thread) run; false with the error set (RecompileLimitError,
 // or the warning turned into an error). Explains the miss when asked to.

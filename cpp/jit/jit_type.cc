@@ -211,6 +211,14 @@ extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* arg
   });
 }
 
+extern "C" PyObject* JitFunction_precompile_saved(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                                  PyObject* kwnames) {
+  return Method(self, [&](JitState& st) {
+    AheadOfTraffic ahead;
+    return nb::int_(static_cast<int>(PrecompileSavedSpec(st, args, static_cast<size_t>(nargs), kwnames)));
+  });
+}
+
 extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                                               PyObject* kwnames) {
   return Method(self, [&](JitState& st) {
@@ -464,6 +472,11 @@ PyMethodDef kMethods[] = {
      "The cached, compiled signatures as ftjit._signature.Signature records, newest compile first."},
     {"_current_context", JitFunction_current_context, METH_NOARGS,
      "The compiler's context as the core would key this thread's next call (None without one)."},
+    {"_precompile_saved", Fast<JitFunction_precompile_saved>(), METH_FASTCALL | METH_KEYWORDS,
+     "_precompile_saved(*args, **kwargs) -> int\n\nA saved spec's warm-up (ftjit.SavedSpec): compiles this "
+     "signature provisionally, not counted against max_signatures until a call or precompile uses it, and only "
+     "while the counted and provisional signatures leave room under max_signatures. 1: compiled; 0: cached "
+     "already; -1: no room."},
     {"_signature_of", Fast<JitFunction_signature_of>(), METH_FASTCALL | METH_KEYWORDS,
      "_signature_of(*args, **kwargs) -> str: the readable signature these arguments have."},
     {"_store_forgetter", JitFunction_store_forgetter, METH_NOARGS,

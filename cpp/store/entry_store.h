@@ -37,6 +37,9 @@
 //   | unlinked, claimed     | seq_cst atomics, written once each            |
 //   | counted               | atomic: set by Admit, cleared once by         |
 //   |                       | whatever removes the entry from the map       |
+//   | provisional           | atomic state (see Provisional entries): set   |
+//   |                       | before the latch is published; left once, by  |
+//   |                       | CAS, by an adoption or a removal              |
 //   | table_ref             | FTJIT_GUARDED_BY(store_raw->publish_mu_): the |
 //   |                       | owning store's; it reaches it only through    |
 //   |                       | TableRefLockHeld (REQUIRES(publish_mu_))      |
@@ -52,6 +55,7 @@
 //   |                       | guards every entry's table_ref                |
 //   | counters_             | relaxed atomics (hits sharded per thread)     |
 //   | counted_              | relaxed atomic: admitted entries in the map   |
+//   | provisional_          | relaxed atomic: provisional entries in the map|
 //
 // The hit path (FindReady): enter a read section, load ready_, probe it
 // (Traits::FastEquals), bump this thread's shard of the entry's hits and
@@ -91,6 +95,20 @@
 // publish and a removal of one entry comes second sees what the first did. A rebuild copies the current
 // table's pointers, not the map: no reference count is written, so a miss
 // pays a few ns per ready entry, not a map snapshot.
+//
+// Provisional entries: compiled ahead of traffic from a saved spec (a specs
+// file), not counted by Admit, never listed: the hit path cannot find them.
+// The first call (or precompile) that needs the signature finds one in the
+// map on its slow path and adopts it (Adopt): the map's slot gets a fresh
+// entry, compiling and owned by the adopter, whose compile takes the
+// provisional entry's payload after the guard counted it (cpp/jit/compile.cc),
+// so the limit sees the signature when traffic uses it, exactly as a miss,
+// and concurrent callers wait on the fresh entry's latch as on any compile.
+// The claim is one CAS on `provisional` (kProvisional -> kAdopted), made
+// under the map's lock together with the slot's replacement: a thread that
+// found the old entry and sees kAdopted looks again and finds the new one.
+// A removal (Discard, Clear, eviction) CASes kProvisional -> kNotProvisional instead:
+// exactly one of the two happens, and provisional_ counts down once.
 //
 // Lock order: none to get wrong. map_'s lock, the LRU's, publish_mu_ and the
 // epoch domain's are leaves, never held together (Published takes map_'s
@@ -254,6 +272,9 @@ struct StoreEntry {
   std::atomic<bool> unlinked{false};
   std::atomic<bool> claimed{false};
   std::atomic<bool> counted{false};  // counted in its store's Count() (see Admit)
+  // See Provisional entries in the header comment.
+  enum : uint8_t { kNotProvisional = 0, kProvisional = 1, kAdopted = 2 };
+  std::atomic<uint8_t> provisional{kNotProvisional};
   // See Listing; only the owning store reaches it (EntryStore::TableRefLockHeld).
   std::shared_ptr<StoreEntry> table_ref FTJIT_GUARDED_BY(store_raw->publish_mu_);
   LruHook<std::shared_ptr<StoreEntry>> lru;
@@ -393,6 +414,12 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     return Lookup{std::move(r.value), r.inserted};
   }
 
+  // The entry of `sig` in the map (compiling or ready), or null. May run
+  // Traits::Equals (re-entrant, may throw).
+  EntryPtr Find(const Sig& sig) const {
+    return map_.Find(sig.hash, sig, [](const SigPtr& stored, const Sig& probe) { return Traits::Equals(*stored, probe); });
+  }
+
   // Links a freshly inserted entry into the shared LRU and evicts.
   void AdmitLru(const EntryPtr& e) {
     std::vector<EntryPtr> evicted = lru_->Insert(e, Evictable);
@@ -453,10 +480,57 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // Signatures counted now (a snapshot).
   int64_t Count() const { return counted_.load(std::memory_order_relaxed); }
 
+  // Reserves a provisional entry's place: counts one more provisional entry
+  // if that leaves Count() + ProvisionalCount() at most `limit` (any number
+  // when `limit` < 0); false, counting nothing, otherwise. The reservation
+  // is either released (ReleaseProvisional: nothing was marked) or handed
+  // to the entry by MarkProvisional, which a removal or an adoption then
+  // counts down once. Exact under concurrent warm-ups; traffic admitted
+  // meanwhile may leave the sum above `limit` (a provisional entry is never
+  // counted by Admit).
+  bool ReserveProvisional(int64_t limit) {
+    int64_t n = provisional_.load(std::memory_order_relaxed);
+    do {
+      if (limit >= 0 && n + Count() >= limit) return false;
+    } while (!provisional_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+    return true;
+  }
+  void ReleaseProvisional() { provisional_.fetch_sub(1, std::memory_order_relaxed); }
+  // Marks `e` (freshly inserted by this thread, compiled, its latch not yet
+  // published) provisional, handing it this thread's reservation (see
+  // Provisional entries). Not counted by Admit; the owner does not call
+  // Published().
+  void MarkProvisional(const EntryPtr& e) {
+    e->provisional.store(Entry::kProvisional, std::memory_order_seq_cst);
+    // A clear may have removed `e` before the mark (as in Admit): it then
+    // found nothing to unprovision, so this thread does.
+    if (!map_.ContainsValue(e->sig->hash, e)) Unprovision(*e);
+  }
+  // Provisional entries in the map now (a snapshot).
+  int64_t ProvisionalCount() const { return provisional_.load(std::memory_order_relaxed); }
+
+  // Adopts the provisional entry `p` found ready in the map: a fresh entry
+  // for p's signature, owned (compiling) by this thread, takes p's slot.
+  // Null when another thread adopted p first or p left the map: the caller
+  // looks the signature up again. The caller compiles the fresh entry from
+  // p's payload and drops p, which leaves the LRU here.
+  EntryPtr Adopt(const EntryPtr& p) {
+    EntryPtr fresh(new Entry(p->sig, this->weak_from_this(), this), typename Entry::Deleter());
+    auto claim = [&p]() noexcept {
+      uint8_t expected = Entry::kProvisional;
+      return p->provisional.compare_exchange_strong(expected, Entry::kAdopted, std::memory_order_seq_cst);
+    };
+    if (!map_.ReplaceValueIf(p->sig->hash, p, claim, fresh)) return nullptr;
+    provisional_.fetch_sub(1, std::memory_order_relaxed);
+    lru_->Remove(p);
+    return fresh;
+  }
+
   // Removes `e` from the map, the LRU and (if listed) the ready table.
   void Discard(const EntryPtr& e) {
     EntryPtr removed = map_.Erase(e->sig->hash, e);
     Uncount(*e);
+    Unprovision(*e);
     lru_->Remove(e);
     Unlist(e);
     // `removed` is dropped on return, outside every lock.
@@ -466,7 +540,10 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // but are not kept).
   void Clear() {
     auto removed = map_.Clear();
-    for (auto& kv : removed) Uncount(*kv.second);
+    for (auto& kv : removed) {
+      Uncount(*kv.second);
+      Unprovision(*kv.second);
+    }
     // From the LRU and the ready table, exactly the entries the clear
     // removed: one inserted (linked, listed) since belongs to the map now
     // and stays in both. (Unlinking by store instead lost such an entry's
@@ -488,6 +565,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
         map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
     for (auto& kv : removed) {
       Uncount(*kv.second);
+      Unprovision(*kv.second);
       lru_->Remove(kv.second);
     }
   }
@@ -567,6 +645,14 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   void Uncount(Entry& e) {
     if (e.counted.exchange(false, std::memory_order_seq_cst)) counted_.fetch_sub(1, std::memory_order_relaxed);
   }
+  // A provisional entry that leaves the map unadopted stops counting as one
+  // (exactly once: an adoption's CAS and this one exclude each other).
+  void Unprovision(Entry& e) {
+    uint8_t expected = Entry::kProvisional;
+    if (e.provisional.compare_exchange_strong(expected, Entry::kNotProvisional, std::memory_order_seq_cst)) {
+      provisional_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
 
   friend struct StoreEntry<Traits>;  // its table_ref names publish_mu_ as its guard
 
@@ -629,6 +715,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   mutable Mutex publish_mu_;  // leaf lock: ready_'s swaps, every entry's table_ref
   StoreCounters counters_;
   std::atomic<int64_t> counted_{0};  // entries admitted and still in the map (Admit)
+  std::atomic<int64_t> provisional_{0};  // provisional entries still in the map (MarkProvisional)
 };
 
 }  // namespace ftjit

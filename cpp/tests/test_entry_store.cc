@@ -409,6 +409,179 @@ void TestLeafMutexExcludes() {
 }
 #endif
 
+
+// --- provisional entries (a saved spec warmed up ahead of traffic) ----------
+
+// Warms `key` provisionally, as JitFunction._precompile_saved does: inserted,
+// "compiled", marked provisional and published, but not listed. False if
+// the key was in the map already.
+bool WarmProvisional(Store& store, int key, int64_t limit = -1) {
+  if (!store.ReserveProvisional(limit)) return false;
+  TestSig sig = SigOf(key);
+  Store::Lookup found = store.FindOrInsert(sig);
+  if (!found.inserted) {
+    store.ReleaseProvisional();
+    return false;
+  }
+  store.AdmitLru(found.entry);
+  found.entry->payload.value = key * 2;
+  store.MarkProvisional(found.entry);
+  found.entry->latch.Publish(State::kReady);
+  return true;
+}
+
+// One call as call.cc's Resolve makes it when provisional entries may be in
+// the map: as CallOnce, except that a provisional entry found ready is
+// adopted (its slot gets a fresh entry this thread "compiles" from its
+// payload, after Admit under `limit`: refused, the fresh entry fails and
+// leaves, as a compile past max_signatures does). Returns the value used,
+// or -1 when the limit refused it.
+int CallAdopting(Store& store, int key, int64_t limit, std::atomic<int>& adoptions,
+                 ftjit::EpochDomain<TestMutex>::Record* rec, int shard) {
+  TestSig sig = SigOf(key);
+  if (Entry* e = store.FindReady(sig, rec, shard)) {
+    CHECK_EQ(e->payload.canary.load(std::memory_order_relaxed), kAlive);
+    CHECK(e->provisional.load() == Entry::kNotProvisional);  // never listed while provisional
+    int v = e->payload.value;
+    Store::FinishCall(e, rec, shard);
+    return v;
+  }
+  Store::AfterMiss(rec);
+  for (;;) {
+    Store::Lookup found = store.FindOrInsert(sig);
+    std::shared_ptr<Entry> owned = found.entry;
+    int value = key * 2;
+    if (!found.inserted) {
+      State s;
+      while ((s = found.entry->latch.WaitFor(5ms)) == State::kCompiling) {
+      }
+      if (s != State::kReady) continue;  // a refused adoption: look again
+      uint8_t p = found.entry->provisional.load();
+      if (p == Entry::kAdopted) continue;  // adopted meanwhile: the map holds the fresh entry
+      if (p == Entry::kNotProvisional) {
+        CHECK_EQ(found.entry->payload.canary.load(), kAlive);
+        return found.entry->payload.value;
+      }
+      owned = store.Adopt(found.entry);
+      if (!owned) continue;
+      adoptions.fetch_add(1);
+      value = found.entry->payload.value;
+    }
+    if (!store.Admit(owned, limit, /*force=*/false)) {
+      store.Discard(owned);
+      owned->latch.Publish(State::kFailed);
+      return -1;
+    }
+    store.AdmitLru(owned);
+    owned->payload.value = value;
+    owned->latch.Publish(State::kReady);
+    store.Published(owned);
+    return value;
+  }
+}
+
+// One thread: provisional entries are in the map but neither counted nor
+// listed; the first call adopts one (counted, listed, then a hit), the
+// limit refuses an adoption past it exactly as a compile, and a removal of
+// an unadopted one counts it down once.
+void TestProvisionalEntriesAreAdoptedOnFirstUse() {
+  auto lru = std::make_shared<Lru>(16);
+  auto store = std::make_shared<Store>(lru);
+  auto* rec = Slot::Get().rec;
+  std::atomic<int> adoptions{0};
+  for (int key = 0; key < 4; ++key) CHECK(WarmProvisional(*store, key));
+  CHECK(!WarmProvisional(*store, 0));  // once per signature
+  CHECK(!WarmProvisional(*store, 9, /*limit=*/4));  // no room: 4 provisional already
+  CHECK_EQ(store->size(), size_t{4});
+  CHECK_EQ(store->ProvisionalCount(), int64_t{4});
+  CHECK_EQ(store->Count(), int64_t{0});
+  CHECK_EQ(store->size(), size_t{4});
+  CHECK_EQ(store->ready_size(), size_t{0});
+  CHECK_EQ(lru->size(), size_t{4});
+  CHECK(store->FindReady(SigOf(0), rec, 0) == nullptr);  // unlisted: the hit path cannot see it
+  Store::AfterMiss(rec);
+
+  CHECK_EQ(CallAdopting(*store, 0, /*limit=*/2, adoptions, rec, 0), 0);
+  CHECK_EQ(adoptions.load(), 1);
+  CHECK_EQ(store->ProvisionalCount(), int64_t{3});
+  CHECK_EQ(store->Count(), int64_t{1});
+  CHECK_EQ(store->ready_size(), size_t{1});
+  CHECK_EQ(store->size(), size_t{4});
+  CHECK_EQ(lru->size(), size_t{4});  // the adopted entry left it, the fresh one joined
+  CHECK_EQ(CallAdopting(*store, 0, 2, adoptions, rec, 0), 0);  // now a hit
+  CHECK_EQ(adoptions.load(), 1);
+
+  CHECK_EQ(CallAdopting(*store, 1, 2, adoptions, rec, 0), 2);
+  CHECK_EQ(CallAdopting(*store, 2, 2, adoptions, rec, 0), -1);  // past the limit: refused, gone
+  CHECK_EQ(adoptions.load(), 3);
+  CHECK_EQ(store->Count(), int64_t{2});
+  CHECK_EQ(store->ProvisionalCount(), int64_t{1});  // key 3
+  CHECK_EQ(store->size(), size_t{3});
+  CHECK_EQ(lru->size(), size_t{3});
+
+  std::vector<std::shared_ptr<Entry>> entries = store->Entries();
+  for (auto& e : entries) {
+    if (e->provisional.load() == Entry::kProvisional) store->Discard(e);
+  }
+  entries.clear();
+  CHECK_EQ(store->ProvisionalCount(), int64_t{0});
+  CHECK_EQ(store->size(), size_t{2});
+  CHECK(WarmProvisional(*store, 5));
+  store->Clear();
+  CHECK_EQ(store->ProvisionalCount(), int64_t{0});
+  CHECK_EQ(store->Count(), int64_t{0});
+  CHECK_EQ(lru->size(), size_t{0});
+  store.reset();
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+
+// Threads: callers race to adopt provisional entries that a warmer keeps
+// re-warming and a clearer keeps clearing. Each provisional entry is adopted
+// at most once, every call gets key * 2, and at the end the books balance:
+// the map holds exactly the listed entries plus the provisional ones, the
+// LRU exactly the map's, and nothing leaks.
+void TestProvisionalAdoptionsRaceWithClears() {
+  const int kKeys = 16;
+  auto lru = std::make_shared<Lru>(64);
+  auto store = std::make_shared<Store>(lru);
+  std::atomic<int> adoptions{0}, warmed{0};
+  std::atomic<uint64_t> calls{0};
+  auto deadline = std::chrono::steady_clock::now() + 1000ms;
+  ftjit_test::RunThreads(6, [&](size_t i) {
+    auto* rec = Slot::Get().rec;
+    std::mt19937 rng(static_cast<unsigned>(i) + 17);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int key = static_cast<int>(rng() % kKeys);
+      if (i == 0) {
+        if (WarmProvisional(*store, key)) warmed.fetch_add(1);
+      } else if (i == 1) {
+        if (rng() % 8 == 0) store->Clear();
+        std::this_thread::yield();
+      } else {
+        // (No limit here: a clear uncounts what it removed just after emptying the
+        // map, so a count racing it may briefly see more than kKeys.)
+        CHECK_EQ(CallAdopting(*store, key, /*limit=*/1 << 20, adoptions, rec, static_cast<int>(i)), key * 2);
+        calls.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  std::fprintf(stderr, "  %llu calls, %d warmed, %d adopted\n", static_cast<unsigned long long>(calls.load()),
+               warmed.load(), adoptions.load());
+  CHECK(adoptions.load() <= warmed.load());
+  int64_t provisional = 0;
+  for (auto& e : store->Entries()) {
+    CHECK(e->latch.state() == State::kReady);
+    if (e->provisional.load() == Entry::kProvisional) ++provisional;
+  }
+  CHECK_EQ(store->ProvisionalCount(), provisional);
+  CHECK_EQ(store->ready_size() + static_cast<size_t>(provisional), store->size());
+  CHECK_EQ(lru->size(), store->size());
+  CHECK_EQ(store->Count(), static_cast<int64_t>(store->ready_size()));
+  store.reset();
+  CHECK_EQ(lru->size(), size_t{0});
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+
 }  // namespace
 
 int main() {
@@ -423,6 +596,8 @@ int main() {
   RUN_TEST(TestRetirementRacingAHitIsFreedWhenTheCallEnds);
   RUN_TEST(TestRetirementRacingAMissIsFreedWhenTheProbeEnds);
   RUN_TEST(TestLateUseAfterThreadExitTakesAFreshRecord);
+  RUN_TEST(TestProvisionalEntriesAreAdoptedOnFirstUse);
+  RUN_TEST(TestProvisionalAdoptionsRaceWithClears);
   std::fprintf(stderr, "all EntryStore tests passed\n");
   return 0;
 }

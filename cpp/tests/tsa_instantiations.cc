@@ -81,6 +81,7 @@ void UseMemberTemplates(Map& map, Lru& lru, ftjit::SnapshotPtr<Node>& ptr, TsaMu
   map.Find(0, 1, KeyEq);
   map.FindOrInsert(0, 1, KeyEq, [] { return std::make_pair(Key(), Key()); });
   map.EraseIf([](const Key&, const Key&) { return true; });
+  map.ReplaceValueIf(0, Key(), [] { return true; }, Key());
   lru.Insert(node, AlwaysTrue);
   lru.Trim(AlwaysTrue);
   lru.RemoveIf(AlwaysTrue);
