@@ -123,6 +123,11 @@ class Builder {
   // Error messages naming the argument (signature_errors.cc).
   [[noreturn]] void Unsupported(PyObject* obj);
   [[noreturn]] void NotAnArgument(PyObject* obj, const ArrayShape& s);
+  // Raises ValueError when a spec's shape has a negative dimension, or more
+  // elements or bytes than an int64 counts (no array can have it; XLA
+  // would abort the process compiling it). Only where specs are allowed.
+  void CheckSpecShape(const ArrayShape& s);
+  static std::string ShapeText(const ArrayShape& s);  // "float32[8,128]"
   [[noreturn]] void UnsortableDictKeys();
   std::string PathText() const;
   std::string Where() const;

@@ -65,15 +65,47 @@ void Builder::UnsortableDictKeys() {
 // jax.jit's TypeError for an argument spec (jax.ShapeDtypeStruct) passed
 // in a call, in its words: "Argument 'x['a']' of shape float32[2] of type
 // <class 'jax.ShapeDtypeStruct'> is not a valid JAX type."
-void Builder::NotAnArgument(PyObject* obj, const ArrayShape& s) {
-  std::string shape = Str(s.dtype.ptr()) + "[";
+std::string Builder::ShapeText(const ArrayShape& s) {
+  std::string shape = (s.dtype.is_valid() ? Str(s.dtype.ptr()) : std::string()) + "[";
   for (size_t i = 0; i < s.dims.size(); ++i) shape += (i ? "," : "") + std::to_string(s.dims[i]);
-  std::string msg = "Argument " + PathText() + " of shape " + shape + "] of type " +
+  return shape + "]";
+}
+
+void Builder::NotAnArgument(PyObject* obj, const ArrayShape& s) {
+  std::string msg = "Argument " + PathText() + " of shape " + ShapeText(s) + " of type " +
                     Repr(reinterpret_cast<PyObject*>(Py_TYPE(obj))) +
                     " is not a valid JAX type. (A jax.ShapeDtypeStruct describes an argument: "
                     "pass it to precompile() or warmup(), and call with an array.)";
   PyErr_SetString(PyExc_TypeError, msg.c_str());
   throw nb::python_error();
+}
+
+void Builder::CheckSpecShape(const ArrayShape& s) {
+  int64_t elements = 1;
+  bool overflow = false;
+  for (int64_t d : s.dims) {
+    if (d < 0) {
+      PyErr_Format(PyExc_ValueError, "Argument %s has the shape %s, whose dimension %lld is negative: an array's "
+                   "dimensions are sizes (>= 0)", PathText().c_str(), ShapeText(s).c_str(),
+                   static_cast<long long>(d));
+      throw nb::python_error();
+    }
+    overflow = overflow || __builtin_mul_overflow(elements, d, &elements);
+  }
+  int64_t itemsize = 1;
+  if (s.dtype.is_valid()) {
+    nb::object size = nb::steal(PyObject_GetAttrString(s.dtype.ptr(), "itemsize"));
+    if (!size.is_valid()) throw nb::python_error();
+    itemsize = PyLong_AsLongLong(size.ptr());
+    if (itemsize == -1 && PyErr_Occurred()) throw nb::python_error();
+  }
+  int64_t bytes = 0;
+  if (overflow || __builtin_mul_overflow(elements, itemsize < 1 ? 1 : itemsize, &bytes)) {
+    PyErr_Format(PyExc_ValueError, "Argument %s has the shape %s, whose size in bytes does not fit in a signed "
+                 "64-bit integer: no array can have it (XLA would abort the process compiling it). "
+                 "Is a dimension wrong?", PathText().c_str(), ShapeText(s).c_str());
+    throw nb::python_error();
+  }
 }
 
 void Builder::Unsupported(PyObject* obj) {

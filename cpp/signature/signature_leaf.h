@@ -184,6 +184,7 @@ inline bool Builder::TryArray(PyObject* obj) {
       h = Mix(h, static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
     }
   }
+  if (allow_specs_) CheckSpecShape(s);  // precompile and warm-up only: off the hit path
   for (int64_t d : s.dims) out_.dims.push_back(d);
   KeepLeaf(obj);
   out_.tree.push_back(Token(NodeKind::kLeaf, 0));
