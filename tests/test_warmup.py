@@ -10,15 +10,18 @@ other's records. Thread tests start on a Barrier (helpers.run_threads), join
 with a timeout and re-raise worker exceptions.
 """
 
+import _thread
 import logging
+import signal
 import threading
+import time
 import warnings
 
 import numpy as np
 import pytest
 
 import ftjit
-from helpers import CountingCompiler, LogCapture, fresh1, named, unique_name, z
+from helpers import CountingCompiler, LogCapture, fresh1, named, run_threads, unique_name, wait_for, z
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -356,3 +359,204 @@ def test_warmup_survives_a_progress_stream_that_fails(workers):
     assert comp.calls == 3
     assert stream.writes == 1  # the bar is dropped after its first failure
     assert cap.messages(logging.WARNING) == [f"warmup: progress bar disabled, its stream failed: OSError('{tag}')"]
+
+
+# --- SavedSpec: a specs file's signatures, never at the program's expense ------
+
+
+def _saved_guarded(max_signatures):
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x * 2, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=max_signatures,
+                   on_excess="raise")
+    return jf, comp
+
+
+def test_saved_specs_warm_after_the_programs_own_and_only_into_the_room_left():
+    """The program's own specs compile first wherever they stand in the list;
+    saved ones then fill only the room max_signatures leaves (one here), a
+    saved one already cached is "cached", and a saved spec counts against
+    the limit only when a call uses it."""
+    jf, comp = _saved_guarded(3)
+    saved = [ftjit.SavedSpec((z(64),)), ftjit.SavedSpec((z(4),)), ftjit.SavedSpec((z(1),))]
+    report = jf.warmup([saved[0], (z(1),), saved[1], (z(2),), saved[2]], workers=1)
+    assert [(r.compiled, r.skipped, r.error) for r in report] == [
+        (True, None, None),  # the room left after the program's own two
+        (True, None, None),
+        (False, "no room under max_signatures beside the program's own signatures and other saved specs", None),
+        (True, None, None),
+        (False, None, None),  # cached: the program's own
+    ]
+    assert report.ok and "skipped: no room under max_signatures" in str(report)
+    assert comp.calls == 3
+    assert jf.cache_info().size == 3
+    # float32[4] was skipped: traffic compiles it (the third counted signature).
+    assert np.array_equal(jf(np.ones(4, np.float32)), np.full(4, 2, np.float32))
+    assert comp.calls == 4
+    # float32[64] was warmed but never counted: its first call counts it, past the limit.
+    with pytest.raises(ftjit.RecompileLimitError, match=r"past max_signatures=3"):
+        jf(np.ones(64, np.float32))
+    info = jf.cache_info()
+    assert (info.size, info.compiles, info.failures) == (3, 4, 1)
+    assert comp.calls == 4  # the refusal compiled nothing
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_stale_saved_spec_never_takes_a_buckets_slot(workers):
+    """issue 34 §2: a server restarted with fewer buckets than its specs file
+    names. The stale signature comes first in the list; the buckets still
+    get every slot, the stale spec is skipped, and every bucket's call hits."""
+    jf, comp = _saved_guarded(2)
+    report = jf.warmup([ftjit.SavedSpec((z(64),)), (z(1),), (z(2),)], workers=workers)
+    assert [(r.compiled, r.skipped is not None) for r in report] == [(False, True), (True, False), (True, False)]
+    for n in (1, 2):
+        assert np.array_equal(jf(np.ones(n, np.float32)), np.full(n, 2, np.float32))
+    info = jf.cache_info()
+    assert (info.size, info.compiles, info.hits, info.failures) == (2, 2, 2, 0)
+    assert sorted(s.signature for s in jf.signatures()) == sorted(
+        [jf._signature_of(z(1)), jf._signature_of(z(2))])  # the stale one is not cached: never saved again
+
+
+def test_saved_specs_reserve_their_room_exactly_under_parallel_workers():
+    """Four workers warm eight saved specs into three free slots at once:
+    exactly three compile (the room is reserved, not read then taken)."""
+    jf, comp = _saved_guarded(3)
+    report = jf.warmup([ftjit.SavedSpec((z(n),)) for n in range(1, 9)], workers=4)
+    assert sum(r.compiled for r in report) == 3
+    assert sum(r.skipped is not None for r in report) == 5
+    assert comp.calls == 3 and jf.cache_info().size == 3
+
+
+def test_a_herd_adopts_a_saved_spec_once():
+    """Twelve threads call a warmed saved spec's signature at once: one
+    adopts it (counted against the limit, no compile: a hit, as the
+    signature was compiled), the others wait for that or hit."""
+    jf, comp = _saved_guarded(4)
+    assert jf.warmup([ftjit.SavedSpec((z(3),))]).results[0].compiled
+    before = jf.cache_info()
+    out = run_threads(12, lambda i: jf(np.full(3, i, np.float32)))
+    assert [o.tolist() for o in out] == [[2.0 * i] * 3 for i in range(12)]
+    info = jf.cache_info()
+    assert comp.calls == 1 and info.compiles == 1
+    assert info.misses == before.misses
+    assert info.hits + info.waits == 12 and info.hits >= 1
+    assert info.size == 1
+
+
+def test_a_herd_on_a_saved_spec_past_the_limit_all_get_the_refusal():
+    """The limit filled after a saved spec was warmed: its adoption is
+    refused as a compile past it would be, and every thread of the herd
+    gets RecompileLimitError; the saved entry is dropped."""
+    jf, comp = _saved_guarded(2)
+    assert jf.warmup([ftjit.SavedSpec((z(3),))]).results[0].compiled
+    jf(np.ones(1, np.float32))
+    jf(np.ones(2, np.float32))
+
+    def call(i):
+        try:
+            jf(np.ones(3, np.float32))
+        except ftjit.RecompileLimitError as exc:
+            return type(exc)
+        return None
+
+    assert run_threads(12, call) == [ftjit.RecompileLimitError] * 12
+    info = jf.cache_info()
+    assert (info.size, info.compiles) == (2, 3) and comp.calls == 3
+    assert info.failures >= 1
+
+
+def test_precompile_adopts_a_saved_spec_without_compiling():
+    jf, comp = _saved_guarded(2)
+    assert jf.warmup([ftjit.SavedSpec((z(3),))]).results[0].compiled
+    assert jf.precompile(z(3)) is False  # adopted: compiled already, now counted
+    jf(np.ones(1, np.float32))
+    with pytest.raises(ftjit.RecompileLimitError):
+        jf(np.ones(2, np.float32))  # the adopted one counts: 2 of 2
+    assert comp.calls == 2
+
+
+# --- oversized shapes, Ctrl-C -------------------------------------------------------
+
+
+class _Described:
+    """An array spec for a compiler without JAX: dtype and shape only."""
+
+    def __init__(self, shape, dtype=np.float32):
+        self.shape, self.dtype = shape, np.dtype(dtype)
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ((2**40, 2**40), r"float32\[1099511627776,1099511627776\], whose size in bytes does not fit in a signed "
+                         r"64-bit integer: no array can have it \(XLA would abort the process compiling it\)"),
+        ((2**61, 2), r"float32\[2305843009213693952,2\], whose size in bytes does not fit"),  # elements fit, bytes not
+        ((4, -1), r"float32\[4,-1\], whose dimension -1 is negative"),
+    ],
+)
+def test_a_spec_no_array_can_have_is_refused_before_compiling(shape, message):
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    with pytest.raises(ValueError, match=r"^Argument 'x' has the shape " + message):
+        jf.precompile(_Described(shape))
+    report = jf.warmup([(_Described(shape),)])
+    assert isinstance(report.results[0].error, ValueError)
+    assert comp.calls == 0 and jf.cache_info().size == 0
+
+
+def test_an_oversized_jax_spec_is_refused_instead_of_aborting():
+    """jax.ShapeDtypeStruct((2**40, 2**40)) made XLA abort the process (SIGABRT)."""
+    jax = pytest.importorskip("jax")
+    jf = ftjit.jit(lambda x: x + 1, cache=ftjit.FunctionCache())
+    with pytest.raises(ValueError, match=r"float32\[1099511627776,1099511627776\], whose size in bytes"):
+        jf.precompile(jax.ShapeDtypeStruct((2**40, 2**40), np.float32))
+    assert jf.cache_info().size == 0
+
+
+@pytest.mark.thread_unsafe(reason="delivers SIGINT to the main thread")
+def test_ctrl_c_returns_from_a_multi_worker_warmup_while_a_compile_is_stuck():
+    """issue 34 §7: the warm-up's workers were a ThreadPoolExecutor, whose
+    shutdown waits for a stuck compile. Ctrl-C now returns at once: the
+    interrupt arrives while the compile is held (until the test lets it
+    go), and the compile then finishes in the background and serves calls."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are only delivered to the main thread")
+    started, release = threading.Event(), threading.Event()
+
+    def hook(fun, args, kwargs):
+        if args[0].shape == (1,):
+            started.set()
+            assert release.wait(60)
+
+    comp = CountingCompiler(on_compile=hook)
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+
+    def poke():
+        if started.wait(10):
+            _thread.interrupt_main()
+
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    poker = threading.Thread(target=poke, daemon=True)
+    interrupted = held_when_interrupted = False
+    try:
+        poker.start()
+        try:
+            jf.warmup([(z(n),) for n in (1, 2, 3, 4)], workers=2)
+        except KeyboardInterrupt:
+            interrupted = True
+            held_when_interrupted = not release.is_set()
+        if not interrupted:
+            try:
+                poker.join(15)
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        release.set()
+        poker.join(15)
+        signal.signal(signal.SIGINT, old_handler)
+    assert interrupted, "KeyboardInterrupt did not end the warm-up"
+    assert held_when_interrupted, "the warm-up returned only when the stuck compile did"
+    assert wait_for(lambda: jf.cache_info().compiles >= 1, 30)  # the stuck compile finished in the background
+    jf(np.ones(1, np.float32))
+    info = jf.cache_info()
+    assert info.hits + info.waits >= 1 and comp.calls == info.compiles
