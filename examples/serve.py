@@ -50,7 +50,11 @@ DEFAULT_MAX_BATCH, DEFAULT_SEED = 32, 0
 #: waitress's settings; docs/serving.md says why. Worker threads: each answers one request at a time.
 THREADS = 8
 #: Open connections. waitress's default, 100, is too small: with 200 keep-alive clients, 100 would wait.
+#: Once this many are open (idle keep-alive ones included), waitress accepts no new one until some close.
 CONNECTION_LIMIT = 1000
+#: Seconds an idle connection stays open (waitress's default, 120): with the limit, what a crowd of idle
+#: clients can lock new ones out for. docs/serving.md says how to size both.
+CHANNEL_TIMEOUT = 120.0
 #: Connections the kernel queues before waitress accepts them (waitress's default: enough for 200 at once).
 BACKLOG = 1024
 
@@ -105,6 +109,9 @@ class Model:
         self.fn = self._jit(fun, len(self.buckets) if max_signatures is None else max_signatures)
         self.warmup_report: Any = None  # ftjit.WarmupReport (JaxModel: CallWarmup) once warmed up
         self.ready = False  # warmed up, every bucket compiled if asked: /healthz answers 200 (App.route)
+        #: bucket -> why its signature could not be compiled (at the warm-up or in a request): /healthz then
+        #: answers 503 and names it. Written by the warm-up and by worker threads (a dict item store is atomic).
+        self.failed_buckets: dict[int, str] = {}
 
     def _jit(self, fun: Callable[..., Any], max_signatures: int) -> Any:
         """``fun`` jitted once, for every thread (``JaxModel`` jits it with jax.jit instead)."""
@@ -118,16 +125,26 @@ class Model:
         spec = lambda shape: jax.ShapeDtypeStruct(shape, np.float32)  # noqa: E731
         params = {name: spec(value.shape) for name, value in self.weights.items()}
         specs = [(params, spec((b, N_INPUTS))) for b in self.buckets] if buckets else []
-        # ftjit: compile before traffic, in parallel threads (XLA releases the GIL while it compiles).
+        # ftjit: compile before traffic, in parallel threads (XLA releases the GIL while it compiles). The
+        # buckets come first; the saved specs (ftjit.SavedSpec) only fill the room max_signatures leaves and
+        # count against it once a request uses them, so a stale file can never take a bucket's signature.
         report = self.fn.warmup(specs + (saved.for_function(self.fn) if saved else []), workers=workers)
-        self.warmup_report, self.ready = report, all(r.error is None for r in report.results[: len(specs)])
+        for bucket, result in zip(self.buckets if buckets else (), report.results):
+            if result.error is not None:
+                self.failed_buckets[bucket] = f"{type(result.error).__name__}: {result.error}"
+        self.warmup_report, self.ready = report, not self.failed_buckets
         return report
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Outputs for a float32 ``(rows, N_INPUTS)`` batch: zero-padded to its bucket, then trimmed."""
-        padded = np.zeros((next(b for b in self.buckets if b >= len(x)), N_INPUTS), np.float32)
+        bucket = next(b for b in self.buckets if b >= len(x))
+        padded = np.zeros((bucket, N_INPUTS), np.float32)
         padded[: len(x)] = x
-        return np.asarray(self.fn(self.params, padded))[: len(x)]  # ftjit: a hit, once the bucket is warm
+        try:
+            return np.asarray(self.fn(self.params, padded))[: len(x)]  # ftjit: a hit, once the bucket is warm
+        except ftjit.RecompileLimitError as exc:  # a bucket the guard will never let compile: unhealthy
+            self.failed_buckets[bucket] = f"{type(exc).__name__}: {exc}"
+            raise
 
     def stats(self) -> dict[str, Any]:
         """``ftjit.stats()`` and this model's counters, signatures, buckets and warm-up, JSON-ready."""
@@ -311,8 +328,12 @@ class App:
         if path == "/predict":
             return 200, self.predict(environ), JSON
         if path == "/healthz":
-            ok = self.model.ready and not self.stopping
-            return (200 if ok else 503), json.dumps({"ok": ok}).encode(), JSON
+            # 200: listening, warmed up, and no bucket's signature failed to compile (at the warm-up or, with
+            # --no-bucket-warmup, in a request); else 503, naming the failed buckets.
+            failed = dict(self.model.failed_buckets)
+            ok = self.model.ready and not self.stopping and not failed
+            body = {"ok": ok} if not failed else {"ok": ok, "failed_buckets": {str(b): e for b, e in failed.items()}}
+            return (200 if ok else 503), json.dumps(body).encode(), JSON
         if path == "/stats":
             return 200, json.dumps(self.model.stats()).encode(), JSON
         return 200, prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
@@ -359,12 +380,14 @@ def listen_unix(path: str) -> socket.socket:
 
 
 def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int = THREADS,
-                unix_socket: str | None = None) -> tuple[Any, socket.socket]:  # fmt: skip
+                unix_socket: str | None = None, connection_limit: int = CONNECTION_LIMIT,
+                channel_timeout: float = CHANNEL_TIMEOUT) -> tuple[Any, socket.socket]:  # fmt: skip
     """waitress serving ``app`` on a listening socket of our own, which is returned with it: TCP on
     ``host:port``, or the unix socket file ``unix_socket`` if given (``listen_unix``)."""
     listener = listen_unix(unix_socket) if unix_socket else socket.create_server((host, port), backlog=BACKLOG)
     server = waitress.create_server(
-        app, sockets=[listener], threads=threads, connection_limit=CONNECTION_LIMIT, backlog=BACKLOG,
+        app, sockets=[listener], threads=threads, connection_limit=connection_limit, channel_timeout=channel_timeout,
+        backlog=BACKLOG,
         max_request_body_size=app.max_body_bytes,  # a bigger body gets waitress's own 413, unread
         asyncore_use_poll=True)  # select() cannot watch file descriptors past 1023  # fmt: skip
     return server, listener
@@ -420,28 +443,59 @@ def save_specs_every(path: str, model: Model, minutes: float, stop: threading.Ev
         save_specs(path, model)
 
 
+#: --specs-every's range in minutes: at least 0.6 s between writes (each one fsyncs), at most a week.
+SPECS_EVERY_MIN, SPECS_EVERY_MAX = 0.01, 10080.0
+
+
+def bounded(kind: type, low: float, high: float) -> Callable[[str], Any]:
+    """An argparse ``type``: the text as ``kind`` (int or float), finite and within [low, high], else an
+    argparse error that says which and why (``nan``, ``inf`` and out-of-range values included)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not between {low:g} and {high:g}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value" wording, should it ever show
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: warm up, then listen and serve until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", help="address to bind (default: 127.0.0.1, loopback only)")
-    parser.add_argument("--port", type=int, help="port to bind; 0 picks a free one (default: 8000)")
+    parser.add_argument("--port", type=bounded(int, 0, 65535),
+                        help="port to bind, 0 to 65535; 0 picks a free one (default: 8000)")  # fmt: skip
     parser.add_argument("--unix-socket", metavar="PATH", help="listen on a unix socket at PATH instead of TCP")
     parser.add_argument("--jit", choices=("ftjit", "jax"), default="ftjit",
                         help="serve through ftjit.jit, or jax.jit to compare with (default: ftjit)")  # fmt: skip
-    parser.add_argument("--threads", type=int, default=THREADS, help=f"waitress's worker threads (default: {THREADS})")
-    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="the largest batch (default: 32)")
-    parser.add_argument("--warmup-workers", type=int, default=4, help="threads compiling before listening (default 4)")
+    parser.add_argument("--threads", type=bounded(int, 1, 1024), default=THREADS,
+                        help=f"waitress's worker threads, 1 to 1024 (default: {THREADS})")  # fmt: skip
+    parser.add_argument("--max-batch", type=bounded(int, 1, 65536), default=DEFAULT_MAX_BATCH,
+                        help="the largest batch, 1 to 65536 (default: 32)")  # fmt: skip
+    parser.add_argument("--warmup-workers", type=bounded(int, 1, 256), default=4,
+                        help="threads compiling before listening, 1 to 256 (default: 4)")  # fmt: skip
     parser.add_argument("--no-bucket-warmup", dest="buckets", action="store_false", help="compile on first use")
     parser.add_argument("--specs", metavar="FILE", help="also warm up the signatures in FILE; write it at the stop")
-    parser.add_argument("--specs-every", type=float, metavar="MINUTES", help="with --specs: also write it this often")
+    parser.add_argument("--specs-every", type=bounded(float, SPECS_EVERY_MIN, SPECS_EVERY_MAX), metavar="MINUTES",
+                        help=f"with --specs: also write it this often, {SPECS_EVERY_MIN} to {SPECS_EVERY_MAX} "
+                             "minutes")  # fmt: skip
     parser.add_argument("--compile-cache", metavar="DIR", help="JAX's persistent compilation cache, kept in DIR")
+    parser.add_argument("--connection-limit", type=bounded(int, 1, 100_000), default=CONNECTION_LIMIT,
+                        help=f"open connections waitress keeps, idle ones included (default: {CONNECTION_LIMIT})")
+    parser.add_argument("--channel-timeout", type=bounded(float, 1, 3600), default=CHANNEL_TIMEOUT,
+                        help=f"seconds an idle connection is kept open (default: {CHANNEL_TIMEOUT:g})")
     args = parser.parse_args(argv)
-    if min(args.threads, args.max_batch, args.warmup_workers) < 1 or (args.specs_every or 1) <= 0:
-        parser.error("--threads, --max-batch and --warmup-workers must be at least 1, --specs-every above 0")
     if args.unix_socket is not None and (args.host is not None or args.port is not None):
         parser.error("--unix-socket cannot be combined with --host or --port")
     if args.jit == "jax" and args.specs:
         parser.error("--specs needs --jit ftjit: a specs file holds ftjit's signatures")
+    if args.specs_every is not None and not args.specs:
+        parser.error("--specs-every needs --specs FILE: the file to write")
     host, port = args.host or "127.0.0.1", 8000 if args.port is None else args.port
     if args.compile_cache:  # every compile is kept in DIR and read back by the next start (even the small ones)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
@@ -456,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     app = App(model)
     try:
-        server, listener = make_server(app, host, port, args.threads, args.unix_socket)
+        server, listener = make_server(app, host, port, args.threads, args.unix_socket, args.connection_limit,
+                                       args.channel_timeout)
     except OSError as exc:
         print(f"serve.py: cannot listen on {args.unix_socket or f'{host}:{port}'}: {exc}", file=sys.stderr)
         return 1

@@ -286,15 +286,17 @@ def test_warmup_happens_before_the_port_opens(monkeypatch, capsys):
     class Listening(Exception):
         pass
 
-    def make_server(app, host, port, threads, unix_socket):
-        seen.append((host, port, threads, unix_socket, app.model.fn.cache_info(), app.model.warmup_report))
+    def make_server(app, host, port, threads, unix_socket, connection_limit, channel_timeout):
+        seen.append((host, port, threads, unix_socket, connection_limit, channel_timeout, app.model.fn.cache_info(),
+                     app.model.warmup_report))
         raise Listening
 
     monkeypatch.setattr(serve, "make_server", make_server)
     with pytest.raises(Listening):
-        serve.main(["--port", "0", "--max-batch", "4", "--threads", "3", "--warmup-workers", "2"])
-    (host, port, threads, unix_socket, info, report), = seen
-    assert (host, port, threads, unix_socket) == ("127.0.0.1", 0, 3, None)
+        serve.main(["--port", "0", "--max-batch", "4", "--threads", "3", "--warmup-workers", "2",
+                    "--connection-limit", "50", "--channel-timeout", "7.5"])
+    (host, port, threads, unix_socket, connection_limit, channel_timeout, info, report), = seen
+    assert (host, port, threads, unix_socket, connection_limit, channel_timeout) == ("127.0.0.1", 0, 3, None, 50, 7.5)
     assert (info.compiles, info.misses, info.hits, info.failures) == (3, 3, 0, 0)
     assert report.ok and [r.compiled for r in report] == [True] * 3 and report.workers == 2
     assert "warmup: 3/3 ok" in capsys.readouterr().out
@@ -531,6 +533,48 @@ def test_a_damaged_file_is_a_report_line_and_the_model_is_ready(tmp_path):
     assert warmup["ok"] is False and [r["error"] is None for r in warmup["results"]] == [True] * 3 + [False]
 
 
+def test_a_stale_specs_file_never_takes_a_buckets_signature(tmp_path):
+    # issue 34 §2: specs saved by a server with --max-batch 64 name float32[64,16]; a restart with
+    # --max-batch 32 (six buckets, max_signatures=6) warms its buckets first, the stale spec finds no room and
+    # is skipped, every request size is answered, /healthz says 200, and the next save no longer names it.
+    wide = serve.Model(max_batch=64)
+    wide.predict(_rows(64))
+    path = tmp_path / "specs"
+    assert ftjit.save_specs(path, wide.fn)["examples.serve:mlp"][0] == 1
+    narrow = serve.Model(max_batch=32)
+    app = serve.App(narrow)
+    report = narrow.warm(workers=4, saved=ftjit.load_specs(path))
+    assert narrow.ready and report.ok
+    assert [r.compiled for r in report.results[:6]] == [True] * 6
+    (stale,) = report.results[6:]
+    assert stale.signature.endswith("float32[64,16])") and not stale.compiled
+    assert stale.skipped == "no room under max_signatures beside the program's own signatures and other saved specs"
+    for n in (1, 2, 3, 17, 32):
+        assert _call(app, "POST", "/predict", _body(_rows(n)))[0] == 200
+    assert _call(app, "GET", "/healthz")[::2] == (200, b'{"ok": true}')
+    info = narrow.fn.cache_info()
+    assert (info.compiles, info.size, info.failures) == (6, 6, 0)
+    assert ftjit.save_specs(path, narrow.fn)["examples.serve:mlp"] == (6, ())
+
+
+def test_healthz_fails_and_names_a_bucket_that_cannot_compile():
+    # --no-bucket-warmup with a guard too tight for the buckets (an operator's mistake): the request that needs
+    # the third bucket gets a 500, and from then on /healthz answers 503 naming that bucket.
+    model = serve.Model(max_batch=4, max_signatures=2)
+    app = serve.App(model)
+    model.warm(buckets=False)
+    assert _call(app, "GET", "/healthz")[::2] == (200, b'{"ok": true}')
+    for n in (1, 2):
+        assert _call(app, "POST", "/predict", _body(_rows(n)))[0] == 200
+    status, _, body = _call(app, "POST", "/predict", _body(_rows(3)))
+    assert status == 500 and json.loads(body)["error"].startswith("mlp() would compile a signature past max_signatures=2")
+    status, _, body = _call(app, "GET", "/healthz")
+    health = json.loads(body)
+    assert status == 503 and health["ok"] is False and list(health["failed_buckets"]) == ["4"]
+    assert health["failed_buckets"]["4"].startswith("RecompileLimitError: mlp() would compile a signature past "
+                                                    "max_signatures=2")
+
+
 @starts_servers
 @pytest.mark.timeout(300)
 def test_a_restart_with_specs_compiles_nothing_during_traffic(tmp_path, monkeypatch):
@@ -539,8 +583,8 @@ def test_a_restart_with_specs_compiles_nothing_during_traffic(tmp_path, monkeypa
     path = tmp_path / "specs"
     flags = ("--max-batch", "8", "--threads", "4", "--warmup-workers", "2", "--no-bucket-warmup", "--specs", str(path))
     # First run: no file yet, nothing warmed up; traffic of 1 and 3 rows compiles buckets 1 and 4. The
-    # file is written every 0.002 minutes (0.12 s) while it runs.
-    server = ServerProcess(*flags, "--specs-every", "0.002")
+    # file is written every 0.01 minutes (0.6 s, the least --specs-every takes) while it runs.
+    server = ServerProcess(*flags, "--specs-every", "0.01")
     try:
         assert "warmup: nothing to compile before listening" in server.output
         for n in (1, 3):
@@ -649,10 +693,27 @@ SERVE_UNIX_CLASH = "--unix-socket cannot be combined with --host or --port"
     (serve.main, ["--unix-socket", "s", "--port", "8000"], SERVE_UNIX_CLASH),
     (serve.main, ["--unix-socket", "s", "--host", "::1"], SERVE_UNIX_CLASH),
     (serve.main, ["--jit", "jax", "--specs", "f"], "--specs needs --jit ftjit: a specs file holds ftjit's signatures"),
+    (serve.main, ["--specs-every", "5"], "--specs-every needs --specs FILE: the file to write"),
+    (serve.main, ["--specs", "f", "--specs-every", "nan"], "argument --specs-every: nan is not between 0.01 and 10080"),
+    (serve.main, ["--specs", "f", "--specs-every", "inf"], "argument --specs-every: inf is not between 0.01 and 10080"),
+    (serve.main, ["--specs", "f", "--specs-every", "1e-7"],
+     "argument --specs-every: 1e-7 is not between 0.01 and 10080"),
+    (serve.main, ["--specs", "f", "--specs-every", "soon"], "argument --specs-every: 'soon' is not a number"),
+    (serve.main, ["--port", "70000"], "argument --port: 70000 is not between 0 and 65535"),
+    (serve.main, ["--port", "-1"], "argument --port: -1 is not between 0 and 65535"),
+    (serve.main, ["--port", "80.5"], "argument --port: '80.5' is not an integer"),
+    (serve.main, ["--threads", "0"], "argument --threads: 0 is not between 1 and 1024"),
+    (serve.main, ["--max-batch", "10000000"], "argument --max-batch: 10000000 is not between 1 and 65536"),
+    (serve.main, ["--warmup-workers", "-3"], "argument --warmup-workers: -3 is not between 1 and 256"),
+    (serve.main, ["--connection-limit", "0"], "argument --connection-limit: 0 is not between 1 and 100000"),
+    (serve.main, ["--channel-timeout", "nan"], "argument --channel-timeout: nan is not between 1 and 3600"),
     (load.main, ["--unix-socket", "s", "--port", "8000"], "argument --port: not allowed with argument --unix-socket"),
     (load.main, ["--unix-socket", "s", "--host", "::1"], "argument --host: not allowed with argument --unix-socket"),
     (load.main, ["--threads", "2"], "one of the arguments --port --unix-socket is required"),
-], ids=["serve-port", "serve-host", "serve-specs-jax", "load-port", "load-host", "load-neither"])  # fmt: skip
+], ids=["serve-port", "serve-host", "serve-specs-jax", "serve-every-alone", "serve-every-nan", "serve-every-inf",
+        "serve-every-tiny", "serve-every-text", "serve-port-high", "serve-port-negative", "serve-port-float",
+        "serve-threads", "serve-max-batch", "serve-workers", "serve-connections", "serve-channel-timeout",
+        "load-port", "load-host", "load-neither"])  # fmt: skip
 def test_option_clashes_are_argparse_errors(main, argv, message, capsys):
     with pytest.raises(SystemExit) as exited:
         main(argv)
