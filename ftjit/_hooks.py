@@ -21,9 +21,9 @@ Shared state: none (CompilerHooks instances are immutable).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-__all__ = ["CompilerHooks", "hooks_of"]
+__all__ = ["CompilerHooks", "ThreadExecutables", "hooks_of"]
 
 
 def _types(value: Any, field: str, base: type = object) -> tuple[type, ...]:
@@ -36,6 +36,36 @@ def _types(value: Any, field: str, base: type = object) -> tuple[type, ...]:
             kind = "exception types" if base is BaseException else "types"
             raise TypeError(f"CompilerHooks.{field} must hold {kind}, got {t!r}")
     return types
+
+
+class ThreadExecutables(NamedTuple):
+    """What ``CompilerHooks.executable_for`` may return instead of
+    ``(executable, takes_leaves)``: executables that the core makes one per
+    thread, and that check the compiler's context themselves (jaxlib's C++
+    call of a compiled program checks JAX's configs, as jax.jit's does).
+
+    ``make(miss, eager) -> executable`` makes one. The core calls it lazily,
+    in the thread that will use it (at most one per thread and signature for
+    16 threads at once, plus one shared by the threads past them), so that
+    one function's calls in many threads share no lock and no reference
+    count. The executable must call ``miss(*args, **kwargs)`` with its own
+    arguments for every call it cannot serve from what it cached (a context
+    it has not seen: its first call, a config changed), and return the
+    outputs of the ``(outputs, cache_data, drop)`` it gets back, caching
+    ``cache_data`` under that context unless ``drop``; and it must return
+    ``eager(*args, **kwargs)`` instead of running while the compiler's
+    eager mode is on (``jax.disable_jit()``).
+
+    ``own_miss(*args, **kwargs) -> (outputs, cache_data, drop)`` runs the
+    compiled program: the core's ``miss`` returns it for the signature's own
+    context, and for any other context resolves (or compiles) that
+    context's signature and returns its outputs with ``drop``.
+    ``takes_leaves``: as in ``executable_for``'s pair.
+    """
+
+    make: Callable[[Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
+    own_miss: Callable[..., Any]
+    takes_leaves: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +119,15 @@ class CompilerHooks:
     #: with its arguments. The JAX compiler's: jaxlib's C++ call of the
     #: compiled program, rebuilt for flat leaves when JAX's own leaves of
     #: the arguments are exactly these.
-    executable_for: Callable[[Any, tuple, dict, tuple], tuple[Callable[..., Any], bool]] | None = None
+    #: It may instead return ``ThreadExecutables`` (see there).
+    executable_for: Callable[[Any, tuple, dict, tuple], tuple[Callable[..., Any], bool] | ThreadExecutables] | None = None
+    #: The executables check the context themselves: every call is keyed on
+    #: its arguments alone until one misses, and only then is ``context``
+    #: read (with its probe and ``requires``) and the signature completed.
+    #: Executables that are not ``ThreadExecutables`` are checked by the core
+    #: (it reads the context for them), so each call checks the context
+    #: once, in the executable or in the core. Needs ``executable_for``.
+    context_in_executable: bool = False
     #: Errors in jax.jit's words (a static argument's failing ``__eq__``).
     jax_style_errors: bool = False
     #: ``(*args, **kwargs) -> object`` for ``JitFunction.lower``,
@@ -134,7 +172,10 @@ class CompilerHooks:
         for name in ("fallback_types", "plain_types", "aval_types"):
             object.__setattr__(self, name, _types(getattr(self, name), name))
         object.__setattr__(self, "redo_types", _types(self.redo_types, "redo_types", BaseException))
-        for name in ("strip_static", "jax_style_errors"):
+        if self.context_in_executable is True and self.executable_for is None:
+            raise TypeError("CompilerHooks.context_in_executable needs executable_for (whose ThreadExecutables "
+                            "check the context)")
+        for name in ("strip_static", "jax_style_errors", "context_in_executable"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CompilerHooks.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -36,10 +36,10 @@ MUTATIONS = (
     Mutation(
         "compile-once latch: a waiter compiles too",
         "cpp/jit/call.cc",
-        "    if (found.inserted) return {std::move(found.entry), true, false};\n",
+        "    if (found.inserted) return {std::move(found.entry), true, false, nullptr};\n",
         "    if (found.inserted || (found.entry->latch.state() == CompileLatch::State::kCompiling &&\n"
         "                           found.entry->latch.owner() != ThisThreadOwner()))\n"
-        "      return {std::move(found.entry), true, false};\n",
+        "      return {std::move(found.entry), true, false, nullptr};\n",
         "herd",
         "herd: signatures compiled more than once",
     ),

@@ -74,7 +74,7 @@ def test_a_wrong_answer_of_executable_for_is_a_failed_compile_naming_the_hook(an
     with pytest.raises(TypeError) as info:
         jf(1)
     assert str(info.value) == (f"CompilerHooks.executable_for of {g.__qualname__}() must return (executable, takes_leaves): "
-                               f"a callable and a bool, got {answer!r}")
+                               f"a callable and a bool, or ftjit.ThreadExecutables, got {answer!r}")
     assert jf.cache_info().failures == 1 and jf.cache_info().size == 0
 
 

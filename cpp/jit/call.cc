@@ -100,15 +100,12 @@ WaitForGraph& Graph() { return *g_graph.load(std::memory_order_acquire); }
 #endif
 }
 
-// Calls the entry's executable: with the call's leaves when it takes them
-// (flattened once, by BuildSignature), else with the arguments. When it
-// fails with one of st.redo_types, the call is made again through the
-// fallback (see JitState::redo_types).
-nb::object CallExecutable(JitState& st, const CompiledPayload& p, PyObject* const* args, size_t nargsf,
+}  // namespace
+
+nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObject* const* args, size_t nargsf,
                           PyObject* kwnames, const LeafObjects& leaves) {
-  PyObject* exe = p.executable.ptr();
   nb::object out;
-  if (p.takes_leaves) {
+  if (takes_leaves) {
     static_assert(sizeof(nb::object) == sizeof(PyObject*), "leaves are passed as a PyObject* array");
     if (!st.executable_for.is_valid()) {
       // Entries are shared by wrappers of equal compilers, whose hooks agree.
@@ -128,6 +125,19 @@ nb::object CallExecutable(JitState& st, const CompiledPayload& p, PyObject* cons
   }
   return out;
 }
+
+nb::object CallFallbackOf(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  // E.g. tracers of an outer transformation: the compiler's own path, uncached.
+  if (!st.fallback.is_valid()) {
+    RaiseMessage(PyExc_TypeError, st.spec.fun_name + "() got an argument that needs the "
+                                  "compiler's fallback path, but it has none");
+  }
+  nb::object out = nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
+  if (!out.is_valid()) throw nb::python_error();
+  return out;
+}
+
+namespace {
 
 // --- waiting for another thread's compile --------------------------------------
 
@@ -282,27 +292,11 @@ bool WaitForCompile(JitState& st, Entry& e) {
   return s == CompileLatch::State::kReady;
 }
 
+}  // namespace
+
 // --- finding the entry after a miss -------------------------------------------
 
-// The entry of `sig` after the hot path missed: either one this thread
-// inserted and must compile, or a ready one (found ready, or waited for).
-// An abandoned compile (its thread was interrupted) is looked up again, and
-// this thread may then be the one to compile it.
-struct Resolved {
-  EntryPtr entry;
-  bool inserted;   // this thread owns the compile
-  bool was_ready;  // ready when found: a hit, no wait
-  // With `inserted`: the provisional entry whose slot `entry` took, whose
-  // payload the compile takes instead of compiling (entry_store.h,
-  // "Provisional entries").
-  EntryPtr adopted;
-};
-
-// `sig` must have adopted its context (CallSignature::AdoptContext). With
-// `adopt`, a provisional entry found ready is adopted (a call, a precompile
-// of the program's own); without, it is found as any ready entry (the
-// warm-up of another saved spec).
-Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true) {
+Resolved Resolve(JitState& st, CallSignature& sig, bool adopt) {
   for (;;) {
     FunctionStore::Lookup found = st.store->FindOrInsert(sig);  // moves `sig` if inserted
     if (found.inserted) return {std::move(found.entry), true, false, nullptr};
@@ -337,6 +331,8 @@ Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true) {
   }
 }
 
+namespace {
+
 nb::object CallAfterMiss(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
                          size_t nargsf, PyObject* kwnames, const LeafObjects& leaves);
 
@@ -349,12 +345,7 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
     try {
       BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig, /*allow_specs=*/false, keep);
     } catch (const NeedsFallback&) {
-      // E.g. tracers of an outer transformation: the compiler's own path, uncached.
-      if (!st.fallback.is_valid()) {
-        RaiseMessage(PyExc_TypeError, st.spec.fun_name + "() got an argument that needs the "
-                                      "compiler's fallback path, but it has none");
-      }
-      return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
+      return CallFallbackOf(st, args, nargsf, kwnames);
     }
     // The hot path: a ready entry found by the lock-free probe. No reference
     // to the executable is taken: the entry (and so its executable) stays
@@ -362,7 +353,9 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
     if (Entry* e = st.store->FindReady(sig, t.rec, t.shard)) {
       nb::object out;
       try {
-        out = CallExecutable(st, e->payload, args, nargsf, kwnames, leaves);
+        out = UsesCopies(*e) ? CallEntry(st, *e, t, args, nargsf, kwnames, leaves)
+                             : CallExecutable(st, e->payload.executable.ptr(), e->payload.takes_leaves, args,
+                                              nargsf, kwnames, leaves);
       } catch (...) {
         // Also a thread ended by CPython at shutdown (no thread state): the
         // epoch domain then frees nothing here, it only queues.
@@ -390,17 +383,38 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
   Resolved r = Resolve(st, sig);
   if (r.inserted) {
     Compile(st, r.entry, args, nargsf, kwnames, leaves, r.adopted.get());
+  } else if (r.was_ready) {
+    st.store->CountHit(r.entry.get(), t.shard);
   } else {
-    if (r.was_ready) {
-      st.store->counters().hits.Add(t.shard);
-      r.entry->shards[t.shard].hits.fetch_add(1, std::memory_order_relaxed);
-    }
     SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);
   }
-  return CallExecutable(st, r.entry->payload, args, nargsf, kwnames, leaves);
+  return CallEntry(st, *r.entry, t, args, nargsf, kwnames, leaves);
 }
 
 }  // namespace
+
+nb::object CallMissWithContext(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
+                               size_t nargsf, PyObject* kwnames, LeafObjects& leaves) {
+  LeafObjects* keep = st.executable_for.is_valid() ? &leaves : nullptr;
+  for (;;) {
+    try {
+      if (!sig.context.is_valid()) AddContext(st.spec, sig);
+    } catch (const NeedsFallback&) {
+      return CallFallbackOf(st, args, nargsf, kwnames);
+    }
+    // Before any Python code runs with it (interned_context.h).
+    if (sig.AdoptContext()) break;
+    // Its context died meanwhile: the whole signature again.
+    sig.Clear();
+    leaves.clear();
+    try {
+      BuildSignature(st.spec, args, PyVectorcall_NARGS(nargsf), kwnames, sig, /*allow_specs=*/false, keep);
+    } catch (const NeedsFallback&) {
+      return CallFallbackOf(st, args, nargsf, kwnames);
+    }
+  }
+  return CallAfterMiss(st, sig, t, args, nargsf, kwnames, leaves);
+}
 
 [[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg) {
   if (type) PyErr_SetString(type, msg.c_str());
@@ -437,6 +451,7 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
   CallSignature sig;
 #ifdef __GLIBCXX__
   try {
+    if (st.spec.context_in_executable) return CallContextInExecutable(st, sig, args, nargsf, kwnames);
     return CallWithSignature(st, sig, args, nargsf, kwnames);
   } catch (abi::__forced_unwind&) {
     // Ended by CPython at interpreter shutdown, with no thread state: the
@@ -446,6 +461,7 @@ nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kw
     throw;
   }
 #else
+  if (st.spec.context_in_executable) return CallContextInExecutable(st, sig, args, nargsf, kwnames);
   return CallWithSignature(st, sig, args, nargsf, kwnames);
 #endif
 }

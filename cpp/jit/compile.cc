@@ -106,7 +106,8 @@ nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObj
 // keep, and in `takes_leaves` whether it is called with the leaves. Null
 // with an error set when the hook raised or answered something else.
 nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* args, size_t nargsf,
-                         PyObject* kwnames, const LeafObjects& leaves, bool& takes_leaves) {
+                         PyObject* kwnames, const LeafObjects& leaves, bool& takes_leaves, nb::object& make_local,
+                         nb::object& own_miss) {
   size_t nargs = PyVectorcall_NARGS(nargsf);
   nb::object dyn = nb::steal(PyList_New(0));
   nb::object kw = nb::steal(PyDict_New());
@@ -128,16 +129,31 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
   PyObject* call_args[] = {compiled.ptr(), dyn_tuple.ptr(), kw.ptr(), leaf_tuple.ptr()};
   nb::object r = nb::steal(PyObject_Vectorcall(st.executable_for.ptr(), call_args, 4, nullptr));
   if (!r.is_valid()) return nb::object();
-  if (!PyTuple_CheckExact(r.ptr()) || PyTuple_GET_SIZE(r.ptr()) != 2 ||
-      !PyCallable_Check(PyTuple_GET_ITEM(r.ptr(), 0)) || !PyBool_Check(PyTuple_GET_ITEM(r.ptr(), 1))) {
+  PyObject* t = r.ptr();
+  if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 3 && PyCallable_Check(PyTuple_GET_ITEM(t, 0)) &&
+      PyCallable_Check(PyTuple_GET_ITEM(t, 1)) && PyBool_Check(PyTuple_GET_ITEM(t, 2))) {
+    // ThreadExecutables(make, own_miss, takes_leaves): the copy shared by
+    // the threads past the exclusive shards now; each thread's own later.
+    make_local = nb::borrow(PyTuple_GET_ITEM(t, 0));
+    own_miss = nb::borrow(PyTuple_GET_ITEM(t, 1));
+    takes_leaves = PyTuple_GET_ITEM(t, 2) == Py_True;
+    try {
+      return MakeCopy(make_local);
+    } catch (nb::python_error& err) {
+      err.restore();
+      return nb::object();
+    }
+  }
+  if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 || !PyCallable_Check(PyTuple_GET_ITEM(t, 0)) ||
+      !PyBool_Check(PyTuple_GET_ITEM(t, 1))) {
     PyErr_Format(PyExc_TypeError,
                  "CompilerHooks.executable_for of %s() must return (executable, takes_leaves): a callable "
-                 "and a bool, got %R",
-                 st.spec.fun_name.c_str(), r.ptr());
+                 "and a bool, or ftjit.ThreadExecutables, got %R",
+                 st.spec.fun_name.c_str(), t);
     return nb::object();
   }
-  takes_leaves = PyTuple_GET_ITEM(r.ptr(), 1) == Py_True;
-  return nb::borrow(PyTuple_GET_ITEM(r.ptr(), 0));
+  takes_leaves = PyTuple_GET_ITEM(t, 1) == Py_True;
+  return nb::borrow(PyTuple_GET_ITEM(t, 0));
 }
 
 // This thread inserted `e`: compile it and publish the result (or the
@@ -161,17 +177,19 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   }
   st.store->AdmitLru(e);
   auto t0 = std::chrono::steady_clock::now();
-  nb::object exe;
+  nb::object exe, make_local, own_miss;
   bool takes_leaves = false;
   if (adopted) {
     if (allowed) {
       exe = adopted->payload.executable;
+      make_local = adopted->payload.make_local;
+      own_miss = adopted->payload.own_miss;
       takes_leaves = adopted->payload.takes_leaves;
     }
   } else {
     exe = allowed ? RunCompiler(st, args, nargsf, kwnames) : nb::object();
     if (exe.is_valid() && st.executable_for.is_valid()) {
-      exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves);
+      exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves, make_local, own_miss);
     }
   }
   if (!exe.is_valid()) {
@@ -191,6 +209,8 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   }
   uint64_t nanos = NanosSince(t0);
   e->payload.executable = std::move(exe);
+  e->payload.make_local = std::move(make_local);
+  e->payload.own_miss = std::move(own_miss);
   e->payload.takes_leaves = takes_leaves;
   e->payload.compile_seconds = adopted ? adopted->payload.compile_seconds : static_cast<double>(nanos) * 1e-9;
   e->payload.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;

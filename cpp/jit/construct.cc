@@ -102,6 +102,10 @@ void ReadHooks(JitState& st, nb::handle hooks) {
     if (!PyCallable_Check(exe_for.ptr())) throw nb::type_error("executable_for must be callable");
     st.executable_for = exe_for;
   }
+  spec.context_in_executable = nb::cast<bool>(field("context_in_executable"));
+  if (spec.context_in_executable && !st.executable_for.is_valid()) {
+    throw nb::type_error("context_in_executable needs executable_for");
+  }
 }
 
 nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks, nb::object cache,

@@ -136,6 +136,56 @@ void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t narg
 
 // --- call.cc: the call and wait path ------------------------------------------
 
+// The entry of a signature after the hit path missed: either one this
+// thread inserted and must compile, or a ready one (found ready, or waited
+// for). An abandoned compile (its thread was interrupted) is looked up
+// again, and this thread may then be the one to compile it.
+struct Resolved {
+  EntryPtr entry;
+  bool inserted;   // this thread owns the compile
+  bool was_ready;  // ready when found: a hit, no wait
+  // With `inserted`: the provisional entry whose slot `entry` took, whose
+  // payload the compile takes instead of compiling (entry_store.h,
+  // "Provisional entries").
+  EntryPtr adopted;
+};
+// `sig` must have adopted its context (CallSignature::AdoptContext). With
+// `adopt`, a provisional entry found ready is adopted (a call, a precompile
+// of the program's own); without, it is found as any ready entry (the
+// warm-up of another saved spec). Counts waits; the caller counts the rest.
+Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true);
+// Calls `exe` with the call's leaves when `takes_leaves` (flattened once,
+// by BuildSignature), else with its arguments; when it fails with one of
+// st.redo_types, the call is made again through the fallback (see
+// JitState::redo_types). Null with the error set when it raised.
+nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObject* const* args, size_t nargsf,
+                          PyObject* kwnames, const LeafObjects& leaves);
+// The call through the compiler's fallback (uncached); throws on error.
+nb::object CallFallbackOf(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
+// A call whose signature missed, or was built without its context
+// (context_in_executable): completes it (the context, adopted), then finds,
+// compiles or waits for its entry, and calls it. Throws on error.
+nb::object CallMissWithContext(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
+                               size_t nargsf, PyObject* kwnames, LeafObjects& leaves);
+
+// --- thread_executables.cc: copies per thread that check the context ------------
+
+// Whether `e`'s executable is ThreadExecutables (a copy per thread).
+bool UsesCopies(const Entry& e);
+// A new copy from ThreadExecutables.make (given the core's miss and eager
+// callbacks). Throws what it raised, or TypeError for a non-callable.
+nb::object MakeCopy(const nb::object& make_local);
+// Calls ready entry `e`, whose hit (or miss) the caller counted: its
+// executable, or this thread's own copy of it. Throws on error.
+nb::object CallEntry(JitState& st, Entry& e, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
+                     PyObject* kwnames, const LeafObjects& leaves);
+// A call of a function whose executables check the context (the hit path
+// reads none). Throws on error.
+nb::object CallContextInExecutable(JitState& st, CallSignature& sig, PyObject* const* args, size_t nargsf,
+                                   PyObject* kwnames);
+// Registers _context_miss and _eager (and keeps them for the copies).
+void RegisterThreadExecutables(nb::module_& m);
+
 // A call of the jitted function (the vectorcall's body). Throws on error.
 nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
 // precompile(*args, **kwargs): compiles this signature if it is not cached;

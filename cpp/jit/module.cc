@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 
 #include "store/function_cache.h"
+#include "jit/jit_state.h"
 #include "jit/jit_type.h"
 #include "signature/interned_context.h"
 #include "signature/signature.h"
@@ -26,6 +27,7 @@ NB_MODULE(_core, m) {
   ftjit::InitThreadMemos();
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
+  ftjit::RegisterThreadExecutables(m);
   m.def(
       "_live_functions",
       []() {

@@ -137,6 +137,12 @@ struct CallSignature {
   SmallVector<nb::object, 2> statics;  // positional statics, then keyword ones
   SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
   ContextRef context;                  // from the compiler's context hook (interned_context.h)
+  // The arguments' hash; `hash` mixes the context's into it (equal when the
+  // signature has no context, or none yet: see AddContext). `table_hash`
+  // is what the ready table keys on: `hash`, or `args_hash` for a function
+  // whose executables check the context (SignatureSpec::context_in_executable).
+  size_t args_hash = 0;
+  size_t table_hash = 0;
   size_t hash = 0;
   bool jax_style_errors = false;       // from SignatureSpec, see there
 
@@ -151,8 +157,11 @@ struct CallSignature {
   // kUnknown when some part is a distinct object that only __eq__ can
   // compare (a fresh dtype, node key, sharding, context or static of
   // another type); the caller then falls back to Equals(). Never throws.
+  // `this` is the stored signature; a `probe` built without its context
+  // (the hit path of a function whose executables check it) matches every
+  // stored signature of its arguments, whatever their context.
   enum class FastEq : uint8_t { kEqual, kNotEqual, kUnknown };
-  FastEq FastEquals(const CallSignature& other) const noexcept;
+  FastEq FastEquals(const CallSignature& probe) const noexcept;
 
   // Counts this signature as a user of its interned context (which it may
   // only borrow from its thread's memo until then): call before any Python
@@ -165,6 +174,10 @@ struct CallSignature {
   // committed placements printed by spec.placement_label. May run __repr__.
   std::string ToString(const SignatureSpec& spec) const;
 };
+
+// Whether two signatures' contexts are equal: interned ones by identity,
+// others with __eq__ (may run Python and throw).
+bool SameContext(const CallSignature& a, const CallSignature& b);
 
 // Thrown by BuildSignature when the call must take the compiler's fallback.
 struct NeedsFallback {};
@@ -210,6 +223,11 @@ struct ContextHook {
   // Throws NeedsFallback when an item of `ctx` named in `requires` is not the
   // required object (e.g. jax_disable_jit is on).
   void CheckRequires(PyObject* ctx) const;
+  // Whether a call now must defer (the probe or `requires` says so). Runs
+  // Python; throws what the hooks raise. For a call whose arguments failed
+  // to build before its context was read (a deferring call would not have
+  // looked at them).
+  bool Defers() const;
   // `type` is one of committed_types or a subclass (the MRO walk starts with
   // `type` itself: an exact match is the first probe).
   bool IsCommittedType(PyTypeObject* type) const {
@@ -286,6 +304,11 @@ struct SignatureSpec {
   std::vector<AvalType> aval_types;          // exact types read through .aval
   nb::object plain_types_owner;              // keeps plain_types alive
   nb::object aval_types_owner;               // keeps aval_types alive
+  // The executables check the context themselves (CompilerHooks.
+  // context_in_executable): the hit path builds signatures without it and
+  // the ready table keys on the arguments alone; AddContext adds it on a
+  // miss (cpp/jit/call.cc, "context in the executable").
+  bool context_in_executable = false;
   // A static argument's failing __eq__ is reported as jax.jit reports it: a
   // ValueError ("static arguments should be comparable using __eq__...")
   // whose message ends with the original error rendered by nanobind, with no
@@ -419,10 +442,17 @@ struct SignatureSpec {
 // keyword ones sorted by name, each depth-first (dict values by sorted key,
 // a registered node's children as its flatten gives them); statics left out.
 // An executable that takes leaves is called with them (flatten once).
+// `with_context` false: the context is left out (the hit path of a function
+// whose executables check it); AddContext completes the signature.
 using LeafObjects = SmallVector<nb::object, 8>;
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
                     size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false,
-                    LeafObjects* leaf_objects = nullptr);
+                    LeafObjects* leaf_objects = nullptr, bool with_context = true);
+// Reads the context of a signature built without it (the probe first: throws
+// NeedsFallback when the call must defer) and completes its hash; the
+// signature must then adopt it (CallSignature::AdoptContext) before any other
+// Python code runs.
+void AddContext(const SignatureSpec& spec, CallSignature& sig);
 
 // numpy's array and scalar base types, which the builder checks per leaf:
 // imported at module init (InitSignatures), fixed afterwards.

@@ -126,25 +126,41 @@ Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, Conte
   return h;
 }
 
-}  // namespace
-
-void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
-                    PyObject* kwnames, CallSignature& out, bool allow_specs, LeafObjects* leaf_objects) {
-  // The context first: a call that must defer (a JAX trace is active, jit is
-  // disabled) defers before its arguments are looked at, whatever they are.
-  const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
+// The probe, the context and its extras (new references, alive until the
+// key is built) into `out`; throws NeedsFallback when the call must defer.
+void ReadContext(const ContextHook& hook, CallSignature& out, SmallVector<nb::object, 4>& extras) {
   hook.CheckProbe();
   if (hook.context) {
     out.context = ContextRef::Owned(PyObject_CallNoArgs(hook.context));
     if (!out.context.is_valid()) throw nb::python_error();
     hook.CheckRequires(out.context.ptr());
   }
-  // Extra context parts (new references, alive until the key is built).
-  SmallVector<nb::object, 4> extras;
   for (size_t i = 0; i < hook.num_extras; ++i) {
     extras.push_back(nb::steal(PyObject_CallOneArg(hook.extra_getters[i], hook.extra_args[i])));
     if (!extras.back().is_valid()) throw nb::python_error();
   }
+}
+
+// The full hash: the arguments', then the context's (when there is one).
+void FinishHash(CallSignature& out, SmallVector<nb::object, 4>& extras, ThreadMemos& memos) {
+  // Last: nothing may run Python once the context borrows (see ContextHash).
+  out.hash = out.context.is_valid() ? Mix(out.args_hash, static_cast<size_t>(ContextHash(out.context, extras,
+                                                                                           memos.context)))
+                                    : out.args_hash;
+}
+
+}  // namespace
+
+void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
+                    PyObject* kwnames, CallSignature& out, bool allow_specs, LeafObjects* leaf_objects,
+                    bool with_context) {
+  // The context first: a call that must defer (a JAX trace is active, jit is
+  // disabled) defers before its arguments are looked at, whatever they are.
+  // Without it (a function whose executables check the context: the hit
+  // path), AddContext reads it later, if the call misses.
+  const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
+  SmallVector<nb::object, 4> extras;
+  if (with_context) ReadContext(hook, out, extras);
   ThreadMemos& memos = Memos();
   Builder b(spec, hook, out, memos, allow_specs, leaf_objects);
   out.num_positional = static_cast<uint32_t>(nargs);
@@ -194,10 +210,28 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
       b.Flatten(value);
     }
   }
-  // Last: nothing may run Python once the context borrows (see ContextHash).
-  if (out.context.is_valid()) b.MixIn(static_cast<size_t>(ContextHash(out.context, extras, memos.context)));
-  out.hash = b.hash();
+  out.args_hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;
+  out.table_hash = spec.context_in_executable ? out.args_hash : 0;
+  FinishHash(out, extras, memos);
+  if (!spec.context_in_executable) out.table_hash = out.hash;
+}
+
+void AddContext(const SignatureSpec& spec, CallSignature& sig) {
+  SmallVector<nb::object, 4> extras;
+  ReadContext(spec.hook, sig, extras);
+  FinishHash(sig, extras, Memos());
+}
+
+bool ContextHook::Defers() const {
+  CallSignature probe;
+  SmallVector<nb::object, 4> extras;
+  try {
+    ReadContext(*this, probe, extras);
+  } catch (const NeedsFallback&) {
+    return true;
+  }
+  return false;
 }
 
 }  // namespace ftjit

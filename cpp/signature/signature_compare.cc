@@ -113,10 +113,13 @@ const char* DebugFastEqualsAtRecursionLimit(PyObject* a, PyObject* b, bool* erro
 }
 
 CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const noexcept {
-  if (hash != o.hash || num_positional != o.num_positional || !(tree == o.tree) ||
+  // A probe without its context (o.context invalid, this one's valid)
+  // compares the arguments only: see the declaration.
+  const bool with_context = o.context.is_valid();
+  if (table_hash != o.table_hash || num_positional != o.num_positional || !(tree == o.tree) ||
       !(dims == o.dims) || leaves.size() != o.leaves.size() ||
       statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
-      aux.size() != o.aux.size() || context.is_valid() != o.context.is_valid()) {
+      aux.size() != o.aux.size() || (with_context && !context.is_valid())) {
     return FastEq::kNotEqual;
   }
   FastEq result = FastEq::kEqual;
@@ -145,7 +148,7 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
   for (size_t i = 0; i < statics.size(); ++i) {
     if (!meet(FastObjectEquals(statics[i].ptr(), o.statics[i].ptr()))) return FastEq::kNotEqual;
   }
-  if (context.is_valid()) {
+  if (with_context) {
     // Interned contexts by their struct's identity: a probe's borrowed one
     // may have lost its object meanwhile (interned_context.h), never its struct.
     if (context.interned() || o.context.interned()) {
@@ -200,6 +203,17 @@ bool CallSignature::Equals(const CallSignature& o) const {
   }
   if (context.is_valid() && !SameObjectOrEqual(context.ptr(), o.context.ptr())) return false;
   return true;
+}
+
+bool SameContext(const CallSignature& a, const CallSignature& b) {
+  InternedContext* x = a.context.interned();
+  InternedContext* y = b.context.interned();
+  if (x || y) {
+    // Interning makes equal live contexts one object.
+    if (x && y) return x == y;
+  }
+  if (!a.context.is_valid() || !b.context.is_valid()) return a.context.is_valid() == b.context.is_valid();
+  return SameObjectOrEqual(a.context.ptr(), b.context.ptr());
 }
 
 }  // namespace ftjit

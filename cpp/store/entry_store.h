@@ -20,6 +20,10 @@
 //   static bool Equals(const Sig& stored, const Sig& probe)  (may re-enter,
 //              may throw);
 //   static EpochDomain<Mutex>& Epochs();   one domain for every store.
+//   static size_t TableHash(const Sig&)    what the ready table keys on
+//              (the hash, or a part of it: FindReadyLocal);
+//   LocalExe   what a thread keeps in its shard of an entry (default
+//              constructible; see LocalSlot).
 // A thread's epoch record and shard: ThreadSlot<Traits> below.
 //
 // Objects, lifetimes and guards:
@@ -34,6 +38,10 @@
 //   |                       | Publish(); read after observing the state     |
 //   | shards[i].hits        | relaxed atomics, one cache line per shard     |
 //   | shards[i].in_flight   | seq_cst atomics, same lines (see InFlight)    |
+//   | shards[i].local       | the thread holding shard i only (exclusive:   |
+//   |                       | ShardAllocator); destroyed with the entry     |
+//   | left_map              | seq_cst atomic, set once when the entry       |
+//   |                       | leaves the map (LeaveMap)                     |
 //   | unlinked, claimed     | seq_cst atomics, written once each            |
 //   | counted               | atomic: set by Admit, cleared once by         |
 //   |                       | whatever removes the entry from the map       |
@@ -56,6 +64,7 @@
 //   | counters_             | relaxed atomics (hits sharded per thread)     |
 //   | counted_              | relaxed atomic: admitted entries in the map   |
 //   | provisional_          | relaxed atomic: provisional entries in the map|
+//   | removals_             | seq_cst atomic: entries that left the map     |
 //
 // The hit path (FindReady): enter a read section, load ready_, probe it
 // (Traits::FastEquals), bump this thread's shard of the entry's hits and
@@ -148,15 +157,44 @@
 
 namespace ftjit {
 
-// This thread's shard index among kMaxThreadShards, assigned round-robin on
-// the thread's first use: threads land on different shards (and so write
-// different cache lines) until there are more of them than shards.
+// Threads take a shard each, exclusively while they live: one of
+// kMaxThreadShards, the lowest free one, given back when the thread ends
+// (ThreadSlot). Threads past kMaxThreadShards at once share one more,
+// kSharedShard. So up to kMaxThreadShards threads write different cache
+// lines on a hit, and a thread's shard of an entry (its hit count and, in
+// the extension, its own executable: StoreEntry::Shard::local) is used by
+// that thread alone; a thread that ends leaves it to the next one to take
+// the shard.
 constexpr int kMaxThreadShards = 16;
-inline int ThreadShard() {
-  static std::atomic<int> next{0};
-  thread_local const int shard = next.fetch_add(1, std::memory_order_relaxed) % kMaxThreadShards;
-  return shard;
-}
+constexpr int kSharedShard = kMaxThreadShards;
+constexpr int kShards = kMaxThreadShards + 1;
+static_assert(kMaxThreadShards <= 32, "the free shards are the bits of a uint32_t");
+
+// The free/taken bits of one ThreadSlot's exclusive shards (a relaxed
+// atomic: a shard's own fields are handed over through the epoch domain's
+// and the thread's own synchronisation, never through this word).
+class ShardAllocator {
+ public:
+  int Acquire() {
+    uint32_t taken = taken_.load(std::memory_order_relaxed);
+    for (;;) {
+      if (taken == kAll) return kSharedShard;
+      int i = __builtin_ctz(~taken);
+      if (taken_.compare_exchange_weak(taken, taken | (1u << i), std::memory_order_acq_rel)) return i;
+    }
+  }
+  void Release(int shard) {
+    if (shard >= 0 && shard < kMaxThreadShards) taken_.fetch_and(~(1u << shard), std::memory_order_acq_rel);
+  }
+  // In a forked child's only thread: only its own shard is taken.
+  void ResetInChild(int keep) {
+    taken_.store(keep >= 0 && keep < kMaxThreadShards ? 1u << keep : 0u, std::memory_order_relaxed);
+  }
+
+ private:
+  static constexpr uint32_t kAll = kMaxThreadShards == 32 ? ~0u : (1u << kMaxThreadShards) - 1;
+  std::atomic<uint32_t> taken_{0};
+};
 
 // This thread's epoch record in Traits' domain and its shard, taken on the
 // thread's first use. Read on every call from trivially destructible
@@ -168,9 +206,11 @@ inline int ThreadShard() {
 // then (two threads announcing on one record would let a reclaim free what
 // one of them reads). A POSIX thread-specific key gives that late record
 // back once the key destructors run (POSIX runs them for a few rounds: a
-// record taken in the last one stays held, never shared).
+// record taken in the last one stays held, never shared). The shard
+// (ShardAllocator) is taken and given back with the record.
 //   | t_ctx_, t_ready_, | thread-local; written by the thread itself only |
 //   |   t_exited_       |                                                 |
+//   | Shards()          | ShardAllocator (atomic)                         |
 template <class Traits>
 class ThreadSlot {
  public:
@@ -183,23 +223,29 @@ class ThreadSlot {
     const Ctx* p = t_ready_;  // one thread-local read on every call
     return p ? *p : Slow();
   }
+  static ShardAllocator& Shards() {
+    static ShardAllocator shards;
+    return shards;
+  }
 
  private:
   struct Holder {
     ~Holder() {
       if (t_ctx_.rec) Domain::Release(t_ctx_.rec);
+      Shards().Release(t_ctx_.shard);
       t_ctx_.rec = nullptr;
       t_ready_ = nullptr;
       t_exited_ = true;
     }
   };
   static const Ctx& Slow() {
-    t_ctx_.shard = ThreadShard();
+    t_ctx_.shard = Shards().Acquire();
     if (t_exited_) {
       static const pthread_key_t late_key = [] {
         pthread_key_t k;
         pthread_key_create(&k, [](void* rec) {
           Domain::Release(static_cast<typename Domain::Record*>(rec));
+          Shards().Release(t_ctx_.shard);
           t_ctx_.rec = nullptr;
           t_ready_ = nullptr;
         });
@@ -240,13 +286,27 @@ class ShardedCounter {
 
 // Counters of one store; a snapshot is what cache_info() returns.
 struct StoreCounters {
-  ShardedCounter<kMaxThreadShards> hits;
+  ShardedCounter<kShards> hits;
   std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
   std::atomic<uint64_t> compile_nanos{0}, wait_nanos{0};
 };
 
 template <class Traits>
 class EntryStore;
+
+// A thread's own executables of an entry, in its (exclusive) shard: `exe`,
+// the entry's own, and where a context change sent this thread (see
+// FindReadyLocal): `target`, another entry of the same store (the signature
+// of the same arguments under this thread's context now), whose own
+// executable `via` is, valid while no entry has left the store's map since
+// it was set (`gen`, the store's removals_ then). Null target: none.
+template <class Exe>
+struct LocalSlot {
+  Exe exe{};
+  Exe via{};
+  void* target = nullptr;  // a StoreEntry of the same store; never owned
+  uint64_t gen = 0;
+};
 
 template <class Traits>
 struct StoreEntry {
@@ -267,11 +327,16 @@ struct StoreEntry {
   struct alignas(64) Shard {
     std::atomic<uint64_t> hits{0};
     std::atomic<int64_t> in_flight{0};
+    // The shard's own executable (the extension's ThreadExecutables): used
+    // and written only by the thread holding the shard (an exclusive one:
+    // ShardAllocator), dropped with the entry; unused in kSharedShard.
+    LocalSlot<typename Traits::LocalExe> local;
   };
-  std::array<Shard, kMaxThreadShards> shards;
+  std::array<Shard, kShards> shards;
   std::atomic<bool> unlinked{false};
   std::atomic<bool> claimed{false};
   std::atomic<bool> counted{false};  // counted in its store's Count() (see Admit)
+  std::atomic<bool> left_map{false};  // see LeaveMap
   // See Provisional entries in the header comment.
   enum : uint8_t { kNotProvisional = 0, kProvisional = 1, kAdopted = 2 };
   std::atomic<uint8_t> provisional{kNotProvisional};
@@ -349,23 +414,55 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     epochs.EnterRead(rec);
     const Table* table = ready_.Load();
     bool undecided = false;
-    Entry* e = table->Find(
-        sig.hash, sig,
-        [](const Entry& stored, const Sig& probe) noexcept {
-          return Traits::FastEquals(*stored.sig, probe);
-        },
-        &undecided);
+    Entry* e = Probe(*table, sig);
     if (e) {
-      typename Entry::Shard& s = e->shards[shard];
-      s.hits.fetch_add(1, std::memory_order_relaxed);
-      s.in_flight.fetch_add(1, std::memory_order_seq_cst);
-      counters_.hits.Add(shard);
-      SharedLru<EntryPtr, Mutex>::Touch(e);
+      e->shards[shard].in_flight.fetch_add(1, std::memory_order_seq_cst);
+      CountHit(e, shard);
     }
     // A hit: FinishCall's LeaveRead frees what this section held back. A
     // miss: the caller's AfterMiss, once it may run deleters.
     epochs.ExitRead(rec);
     return e;
+  }
+
+  // The hit path of a function whose executables check the context (and
+  // keep a copy per thread: LocalSlot). As FindReady, except that the hit is
+  // not counted (the executable may find its context changed and miss: the
+  // caller counts it after the call, on the entry that served it, unless
+  // the miss did), and that `*target` is set, inside the read section, to
+  // the entry this thread's shard of `e` redirects to, when it still may
+  // (no entry left the map since the redirect was set: the target is then
+  // in the map, listed, and cannot be freed before this section ends),
+  // counted in flight too; else to `e`. The caller ends the call with
+  // FinishCall on both (once if they are one). A stale redirect is left for
+  // the caller to reset (its executable is Python's to drop).
+  Entry* FindReadyLocal(const Sig& sig, typename EpochDomain<Mutex>::Record* rec, int shard, Entry** target) {
+    auto& epochs = Traits::Epochs();
+    epochs.EnterRead(rec);
+    Entry* e = Probe(*ready_.Load(), sig);
+    *target = e;
+    if (e) {
+      e->shards[shard].in_flight.fetch_add(1, std::memory_order_seq_cst);
+      const LocalSlot<typename Traits::LocalExe>& local = e->shards[shard].local;
+      if (local.target && local.gen == removals_.load(std::memory_order_seq_cst)) {
+        Entry* t = static_cast<Entry*>(local.target);
+        if (!t->left_map.load(std::memory_order_seq_cst)) {
+          t->shards[shard].in_flight.fetch_add(1, std::memory_order_seq_cst);
+          *target = t;
+        }
+      }
+    }
+    epochs.ExitRead(rec);
+    return e;
+  }
+  // Entries that left the map so far (the generation a redirect is valid in).
+  uint64_t removals() const { return removals_.load(std::memory_order_seq_cst); }
+
+  // Counts a hit of `e`, one of this store's entries, by the thread of `shard`.
+  void CountHit(Entry* e, int shard) {
+    e->shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
+    counters_.hits.Add(shard);
+    SharedLru<EntryPtr, Mutex>::Touch(e);
   }
 
   // After FindReady returned null, at the first point where the caller may
@@ -442,7 +539,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
       if (!TableRefLockHeld(e.get()) && map_.ContainsValue(e->sig->hash, e)) {
         const Table* cur = ready_.Load();
         std::vector<std::pair<size_t, Entry*>> items = cur->items();
-        items.emplace_back(e->sig->hash, e.get());
+        items.emplace_back(Traits::TableHash(*e->sig), e.get());
         TableRefLockHeld(e.get()) = e;
         old = ready_.Swap(new Table(std::move(items)), publish_mu_);
       }
@@ -529,8 +626,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // Removes `e` from the map, the LRU and (if listed) the ready table.
   void Discard(const EntryPtr& e) {
     EntryPtr removed = map_.Erase(e->sig->hash, e);
-    Uncount(*e);
-    Unprovision(*e);
+    if (removed) LeaveMap(*e);
     lru_->Remove(e);
     Unlist(e);
     // `removed` is dropped on return, outside every lock.
@@ -540,10 +636,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // but are not kept).
   void Clear() {
     auto removed = map_.Clear();
-    for (auto& kv : removed) {
-      Uncount(*kv.second);
-      Unprovision(*kv.second);
-    }
+    for (auto& kv : removed) LeaveMap(*kv.second);
     // From the LRU and the ready table, exactly the entries the clear
     // removed: one inserted (linked, listed) since belongs to the map now
     // and stays in both. (Unlinking by store instead lost such an entry's
@@ -564,8 +657,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     auto removed =
         map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
     for (auto& kv : removed) {
-      Uncount(*kv.second);
-      Unprovision(*kv.second);
+      LeaveMap(*kv.second);
       lru_->Remove(kv.second);
     }
   }
@@ -640,6 +732,26 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
       delete u;  // drops the refs: entries whose last reference this was go
     }
   };
+
+  // The table's ready entry for `sig` (inside a read section), or null.
+  static Entry* Probe(const Table& table, const Sig& sig) {
+    bool undecided = false;
+    return table.Find(
+        Traits::TableHash(sig), sig,
+        [](const Entry& stored, const Sig& probe) noexcept { return Traits::FastEquals(*stored.sig, probe); },
+        &undecided);
+  }
+
+  // What every removal of `e` from the map does next: it stops counting
+  // (Admit's count, the provisional count) and is marked gone for the
+  // redirects of FindReadyLocal (left_map first, then the generation, both
+  // before the caller unlists it).
+  void LeaveMap(Entry& e) {
+    Uncount(e);
+    Unprovision(e);
+    e.left_map.store(true, std::memory_order_seq_cst);
+    removals_.fetch_add(1, std::memory_order_seq_cst);
+  }
 
   // An entry that leaves the map stops counting (exactly once).
   void Uncount(Entry& e) {
@@ -716,6 +828,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   StoreCounters counters_;
   std::atomic<int64_t> counted_{0};  // entries admitted and still in the map (Admit)
   std::atomic<int64_t> provisional_{0};  // provisional entries still in the map (MarkProvisional)
+  std::atomic<uint64_t> removals_{0};    // entries that left the map (LeaveMap)
 };
 
 }  // namespace ftjit

@@ -50,7 +50,15 @@ namespace nb = nanobind;
 
 // What a compile leaves in an entry.
 struct CompiledPayload {
+  // What calls run: the compiled executable, or (ThreadExecutables) the
+  // copy shared by threads past the exclusive shards (kSharedShard).
   nb::object executable;
+  // ThreadExecutables (ftjit/_hooks.py): make_local(miss, eager) makes a
+  // thread's own copy (StoreEntry::Shard::local), own_miss runs the program
+  // for that copy's miss in this entry's own context; null otherwise.
+  // Written with `executable`.
+  nb::object make_local;
+  nb::object own_miss;
   // Whether `executable` is called with the call's leaves alone (the
   // hooks' executable_for chose so), not with its arguments. Written with it.
   bool takes_leaves = false;
@@ -70,6 +78,8 @@ struct PyEntryTraits {
   using Sig = CallSignature;
   using Payload = CompiledPayload;
   using Mutex = LeafMutex;
+  using LocalExe = nb::object;  // this thread's ThreadExecutables copy (cpp/jit/call.cc)
+  static size_t TableHash(const CallSignature& s) { return s.table_hash; }
   static CallSignature::FastEq FastEquals(const CallSignature& stored,
                                           const CallSignature& probe) noexcept {
     return stored.FastEquals(probe);

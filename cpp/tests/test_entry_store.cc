@@ -1,6 +1,7 @@
 // ftjit tests: ftjit::EntryStore, the map + ready table + LRU + latch wired as the extension wires them, driven the way a jitted call drives them (run under TSAN).
 #include "store/entry_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -60,10 +61,19 @@ enum class FastEq { kEqual, kNotEqual, kUnknown };
 thread_local bool t_pause_in_probe = false;
 std::atomic<bool> g_in_probe{false}, g_probe_go{false};
 
+// What a thread keeps in its shard of an entry: plain fields, so that
+// ThreadSanitizer reports two threads using one exclusive shard at once.
+struct TestLocal {
+  const void* owner = nullptr;
+  uint64_t uses = 0;
+};
+
 struct TestTraits {
   using Sig = TestSig;
   using Payload = TestPayload;
   using Mutex = TestMutex;
+  using LocalExe = TestLocal;
+  static size_t TableHash(const TestSig& s) { return s.hash; }
   static FastEq FastEquals(const TestSig& a, const TestSig& b) noexcept {
     if (t_pause_in_probe) {
       g_in_probe.store(true);
@@ -582,6 +592,59 @@ void TestProvisionalAdoptionsRaceWithClears() {
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
 }
 
+
+// Live threads hold distinct shards: the first kMaxThreadShards at once an
+// exclusive one each (the lowest free), the rest kSharedShard; a thread that
+// ends gives its shard back to the next. Each thread then uses its shard's
+// `local` of one hot entry with plain writes: ThreadSanitizer would report
+// two threads on one exclusive shard.
+void TestShardsAreExclusiveAmongLiveThreads() {
+  auto lru = std::make_shared<Lru>(8);
+  auto store = std::make_shared<Store>(lru);
+  auto* main_rec = Slot::Get().rec;
+  Ledger ledger(1, /*strict=*/true);
+  CHECK_EQ(CallOnce(*store, 0, ledger, main_rec, Slot::Get().shard), 0);
+  const int kThreads = ftjit::kMaxThreadShards + 4;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> shards(kThreads, -1);
+    ftjit_test::Barrier all_in(kThreads);
+    ftjit_test::RunThreads(kThreads, [&](size_t i) {
+      const Slot::Ctx& t = Slot::Get();
+      shards[i] = t.shard;
+      all_in.Arrive();  // every thread holds its shard now
+      for (int k = 0; k < 2000; ++k) {
+        Entry* e = store->FindReady(SigOf(0), t.rec, t.shard);
+        CHECK(e != nullptr);
+        if (t.shard != ftjit::kSharedShard) {
+          TestLocal& local = e->shards[t.shard].local.exe;
+          local.owner = &shards[i];
+          ++local.uses;
+          CHECK(local.owner == &shards[i]);
+        }
+        Store::FinishCall(e, t.rec, t.shard);
+      }
+    });
+    std::vector<int> exclusive;
+    int shared = 0;
+    for (int sh : shards) {
+      if (sh == ftjit::kSharedShard) {
+        ++shared;
+      } else {
+        CHECK(sh >= 0 && sh < ftjit::kMaxThreadShards);
+        exclusive.push_back(sh);
+      }
+    }
+    std::sort(exclusive.begin(), exclusive.end());
+    CHECK(std::adjacent_find(exclusive.begin(), exclusive.end()) == exclusive.end());  // distinct
+    // Every exclusive shard but the main thread's went to this round's threads.
+    CHECK_EQ(exclusive.size(), static_cast<size_t>(ftjit::kMaxThreadShards - 1));
+    CHECK_EQ(shared, kThreads - (ftjit::kMaxThreadShards - 1));
+  }
+  uint64_t uses = 0;
+  for (const auto& sh : store->Entries()[0]->shards) uses += sh.local.exe.uses;
+  CHECK_EQ(uses, static_cast<uint64_t>(3 * (ftjit::kMaxThreadShards - 1) * 2000));
+}
+
 }  // namespace
 
 int main() {
@@ -598,6 +661,7 @@ int main() {
   RUN_TEST(TestLateUseAfterThreadExitTakesAFreshRecord);
   RUN_TEST(TestProvisionalEntriesAreAdoptedOnFirstUse);
   RUN_TEST(TestProvisionalAdoptionsRaceWithClears);
+  RUN_TEST(TestShardsAreExclusiveAmongLiveThreads);
   std::fprintf(stderr, "all EntryStore tests passed\n");
   return 0;
 }

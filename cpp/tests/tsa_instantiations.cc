@@ -48,6 +48,8 @@ struct Traits {
   using Sig = tsa::Sig;
   using Payload = tsa::Payload;
   using Mutex = TsaMutex;
+  using LocalExe = int;
+  static size_t TableHash(const Sig& s) { return s.hash; }
   static FastEq FastEquals(const Sig&, const Sig&) noexcept { return FastEq::kUnknown; }
   static bool Equals(const Sig&, const Sig&) { return true; }
   static ftjit::EpochDomain<TsaMutex>& Epochs();

@@ -1,0 +1,286 @@
+"""ThreadExecutables and context_in_executable, without JAX: executables the
+core copies per thread, that check the compiler's context themselves.
+
+CopyCompiler below plays jaxlib's part: each copy caches, per context it has
+served, what the core's miss returned, and calls the miss for any other; the
+context is per thread (threading.local, as JAX's thread-local configs are).
+So the core's side of the protocol is tested here, and under ThreadSanitizer
+(dev.sh tsan-ft runs this file): the hit path reads no context, a context
+change compiles once under a herd, a thread's copy is its own and is reused
+by the next thread on its shard, copies die with their entries, misses are
+explained with the context that changed, and eager mode calls the fallback.
+
+Thread tests start on a Barrier (helpers.run_threads), join with a timeout
+and re-raise worker exceptions.
+"""
+
+import gc
+import threading
+import weakref
+
+import pytest
+
+import ftjit
+from helpers import LogCapture, explanations, gc_collect_until, run_threads, unique_name
+
+pytestmark = pytest.mark.timeout(120)
+
+SHARDS = 16  # the core's exclusive shards (kMaxThreadShards): copies per signature, plus one shared
+
+
+class CopyCompiler:
+    """compile(fun, args, kwargs) -> (fun, context): the context the program
+    was compiled under; executables are ThreadExecutables whose copies behave
+    as jaxlib's call objects do. Counts compiles, copies made, calls served
+    from a copy's own cache, its misses and the core's context reads."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self.eager_mode = False
+        self.lock = threading.Lock()
+        self.compiles = 0
+        self.copies = []  # weak references to every copy made
+        self.served = 0
+        self.misses = 0
+        self.context_reads = 0
+
+    # -- the compiler's context: per thread, "A" unless a thread says otherwise
+    def set_context(self, value):
+        self.local.value = value
+
+    def context(self):
+        with self.lock:
+            self.context_reads += 1
+        return getattr(self.local, "value", "A")
+
+    def hooks(self, fun):
+        return ftjit.CompilerHooks(context=self.context, context_names="mode", executable_for=self.executable_for,
+                                   context_in_executable=True, fallback=self.fallback(fun))
+
+    def fallback(self, fun):
+        def eager(*args, **kwargs):
+            return ("eager", fun(*args, **kwargs))
+
+        return eager
+
+    def __call__(self, fun, args, kwargs):
+        with self.lock:
+            self.compiles += 1
+        return Program(fun, getattr(self.local, "value", "A"))
+
+    def executable_for(self, program, args, kwargs, leaves):
+        compiler = self
+
+        def own_miss(*args, **kwargs):
+            return (program.context, program.fun(*args, **kwargs)), ("data of", program.context), False
+
+        def make(miss, eager):
+            cache = {}
+
+            def copy(*args, **kwargs):
+                if compiler.eager_mode:
+                    return eager(*args, **kwargs)
+                context = getattr(compiler.local, "value", "A")
+                data = cache.get(context)
+                if data is not None:
+                    with compiler.lock:
+                        compiler.served += 1
+                    assert data == ("data of", program.context), (data, program.context)
+                    return (program.context, program.fun(*args, **kwargs))
+                with compiler.lock:
+                    compiler.misses += 1
+                out, data, drop = miss(*args, **kwargs)
+                if not drop:
+                    cache[context] = data
+                return out
+
+            with compiler.lock:
+                compiler.copies.append(weakref.ref(copy))
+            return copy
+
+        return ftjit.ThreadExecutables(make, own_miss, False)
+
+    def live_copies(self):
+        gc.collect()
+        return sum(r() is not None for r in self.copies)
+
+
+class Program:
+    __slots__ = ("fun", "context")
+
+    def __init__(self, fun, context):
+        self.fun, self.context = fun, context
+
+    def __call__(self, *args, **kwargs):  # a compiled program is callable (the protocol's check)
+        return self.fun(*args, **kwargs)
+
+
+def _jitted(comp, name=None, **options):
+    def f(x):
+        return x + 1
+
+    if name:
+        f.__name__ = f.__qualname__ = name
+    return ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache(), **options)
+
+
+def test_hits_read_no_context_and_call_the_threads_own_copy():
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    assert jf(1) == ("A", 2)  # compiled; the shared copy made, then this thread's own (its first call misses)
+    reads = comp.context_reads
+    assert (comp.compiles, len(comp.copies), comp.misses) == (1, 2, 1)
+    for i in range(50):
+        assert jf(i) == ("A", i + 1)
+    assert comp.context_reads == reads  # the hit path read no context
+    assert (comp.compiles, len(comp.copies), comp.misses, comp.served) == (1, 2, 1, 50)
+    info = jf.cache_info()
+    assert (info.hits, info.misses, info.compiles, info.size) == (50, 1, 1, 1)
+    assert [s.hits for s in jf.signatures()] == [50]
+
+
+def test_a_context_change_compiles_once_and_then_hits_in_each_context():
+    """The copy misses the new context; the core reads it, compiles that
+    context's signature and sends this thread there. Switching back costs
+    one miss of the copy, and no compile."""
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    assert jf(1) == ("A", 2)
+    comp.set_context("B")
+    assert jf(1) == ("B", 2)  # the copy of A misses; the core compiles B
+    assert comp.compiles == 2
+    for _ in range(5):
+        assert jf(1) == ("B", 2)  # straight to B's copy
+    comp.set_context("A")
+    assert jf(1) == ("A", 2)
+    for _ in range(5):
+        assert jf(1) == ("A", 2)
+    assert comp.compiles == 2
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.size) == (2, 2, 2)
+    assert info.hits == 11  # the 13 calls but the 2 that compiled, each counted once
+    assert sorted(s.hits for s in jf.signatures()) == [5, 6]
+
+
+def test_twelve_threads_entering_a_new_context_at_once_compile_it_once():
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    assert jf(0) == ("A", 1)
+
+    def call(i):
+        comp.set_context("B")
+        return [jf(i) for _ in range(20)]
+
+    out = run_threads(12, call)
+    assert out == [[("B", i + 1)] * 20 for i in range(12)]
+    assert comp.compiles == 2
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.size) == (2, 2, 2)
+    assert info.hits + info.waits == 12 * 20 + 0 - 1  # one call compiled; the rest hit or waited
+    assert 0 < len(comp.copies) <= 2 * (SHARDS + 1)
+
+
+def test_a_miss_explanation_names_the_context_that_changed():
+    comp = CopyCompiler()
+    name = unique_name("ctx")
+    jf = _jitted(comp, name=name, explain_misses=True)
+    with LogCapture(name) as cap:
+        jf(1)
+        comp.set_context("B")
+        jf(1)
+    assert explanations(cap, name) == ["tracing context mode: 'A' -> 'B'"]
+
+
+def test_eager_mode_calls_the_fallback_counting_nothing():
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    jf(1)
+    before = jf.cache_info()
+    comp.eager_mode = True
+    try:
+        assert jf(5) == ("eager", 6)
+    finally:
+        comp.eager_mode = False
+    assert jf.cache_info() == before
+    assert jf(5) == ("A", 6)
+
+
+def test_copies_die_with_their_entries_on_clear_cache():
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    run_threads(4, lambda i: [jf(i) for _ in range(3)])
+    assert comp.live_copies() >= 2
+    jf.clear_cache()
+    assert gc_collect_until(lambda: comp.live_copies() == 0), "a copy outlived clear_cache()"
+    assert jf(1) == ("A", 2)
+    assert comp.compiles == 2
+
+
+def test_a_threads_copies_pass_to_the_next_thread_on_its_shard():
+    """Thread per request: each new thread takes a free shard and finds its
+    copy there; copies stay at most one per shard, however many threads."""
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    jf(0)
+    for i in range(40):
+        t = threading.Thread(target=lambda: jf(i))
+        t.start()
+        t.join(30)
+        assert not t.is_alive()
+    assert comp.compiles == 1
+    assert len(comp.copies) <= 3  # the shared one, main's, and the one shard the threads pass on
+    assert comp.misses <= 3
+
+
+def test_many_threads_share_one_function_with_contexts_changing_and_clears_racing():
+    """Twelve threads call one function with their own arguments, each
+    switching between two contexts; another clears the cache now and then.
+    Every result is the right program's for the caller's context now."""
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    stop = threading.Event()
+
+    def work(i):
+        if i == 12:
+            while not stop.is_set():
+                jf.clear_cache()
+                stop.wait(0.005)
+            return None
+        try:
+            for k in range(300):
+                mode = "A" if (k // 7 + i) % 2 else "B"
+                comp.set_context(mode)
+                assert jf(i * 1000 + k) == (mode, i * 1000 + k + 1)
+        finally:
+            if i == 0:
+                stop.set()
+        return None
+
+    run_threads(13, work, timeout=120)
+    stop.set()
+    info = jf.cache_info()
+    assert info.size <= 2
+    assert comp.compiles == info.compiles
+
+
+def test_a_copy_whose_call_failed_is_made_afresh():
+    """A copy keeps a context it failed in as uncached (jaxlib does): the
+    core drops this thread's copy after an error, so the next call gets a
+    fresh one instead of the slow path for good."""
+    comp = CopyCompiler()
+
+    def f(x):
+        if x < 0:
+            raise ValueError("negative")
+        return x
+
+    jf = ftjit.jit(f, compiler=comp, cache=ftjit.FunctionCache())
+    assert jf(1) == ("A", 1)
+    made, misses = len(comp.copies), comp.misses
+    with pytest.raises(ValueError, match="negative"):
+        jf(-1)  # served by this thread's copy, whose program raises
+    assert jf(2) == ("A", 2)
+    assert len(comp.copies) == made + 1 and comp.misses == misses + 1  # a fresh copy, whose first call missed
+    assert comp.compiles == 1
+    info = jf.cache_info()
+    assert (info.hits, info.misses) == (2, 1)
