@@ -309,7 +309,7 @@ class SavedSpecs:
                                "save the specs again with this version")
             return [BrokenSpec(entry["signature"], error) for entry in self.functions.get(_key(fn), [])]
         hooks = _hooks(fn)
-        out: list[Spec | BrokenSpec] = []
+        out: list[SavedSpec | BrokenSpec] = []
         for entry in self.functions.get(_key(fn), []):
             signature = entry["signature"]
             try:

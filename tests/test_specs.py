@@ -259,7 +259,7 @@ def test_a_function_the_file_does_not_name_gets_no_specs(tmp_path):
         return x + y
 
     loaded = ftjit.load_specs(path)
-    assert [type(s) for s in loaded.for_function(saved)] == [ftjit.Spec]
+    assert [type(s) for s in loaded.for_function(saved)] == [ftjit.SavedSpec]
     assert loaded.for_function(ftjit.jit(renamed)) == []
 
 
