@@ -28,10 +28,10 @@ import importlib
 import os
 from typing import Any, Callable, NamedTuple
 
-from ._hooks import CompilerHooks
+from ._hooks import CompilerHooks, ThreadExecutables
 from ._jax_hooks import _jax_hooks
 
-__all__ = ["JaxCompiler", "fast_callable", "executable_for", "FAST_PATH", "FLAT_CALLS"]
+__all__ = ["JaxCompiler", "fast_callable", "executable_for", "FAST_PATH", "FLAT_CALLS", "THREAD_COPIES"]
 
 # Whether fast_callable() may use Compiled's private C++ callable. Tests turn
 # it off to prove the public fallback gives the same answers.
@@ -40,6 +40,10 @@ FAST_PATH = True
 # JAX's own leaves of the arguments are exactly those. Tests and the bench
 # turn it off to compare with calling the compiled program with the arguments.
 FLAT_CALLS = True
+# Whether executables are ThreadExecutables: jaxlib's C++ call of the program
+# made once per thread, checking JAX's configs itself (see _copies). Tests
+# and the bench turn it off to compare with one call object shared by all.
+THREAD_COPIES = True
 
 _jax_jit: Callable[..., Any] | None = None  # written once (a benign race: every writer writes the same)
 
@@ -112,35 +116,43 @@ def fast_callable(compiled: Any) -> Callable[..., Any]:
     return compiled
 
 
-def executable_for(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> tuple[Callable[..., Any], bool]:
+def executable_for(compiled: Any, args: tuple, kwargs: dict, leaves: tuple
+                   ) -> tuple[Callable[..., Any], bool] | ThreadExecutables:
     """The JAX compiler's ``CompilerHooks.executable_for``: what each call of
     a compiled signature calls. A ``jax.stages.Compiled`` is called with the
-    call's leaves (``_flat_call``) when it can be, else through its C++ call
-    with the arguments (``fast_callable``); anything else (the function's
-    jax.jit, for a hijax program) is called with the arguments as it is."""
+    call's leaves when it can be (``_flat_params``), else with the arguments,
+    through jaxlib's C++ call of the program: one per thread
+    (``ThreadExecutables``, see ``_copies``) where this JAX allows, else one
+    shared (``fast_callable``); anything else (the function's jax.jit, for a
+    hijax program) is called with the arguments as it is."""
     from jax import stages
 
     if not isinstance(compiled, stages.Compiled):
         return compiled, False
-    if FAST_PATH and FLAT_CALLS:
-        flat = _flat_call(compiled, args, kwargs, leaves)
-        if flat is not None:
-            return flat, True
+    if FAST_PATH:
+        flat_params = _flat_params(compiled, args, kwargs, leaves) if FLAT_CALLS else None
+        params = flat_params if flat_params is not None else getattr(compiled, "_params", None)
+        if THREAD_COPIES and params is not None:
+            copies = _copies(compiled, params, flat_params is not None)
+            if copies is not None:
+                return copies
+        if flat_params is not None:
+            flat = _flat_call(compiled, flat_params)
+            if flat is not None:
+                return flat, True
     return fast_callable(compiled), False
 
 
-def _flat_call(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> Callable[..., Any] | None:
-    """``compiled`` as a callable of ``leaves`` alone: jaxlib's C++ call of
-    the same executable, made with the input tree of that many flat leaves
-    (everything else JAX keyed at compile time is per leaf: donation,
-    shardings, pruned arguments). None, so that the call keeps its arguments,
-    when JAX's leaves of ``(args, kwargs)`` (the flatten ``Compiled.call``
-    does) are not exactly ``leaves``, one by one, or not the compiled
-    program's input tree; when the program has hijax inputs or outputs; or
-    when this JAX lacks the private API (``Compiled._params``,
-    ``_executable.create_cpp_call``, ``tree_util.tracing_registry``)."""
+def _flat_params(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> Any:
+    """``compiled``'s call parameters for a call of ``leaves`` alone: the
+    input tree of that many flat leaves (everything else JAX keyed at
+    compile time is per leaf: donation, shardings, pruned arguments). None,
+    so that calls keep their arguments, when JAX's leaves of ``(args,
+    kwargs)`` (the flatten ``Compiled.call`` does) are not exactly
+    ``leaves``, one by one, or not the compiled program's input tree; when
+    the program has hijax inputs or outputs; or when this JAX lacks the
+    private API (``Compiled._params``, ``tree_util.tracing_registry``)."""
     try:
-        from jax._src import stages as jax_stages
         from jax._src import tree_util as jax_tree_util
 
         registry = jax_tree_util.tracing_registry
@@ -151,10 +163,21 @@ def _flat_call(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> Calla
         if tree != params.in_tree or len(jax_leaves) != len(leaves) or any(
                 a is not b for a, b in zip(jax_leaves, leaves)):
             return None
-        flat_params = params._replace(in_tree=registry.flatten((tuple(leaves), {}))[1])
+        return params._replace(in_tree=registry.flatten((tuple(leaves), {}))[1])
+    except Exception:  # noqa: BLE001 - a JAX without this private API: the arguments, as before
+        return None
+
+
+def _flat_call(compiled: Any, flat_params: Any) -> Callable[..., Any] | None:
+    """``compiled`` as one callable of the flat leaves of ``flat_params``:
+    jaxlib's C++ call of the program (``_executable.create_cpp_call``), or,
+    for a program with ordered effects or host callbacks, JAX's own Python
+    call. None without the private API."""
+    try:
+        from jax._src import stages as jax_stages
+
         call = compiled._executable.create_cpp_call(flat_params)
         if call is None:
-            # Ordered effects or host callbacks: JAX's own Python call, with the flat tree.
             compiled_call = jax_stages.Compiled.call
 
             def call(*flat: Any) -> Any:
@@ -163,6 +186,102 @@ def _flat_call(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> Calla
         return call if callable(call) else None
     except Exception:  # noqa: BLE001 - a JAX without this private API: the arguments, as before
         return None
+
+
+def _copies(compiled: Any, params: Any, takes_leaves: bool) -> ThreadExecutables | None:
+    """``compiled`` as ``ThreadExecutables``: each copy is a jaxlib C++ call
+    object of the program (``_jax.pjit``, as ``create_cpp_call`` makes it),
+    with the core's miss as its cache miss and the core's eager callback as
+    its function: it checks JAX's configs itself on every call (jax.jit's own
+    cache key: JitConfigs), caches what ``own_miss`` (JAX's own miss of the
+    program: it runs it, and returns what the C++ call caches) gave in the
+    program's context, and sends every other context to the core. None where
+    the program has ordered effects or host callbacks (JAX runs those in
+    Python), or where this JAX's private API is not the one checked by
+    ``_copies_work`` (once per process, at the first compile)."""
+    try:
+        template = compiled._executable.create_cpp_call(params)
+        if template is None or not callable(template):
+            return None
+        parts = _copy_parts()
+        if parts is None:
+            return None
+        own_miss = template._cache_miss
+        name = getattr(getattr(compiled._executable, "unsafe_call", None), "name", None) or "jit"
+    except Exception:  # noqa: BLE001 - a JAX without this private API: one shared call, as before
+        return None
+    pjit, keys, registry, shard_arg = parts
+
+    def make(miss: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+        return pjit(name, eager, miss, [], [], keys, registry, shard_arg)
+
+    return ThreadExecutables(make, own_miss, takes_leaves)
+
+
+_copy_parts_cache: list[Any] = []  # [parts or None], written once (a benign race: every writer writes equal parts)
+
+
+def _copy_parts() -> tuple[Any, Any, Any, Any] | None:
+    """(``_jax.pjit``, the global cache key, the dispatch registry, the
+    shard-argument fallback) that jaxlib's C++ call objects are made of,
+    when this JAX has them and they behave as ``_copies`` needs (checked
+    once: ``_copies_work``); else None."""
+    if not _copy_parts_cache:
+        parts = None
+        try:
+            from jax._src import tree_util as jax_tree_util
+            from jax._src.interpreters import pxla
+            from jax._src.lib import _jax as jaxlib_jax
+
+            parts = (jaxlib_jax.pjit, pxla.JitGlobalCppCacheKeys(), jax_tree_util.dispatch_registry,
+                     pxla.cc_shard_arg)
+            if not _copies_work(parts):
+                parts = None
+        except Exception:  # noqa: BLE001 - a JAX without them
+            parts = None
+        _copy_parts_cache.append(parts)
+    return _copy_parts_cache[0]
+
+
+def _copies_work(parts: tuple[Any, Any, Any, Any]) -> bool:
+    """Feature check, on a program of its own: a copy made of ``parts``
+    calls the miss at its first call and returns the miss's outputs, serves
+    the next call without it, calls the miss again under another config
+    (jax.enable_x64, thread-local), and calls ``eager`` under
+    jax.disable_jit()."""
+    import jax
+    import numpy as np
+
+    pjit, keys, registry, shard_arg = parts
+    compiled = jax.jit(lambda x: x + 1).lower(np.float32(1)).compile()
+    template = compiled._executable.create_cpp_call(compiled._params)
+    if template is None:
+        return False
+    own_miss = template._cache_miss
+    seen: list[str] = []
+
+    def miss(*args: Any, **kwargs: Any) -> Any:
+        seen.append("miss")
+        return own_miss(*args, **kwargs)
+
+    def eager(*args: Any, **kwargs: Any) -> Any:
+        seen.append("eager")
+        return "eager"
+
+    copy = pjit("ftjit-check", eager, miss, [], [], keys, registry, shard_arg)
+    x = np.float32(1)
+    ok = float(copy(x)) == 2.0 and float(copy(x)) == 2.0 and seen == ["miss"]
+    with jax.enable_x64(not jax.config.jax_enable_x64):  # type: ignore[attr-defined]
+        seen.append("x64")
+        miss_seen = len(seen)
+        try:
+            copy(x)
+        except Exception:  # noqa: BLE001 - the program under x64: only the miss matters here
+            pass
+        ok = ok and seen[miss_seen:] == ["miss"]
+    with jax.disable_jit():
+        ok = ok and copy(x) == "eager"
+    return ok
 
 
 class _ThroughJaxJit:
@@ -199,6 +318,10 @@ class _ThroughJaxJit:
         hooks = _jax_hooks()
         return CompilerHooks(
             context=hooks["signature_hooks"],
+            # Executables are jaxlib's C++ calls, which check JAX's configs
+            # themselves (ThreadExecutables, or the function's jax.jit for a
+            # hijax program); for any other the core reads the context.
+            context_in_executable=True,
             context_names=hooks["context_names"],
             pytree_flatten=hooks["pytree_flatten"],
             custom_namedtuple=hooks["custom_namedtuple"],
