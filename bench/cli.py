@@ -120,10 +120,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench: warm-up, {args.warmup_signatures} signatures, workers={args.warmup_workers} vs 1, "
               f"{sizes['warmup_repeat']} run(s) each", file=sys.stderr, flush=True)
         results.append(warmup_measurement(args.warmup_signatures, args.warmup_workers, sizes["warmup_repeat"]))
-    from .misses import LARGE, miss_measurement
+    from .misses import LARGE, UNEXPLAINED_SIZES, miss_measurement, unexplained_miss_measurements
 
     print(f"bench: misses with {LARGE} signatures cached and with 10", file=sys.stderr, flush=True)
     results.append(miss_measurement(misses=sizes["misses"], rounds=sizes["miss_rounds"]))
+    print(f"bench: unexplained misses with {', '.join(map(str, UNEXPLAINED_SIZES))} signatures cached and with none",
+          file=sys.stderr, flush=True)
+    results += unexplained_miss_measurements(misses=sizes["misses"], rounds=sizes["miss_rounds"])
     threads = "" if args.threads is None else f" with {','.join(map(str, args.threads))} threads"
     print(f"bench: thread scaling{threads}, {sizes['scaling_rounds']} rounds of {sizes['scaling_calls']} calls per "
           f"thread", file=sys.stderr, flush=True)

@@ -48,6 +48,8 @@ ROWS = [
 ]
 WARMUP = ("jax: warmup 2 signatures, 2 workers", "workers=1 (loop)", 1.0)
 MISSES = ("miss with 4000 signatures cached", "10 signatures", 1.25)
+UNEXPLAINED = [(f"miss unexplained, {n} signatures cached", "0 signatures", 1.5 if n == 8000 else None)
+               for n in (2000, 8000, 16000)]
 STATUS = re.compile(r"PASS|MISS")
 SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit core, jax Array", "ftjit core + JAX hooks, jax Array", "ftjit.jit",
                  "jax.jit"]
@@ -100,10 +102,10 @@ def test_bench_smoke_run_prints_every_row_with_ratios_computable_from_the_printe
                      r"\d+\.\d\d after", proc.stdout, re.M), proc.stdout
 
     table = _table_rows(proc.stdout)
-    expected = [(name, thread) for name, _, _ in ROWS for thread in ("worker", "main")] + [(WARMUP[0], "main"),
-                                                                                           (MISSES[0], "worker")]
+    expected = [(name, thread) for name, _, _ in ROWS for thread in ("worker", "main")] + [
+        (WARMUP[0], "main"), (MISSES[0], "worker")] + [(name, "worker") for name, _, _ in UNEXPLAINED]
     assert [(r[0], r[1]) for r in table] == expected
-    for row, (name, anchor, target) in zip(table, [r for r in ROWS for _ in range(2)] + [WARMUP, MISSES]):
+    for row, (name, anchor, target) in zip(table, [r for r in ROWS for _ in range(2)] + [WARMUP, MISSES] + UNEXPLAINED):
         _, thread, ftjit_time, anchor_label, anchor_time, ratio, target_cell, status = row
         assert anchor_label == anchor, name
         unit = "ms" if "warmup" in name else "ns"

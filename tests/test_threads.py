@@ -6,9 +6,11 @@ run_threads), joins them with a timeout (a hang fails the test) and re-raises
 worker exceptions."""
 
 import _thread
+import collections
 import gc
 import itertools
 import os
+import random
 import re
 import signal
 import subprocess
@@ -1175,6 +1177,53 @@ def test_20_bounded_cache_under_concurrency_keeps_its_books():
         assert i.hits + i.waits + i.misses == 100
         assert i.compiles - i.evictions == i.size
 
+
+
+def test_20b_thousands_of_misses_racing_with_hits_lose_no_entry():
+    """4 threads, each missing on 1500 signatures of its own and on 500 shared
+    with the others (in an order of its own), with two hits on signatures it
+    saw compiled after every call: the ready table grows (and is rebuilt) under
+    the hits of the other threads. Every call runs the executable compiled for
+    its own signature, each signature compiles exactly once, the books balance
+    and, at the end, every signature is a hit."""
+    n_threads, own, shared = 4, 1500, 500
+    total = n_threads * own + shared
+    compiled = collections.Counter()
+    lock = threading.Lock()
+
+    def compiler(fun, args, kwargs):
+        k = args[1]
+        with lock:
+            compiled[k] += 1
+        return lambda x, n: (k, n, x)  # the signature it was compiled for, then the call's
+
+    jf = ftjit.jit(lambda x, n: None, static_argnums=1, compiler=compiler,
+                   cache=ftjit.FunctionCache(capacity=1 << 16))
+
+    def target(t):
+        rng = random.Random(t)
+        keys = list(range(shared + t * own, shared + (t + 1) * own)) + list(range(shared))
+        rng.shuffle(keys)
+        seen, bad = [], []
+        for i, k in enumerate(keys):
+            if jf(float(i), k) != (k, k, float(i)):
+                bad.append(("miss", k))
+            seen.append(k)
+            for _ in range(2):
+                h = seen[rng.randrange(len(seen))]
+                if jf(-1.0, h) != (h, h, -1.0):
+                    bad.append(("hit", h))
+        return bad
+
+    assert run_threads(n_threads, target, timeout=90) == [[]] * n_threads
+    assert len(compiled) == total and set(compiled.values()) == {1}
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.size, info.evictions, info.failures) == (total, total, total, 0, 0)
+    assert info.hits + info.waits + info.misses == n_threads * (own + shared) * 3
+    for k in range(total):
+        assert jf(0.5, k) == (k, k, 0.5)
+    assert sum(compiled.values()) == total
+    assert jf.cache_info().hits == info.hits + total
 
 DEEP_RECURSION = """
 import sys, threading, ftjit

@@ -2,8 +2,9 @@
 // capacity many functions share (its LRU), wired from the primitives:
 //   ReentrantMap   every entry (compiling or ready), found by an equality
 //                  that may re-enter: the slow path and all writers;
-//   SnapshotTable  the ready entries, immutable, behind an atomic pointer:
-//                  the hit path probes it with no lock (EpochDomain);
+//   ListingTable   the ready entries, listed and unlisted in place behind an
+//                  atomic pointer: the hit path probes it with no lock
+//                  (EpochDomain);
 //   SharedLru      the shared capacity bound; CompileLatch: compile-once.
 // Python-free and header-only: the signature, payload and lock types come
 // from `Traits` (function_cache.h for the extension; the C++ tests use their
@@ -29,9 +30,9 @@
 // Objects, lifetimes and guards:
 //
 //   StoreEntry (one per signature; shared_ptr held by the map slot, the LRU,
-//   threads on the slow path and, while a ready table lists it, itself
-//   (table_ref); freed by its deleter, which waits for calls in flight: see
-//   InFlight below)
+//   threads on the slow path and, while the ready table lists it, itself
+//   (listing.self); freed by its deleter, which waits for calls in flight:
+//   see InFlight below)
 //   | sig, store, store_raw | fixed after construction                      |
 //   | latch                 | compile_latch.h                               |
 //   | payload               | written by the compiling thread before        |
@@ -48,19 +49,21 @@
 //   | provisional           | atomic state (see Provisional entries): set   |
 //   |                       | before the latch is published; left once, by  |
 //   |                       | CAS, by an adoption or a removal              |
-//   | table_ref             | FTJIT_GUARDED_BY(store_raw->publish_mu_): the |
-//   |                       | owning store's; it reaches it only through    |
-//   |                       | TableRefLockHeld (REQUIRES(publish_mu_))      |
+//   | listing (self, newer, | FTJIT_GUARDED_BY(store_raw->publish_mu_): the |
+//   |   older)              | owning store's; it reaches it only through    |
+//   |                       | ListingLockHeld (REQUIRES(publish_mu_))       |
 //   | lru                   | shared_lru.h                                  |
 //
 //   EntryStore (one per function and options)
 //   | lru_                  | fixed after construction (the LRU: its lock)  |
 //   | map_                  | ReentrantMap: its own leaf lock               |
-//   | ready_                | SnapshotPtr: swapped under publish_mu_        |
-//   |                       | (Swap(next, publish_mu_) REQUIRES it); loaded |
-//   |                       | by readers with no lock (see the hit path)    |
-//   | publish_mu_           | leaf lock: serialises rebuilds of ready_;     |
-//   |                       | guards every entry's table_ref                |
+//   | ready_                | ListingTable: written under publish_mu_ (its  |
+//   |                       | Insert/Erase/Take(.., publish_mu_) REQUIRE    |
+//   |                       | it); probed by readers with no lock (see the  |
+//   |                       | hit path)                                     |
+//   | newest_               | FTJIT_GUARDED_BY(publish_mu_)                 |
+//   | publish_mu_           | leaf lock: serialises the writes of ready_;   |
+//   |                       | guards newest_ and every entry's listing      |
 //   | counters_             | relaxed atomics (hits sharded per thread)     |
 //   | counted_              | relaxed atomic: admitted entries in the map   |
 //   | provisional_          | relaxed atomic: provisional entries in the map|
@@ -93,17 +96,25 @@
 // Listing: the ready table holds raw pointers. An entry is listed by its
 // owner's Published() (if the map still holds it: a compile published after
 // its entry was cleared is never listed), and then holds a reference to
-// itself, table_ref, for as long as a table a reader may probe lists it.
-// Unlisting (Discard, Clear, the store's death) swaps in a table without the
-// entries the map lost (exactly those: a clear must not unlist an entry
-// inserted and listed after it) and retires the old table together with
-// their table_refs, so an entry lives until every reader that could see it
-// has left (and, past that, while calls are in flight: InFlight). Listing
-// and unlisting run under publish_mu_, a listing checks the map inside it,
-// and an unlisting comes after the map lost the entry: so whichever of a
-// publish and a removal of one entry comes second sees what the first did. A rebuild copies the current
-// table's pointers, not the map: no reference count is written, so a miss
-// pays a few ns per ready entry, not a map snapshot.
+// itself, listing.self, for as long as an array a reader may probe lists it.
+// Unlisting (Discard, Clear, the store's death) tombstones, in the table,
+// the entries the map lost (exactly those: a clear must not unlist an entry
+// inserted and listed after it; the store's death swaps in an empty array)
+// and retires their listing.self references (together with the array the
+// table replaced, if it rebuilt), so an entry lives until every reader that
+// could see it has left (and, past that, while calls are in flight:
+// InFlight). Listing and unlisting run under publish_mu_, a listing checks
+// the map inside it, and an unlisting comes after the map lost the entry: so
+// whichever of a publish and a removal of one entry comes second sees what
+// the first did. The listed entries are also linked newest first, in
+// publish order (listing.newer/older, from newest_), for NewestReady.
+//
+// Costs, n = ready entries: listing one (the publish of a miss) O(1)
+// amortized, unlisting k of them (Discard: k = 1; Clear) O(k) amortized, the
+// store's death O(n) (ListingTable's costs: its rebuilds copy pointers, no
+// reference count is written, and are paid for by the listings and
+// unlistings since the last one); NewestReady(limit) O(limit). Each
+// unlisting also retires one batch to the epoch domain (EpochDomain::Retire).
 //
 // Provisional entries: compiled ahead of traffic from a saved spec (a specs
 // file), not counted by Admit, never listed: the hit path cannot find them.
@@ -126,13 +137,12 @@
 // are handed back and dropped after unlocking.
 //
 // Checked guards: clang++ -Wthread-safety (primitives/thread_annotations.h)
-// checks that table_ref and ready_'s swaps happen under publish_mu_, and
-// that the functions taking publish_mu_ (FTJIT_EXCLUDES) are not called
-// with it held; TableRefLockHeld also asserts, in debug builds, that
+// checks that listing, newest_ and ready_'s writes happen under publish_mu_,
+// and that the functions taking publish_mu_ (FTJIT_EXCLUDES) are not called
+// with it held; ListingLockHeld also asserts, in debug builds, that
 // publish_mu_ is held and that the entry is this store's.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -145,10 +155,10 @@
 
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
+#include "primitives/listing_table.h"
 #include "primitives/locks.h"
 #include "primitives/reentrant_map.h"
 #include "primitives/shared_lru.h"
-#include "primitives/snapshot_table.h"
 #include "primitives/thread_annotations.h"
 
 #ifndef NDEBUG
@@ -308,6 +318,14 @@ struct LocalSlot {
   uint64_t gen = 0;
 };
 
+// An entry's place in its store's ready table and ready list (see Listing).
+template <class Entry>
+struct EntryListing {
+  std::shared_ptr<Entry> self;  // set while the ready table lists the entry
+  Entry* newer = nullptr;       // the listed entries, linked in publish order
+  Entry* older = nullptr;
+};
+
 template <class Traits>
 struct StoreEntry {
   using Sig = typename Traits::Sig;
@@ -340,8 +358,8 @@ struct StoreEntry {
   // See Provisional entries in the header comment.
   enum : uint8_t { kNotProvisional = 0, kProvisional = 1, kAdopted = 2 };
   std::atomic<uint8_t> provisional{kNotProvisional};
-  // See Listing; only the owning store reaches it (EntryStore::TableRefLockHeld).
-  std::shared_ptr<StoreEntry> table_ref FTJIT_GUARDED_BY(store_raw->publish_mu_);
+  // See Listing; only the owning store reaches it (EntryStore::ListingLockHeld).
+  EntryListing<StoreEntry> listing FTJIT_GUARDED_BY(store_raw->publish_mu_);
   LruHook<std::shared_ptr<StoreEntry>> lru;
 
   uint64_t Hits() const {
@@ -385,6 +403,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   using Mutex = typename Traits::Mutex;
   using Entry = StoreEntry<Traits>;
   using EntryPtr = std::shared_ptr<Entry>;
+  using Listing = EntryListing<Entry>;
   using SigPtr = std::shared_ptr<const Sig>;
   // The capacity bound shared by every store of one cache.
   using Lru = SharedLru<EntryPtr, Mutex>;
@@ -412,9 +431,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   Entry* FindReady(const Sig& sig, typename EpochDomain<Mutex>::Record* rec, int shard) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
-    const Table* table = ready_.Load();
-    bool undecided = false;
-    Entry* e = Probe(*table, sig);
+    Entry* e = Probe(*ready_.Load(), sig);
     if (e) {
       e->shards[shard].in_flight.fetch_add(1, std::memory_order_seq_cst);
       CountHit(e, shard);
@@ -531,20 +548,22 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
 
   // The owner published `e` ready: list it for the hit path (if the map
   // still holds it), then re-apply the LRU bound (pinned entries may have
-  // pushed it over).
+  // pushed it over). O(1) amortized (see Costs).
   void Published(const EntryPtr& e) FTJIT_EXCLUDES(publish_mu_) {
-    Table* old = nullptr;
+    typename Table::Array* old = nullptr;
     {
       LockGuard<Mutex> lock(publish_mu_);
-      if (!TableRefLockHeld(e.get()) && map_.ContainsValue(e->sig->hash, e)) {
-        const Table* cur = ready_.Load();
-        std::vector<std::pair<size_t, Entry*>> items = cur->items();
-        items.emplace_back(Traits::TableHash(*e->sig), e.get());
-        TableRefLockHeld(e.get()) = e;
-        old = ready_.Swap(new Table(std::move(items)), publish_mu_);
+      Listing& l = ListingLockHeld(e.get());
+      if (!l.self && map_.ContainsValue(e->sig->hash, e)) {
+        l.self = e;
+        l.older = newest_;
+        if (newest_) ListingLockHeld(newest_).newer = e.get();
+        newest_ = e.get();
+        old = ready_.Insert(Traits::TableHash(*e->sig), e.get(), publish_mu_);
       }
     }
-    if (old) Traits::Epochs().Retire(old, &SnapshotPtr<Entry>::Delete);
+    // A rebuild's old array: no entry is unlisted with it.
+    if (old) Traits::Epochs().Retire(old, &Table::Delete);
     TrimLru();
   }
 
@@ -682,20 +701,21 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   size_t size() const { return map_.size(); }
-  // The `limit` newest ready entries, newest first: the ready table lists
-  // them in the order they were published (compiled), and keeps that order
-  // when it unlists. Costs O(limit), not O(entries): a miss explanation
-  // picks its candidates from these.
+  // The `limit` newest ready entries, newest first: the listed entries are
+  // linked in the order they were published (compiled), and an unlisting
+  // unlinks only its own. Costs O(limit), not O(entries): a miss
+  // explanation picks its candidates from these.
   std::vector<EntryPtr> NewestReady(size_t limit) const FTJIT_EXCLUDES(publish_mu_) {
     std::vector<EntryPtr> out;
     LockGuard<Mutex> lock(publish_mu_);
-    const auto& items = ready_.Load()->items();
-    for (size_t i = items.size(); i-- > 0 && out.size() < limit;) out.push_back(TableRefLockHeld(items[i].second));
+    for (Entry* e = newest_; e && out.size() < limit; e = ListingLockHeld(e).older) {
+      out.push_back(ListingLockHeld(e).self);
+    }
     return out;
   }
   size_t ready_size() const FTJIT_EXCLUDES(publish_mu_) {
     LockGuard<Mutex> lock(publish_mu_);
-    return ready_.Load()->size();
+    return ready_.size(publish_mu_);
   }
   std::vector<EntryPtr> Entries() const {
     std::vector<EntryPtr> out;
@@ -719,22 +739,23 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   static bool Evictable(const EntryPtr& e) { return !e->latch.compiling(); }
 
  private:
-  using Table = SnapshotTable<Entry>;
+  using Table = ListingTable<Entry>;
 
-  // What a swap leaves to retire: the old table and the unlisted entries'
-  // references to themselves, freed together after the grace period.
+  // What an unlisting leaves to retire: the unlisted entries' references to
+  // themselves and the array the table replaced (null if it did not
+  // rebuild), freed together after the grace period.
   struct Unlisted {
-    Table* table;
+    typename Table::Array* array;
     std::vector<EntryPtr> refs;
     static void Delete(void* p) {
       auto* u = static_cast<Unlisted*>(p);
-      delete u->table;
+      delete u->array;
       delete u;  // drops the refs: entries whose last reference this was go
     }
   };
 
   // The table's ready entry for `sig` (inside a read section), or null.
-  static Entry* Probe(const Table& table, const Sig& sig) {
+  static Entry* Probe(const typename Table::Array& table, const Sig& sig) {
     bool undecided = false;
     return table.Find(
         Traits::TableHash(sig), sig,
@@ -766,65 +787,71 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     }
   }
 
-  friend struct StoreEntry<Traits>;  // its table_ref names publish_mu_ as its guard
+  friend struct StoreEntry<Traits>;  // its listing names publish_mu_ as its guard
 
-  // `e`'s table_ref, which publish_mu_ guards: `e` is this store's entry,
+  // `e`'s listing, which publish_mu_ guards: `e` is this store's entry,
   // which the analysis cannot prove (the guard is e->store_raw->publish_mu_),
   // so it is asserted here instead (debug builds), and every access to a
-  // table_ref goes through here.
-  EntryPtr& TableRefLockHeld(Entry* e) const FTJIT_REQUIRES(publish_mu_)
+  // listing goes through here.
+  Listing& ListingLockHeld(Entry* e) const FTJIT_REQUIRES(publish_mu_)
       FTJIT_NO_THREAD_SAFETY_ANALYSIS {
     publish_mu_.AssertHeld();
 #ifndef NDEBUG
     assert(e->store_raw == this && "an entry listed by another store");
 #endif
-    return e->table_ref;
+    return e->listing;
   }
 
-  // Swaps in a table without `e`, if it is listed (see Listing).
+  // Unlists `e`, if it is listed (see Listing).
   void Unlist(const EntryPtr& e) FTJIT_EXCLUDES(publish_mu_) {
     Unlist(std::vector<Entry*>{e.get()});
   }
 
-  // Swaps in a table without those of `gone` that are listed (see Listing).
-  void Unlist(std::vector<Entry*> gone) FTJIT_EXCLUDES(publish_mu_) {
+  // Unlists those of `gone` that are listed (see Listing): O(their number),
+  // amortized.
+  void Unlist(const std::vector<Entry*>& gone) FTJIT_EXCLUDES(publish_mu_) {
     Unlisted* u = nullptr;
     {
       LockGuard<Mutex> lock(publish_mu_);
       std::vector<EntryPtr> refs;
+      std::vector<std::pair<size_t, Entry*>> items;
       for (Entry* e : gone) {
-        EntryPtr& table_ref = TableRefLockHeld(e);
-        if (table_ref) refs.push_back(std::move(table_ref));
+        Listing& l = ListingLockHeld(e);
+        if (!l.self) continue;
+        (l.newer ? ListingLockHeld(l.newer).older : newest_) = l.older;
+        if (l.older) ListingLockHeld(l.older).newer = l.newer;
+        l.newer = l.older = nullptr;
+        items.emplace_back(Traits::TableHash(*e->sig), e);
+        refs.push_back(std::move(l.self));
       }
       if (refs.empty()) return;
-      std::sort(gone.begin(), gone.end());
-      std::vector<std::pair<size_t, Entry*>> items;
-      for (const auto& kv : ready_.Load()->items()) {
-        if (!std::binary_search(gone.begin(), gone.end(), kv.second)) items.push_back(kv);
-      }
-      u = new Unlisted{nullptr, std::move(refs)};
-      u->table = ready_.Swap(new Table(std::move(items)), publish_mu_);
+      u = new Unlisted{ready_.Erase(items, publish_mu_), std::move(refs)};
     }
     Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
 
-  // Swaps in an empty table (the store's death: nothing may stay listed).
+  // Unlists everything (the store's death: nothing may stay listed).
   void UnlistAll() FTJIT_EXCLUDES(publish_mu_) {
     Unlisted* u = new Unlisted{nullptr, {}};
     {
       LockGuard<Mutex> lock(publish_mu_);
-      for (const auto& kv : ready_.Load()->items()) {
-        u->refs.push_back(std::move(TableRefLockHeld(kv.second)));
+      for (Entry* e = newest_; e;) {
+        Listing& l = ListingLockHeld(e);
+        e = l.older;
+        l.newer = l.older = nullptr;
+        u->refs.push_back(std::move(l.self));
       }
-      u->table = ready_.Swap(new Table({}), publish_mu_);
+      newest_ = nullptr;
+      u->array = ready_.Take(publish_mu_);
     }
     Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
 
   const std::shared_ptr<Lru> lru_;
   ReentrantMap<SigPtr, EntryPtr, Mutex> map_;
-  SnapshotPtr<Entry> ready_;
-  mutable Mutex publish_mu_;  // leaf lock: ready_'s swaps, every entry's table_ref
+  Table ready_;
+  mutable Mutex publish_mu_;  // leaf lock: ready_'s writes, newest_, every entry's listing
+  Entry* newest_ FTJIT_GUARDED_BY(publish_mu_) = nullptr;  // the newest listed entry
   StoreCounters counters_;
   std::atomic<int64_t> counted_{0};  // entries admitted and still in the map (Admit)
   std::atomic<int64_t> provisional_{0};  // provisional entries still in the map (MarkProvisional)

@@ -294,10 +294,11 @@ void TestInFlightRacesWithClears() {
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
 }
 
-// A clear that races a reader mid-probe cannot free the old table (and the
-// entry only it lists) while the reader reads: the reader frees them when
-// its call ends (a hit: FinishCall) or, missing, before its slow path
-// (AfterMiss). No later write and no Reclaim() call is needed.
+// A clear that races a reader mid-probe cannot free the array it probes
+// (replaced: the clear unlisted every entry) nor the entry it is comparing
+// while the reader reads: the reader frees them when its call ends (a hit:
+// FinishCall) or, missing, before its slow path (AfterMiss). No later write
+// and no Reclaim() call is needed.
 void RunRetirementRacingAReader(bool hit) {
   auto lru = std::make_shared<Lru>(8);
   auto store = std::make_shared<Store>(lru);
@@ -399,6 +400,181 @@ void TestLateUseAfterThreadExitTakesAFreshRecord() {
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
   CHECK_EQ(epochs.owned_records(), owned_before);  // the late record was given back too
   g_late_store.reset();
+}
+
+// Compiles and publishes `key` in `store`, where nothing else inserts it
+// (the miss path of CallOnce, for a thread that owns the key), and returns
+// its entry.
+Store::EntryPtr CompileOwned(Store& store, int key) {
+  TestSig sig = SigOf(key);
+  Store::Lookup found = store.FindOrInsert(sig);
+  CHECK(found.inserted);
+  store.AdmitLru(found.entry);
+  found.entry->payload.value = key * 2;
+  found.entry->latch.Publish(State::kReady);
+  store.Published(found.entry);
+  return found.entry;
+}
+
+// The keys of NewestReady(limit), in its order.
+std::vector<int> NewestKeys(const Store& store, size_t limit) {
+  std::vector<int> keys;
+  for (const auto& e : store.NewestReady(limit)) keys.push_back(e->sig->key);
+  return keys;
+}
+
+// NewestReady lists the ready entries newest first, in publish order, across
+// the table's rebuilds and whatever was discarded, cleared or published again
+// meanwhile; a second Published of a listed entry changes nothing; the hit
+// path finds exactly the listed entries.
+void TestNewestReadyIsPublishOrderAcrossUnlistings() {
+  auto lru = std::make_shared<Lru>(1 << 16);
+  auto store = std::make_shared<Store>(lru);
+  auto* rec = Slot::Get().rec;
+  std::mt19937 rng(3);
+  std::vector<int> order;  // listed keys, oldest first
+  std::vector<Store::EntryPtr> entries(4000);
+  auto check = [&](size_t limit) {
+    std::vector<int> want(order.rbegin(), order.rbegin() + static_cast<long>(std::min(limit, order.size())));
+    CHECK(NewestKeys(*store, limit) == want);
+  };
+  for (int k = 0; k < 3000; ++k) {
+    entries[k] = CompileOwned(*store, k);
+    order.push_back(k);
+  }
+  check(5);
+  check(order.size() + 1);
+  store->Published(entries[10]);  // listed already: stays where it was
+  check(order.size());
+  // Discards (evictions) of random entries, the newest among them.
+  for (int n = 0; n < 1500; ++n) {
+    size_t i = n == 0 ? order.size() - 1 : rng() % order.size();
+    store->Discard(entries[order[i]]);
+    entries[order[i]].reset();
+    order.erase(order.begin() + static_cast<long>(i));
+  }
+  check(7);
+  check(order.size());
+  CHECK_EQ(store->ready_size(), order.size());
+  // Published again after a discard: the newest now.
+  int again = 2999;
+  if (entries[again]) {
+    store->Discard(entries[again]);
+    order.erase(std::find(order.begin(), order.end(), again));
+  }
+  entries[again] = CompileOwned(*store, again);
+  order.push_back(again);
+  check(3);
+  for (int k = 0; k < 3000; ++k) {
+    Entry* e = store->FindReady(SigOf(k), rec, 0);
+    CHECK_EQ(e != nullptr, entries[k] != nullptr);
+    if (e) {
+      CHECK_EQ(e->payload.value, k * 2);
+      Store::FinishCall(e, rec, 0);
+    } else {
+      Store::AfterMiss(rec);
+    }
+  }
+  // A clear unlists all of them; what is published after it is all there is.
+  store->Clear();
+  order.clear();
+  check(10);
+  for (int k = 3000; k < 3010; ++k) {
+    entries[k - 3000] = CompileOwned(*store, k);
+    order.push_back(k);
+  }
+  check(4);
+  check(100);
+  CHECK_EQ(store->ready_size(), size_t{10});
+  entries.clear();
+  store.reset();
+  CHECK_EQ(TestTraits::Epochs().retired_count(), size_t{0});
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+
+// The hit path's exact invariant on the store, while the ready table grows,
+// fills with tombstones and is rebuilt: owners (each the only one to compile
+// or discard its keys) publish and discard, readers probe with FindReady. A
+// key published (Published returned) and not being discarded throughout a
+// probe is found, with its own payload; a key discarded (Discard returned)
+// and not published again throughout a probe is not; nothing freed is read.
+// Each key's state is a generation and a phase, set by its owner around
+// every publish and discard and read by a reader before and after its probe.
+void TestHitsFindExactlyTheListedEntriesWhilePublishingAndDiscarding() {
+  const int kOwners = 2, kReaders = 3, kKeys = 3000;
+  enum Phase : uint64_t { kAbsent = 0, kListed = 1, kPublishing = 2, kDiscarding = 3 };
+  auto lru = std::make_shared<Lru>(1 << 16);
+  auto store = std::make_shared<Store>(lru);
+  std::vector<std::atomic<uint64_t>> state(kKeys);  // gen * 4 + phase; written by the key's owner
+  std::atomic<uint64_t> must_find{0}, must_miss{0}, published{0}, discarded{0};
+  auto deadline = std::chrono::steady_clock::now() + 1500ms;
+  ftjit_test::RunThreads(kOwners + kReaders, [&](size_t i) {
+    const Slot::Ctx& t = Slot::Get();
+    std::mt19937 rng(static_cast<unsigned>(i) + 50);
+    if (i < static_cast<size_t>(kOwners)) {
+      std::vector<Store::EntryPtr> mine(kKeys);  // this owner's listed entries, by key
+      std::vector<int> listed;
+      while (std::chrono::steady_clock::now() < deadline) {
+        if (rng() % 8 < 5) {  // publish one of its keys not listed
+          int key = static_cast<int>(rng() % (kKeys / kOwners)) * kOwners + static_cast<int>(i);
+          if (mine[key]) continue;
+          uint64_t s = state[key].load(std::memory_order_relaxed);
+          state[key].store((s & ~uint64_t{3}) | kPublishing, std::memory_order_seq_cst);
+          mine[key] = CompileOwned(*store, key);
+          state[key].store((s & ~uint64_t{3}) | kListed, std::memory_order_seq_cst);
+          listed.push_back(key);
+          published.fetch_add(1, std::memory_order_relaxed);
+        } else if (!listed.empty()) {  // discard one (an eviction)
+          size_t j = rng() % listed.size();
+          int key = listed[j];
+          listed[j] = listed.back();
+          listed.pop_back();
+          uint64_t s = state[key].load(std::memory_order_relaxed);
+          state[key].store((s & ~uint64_t{3}) | kDiscarding, std::memory_order_seq_cst);
+          store->Discard(mine[key]);
+          mine[key].reset();
+          state[key].store(((s >> 2) + 1) * 4 + kAbsent, std::memory_order_seq_cst);
+          discarded.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    } else {
+      while (std::chrono::steady_clock::now() < deadline) {
+        int key = static_cast<int>(rng() % kKeys);
+        uint64_t s1 = state[key].load(std::memory_order_seq_cst);
+        Entry* e = store->FindReady(SigOf(key), t.rec, t.shard);
+        if (e) {
+          CHECK_EQ(e->payload.canary.load(std::memory_order_relaxed), kAlive);
+          CHECK_EQ(e->payload.value, key * 2);
+          Store::FinishCall(e, t.rec, t.shard);
+        } else {
+          Store::AfterMiss(t.rec);
+        }
+        uint64_t s2 = state[key].load(std::memory_order_seq_cst);
+        if (s1 == s2 && (s1 & 3) == kListed) {
+          CHECK(e != nullptr);
+          must_find.fetch_add(1, std::memory_order_relaxed);
+        } else if (s1 == s2 && (s1 & 3) == kAbsent) {
+          CHECK(e == nullptr);
+          must_miss.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    }
+  });
+  std::fprintf(stderr, "  %llu published, %llu discarded; %llu probes had to find, %llu had to miss\n",
+               static_cast<unsigned long long>(published.load()),
+               static_cast<unsigned long long>(discarded.load()),
+               static_cast<unsigned long long>(must_find.load()),
+               static_cast<unsigned long long>(must_miss.load()));
+  CHECK(must_find.load() > 0 && must_miss.load() > 0);
+  CHECK(published.load() > 200);  // past several rebuilds of the table
+  // The owners' entries died with them (their vectors): the store holds and
+  // lists exactly what they left published.
+  CHECK_EQ(store->ready_size(), store->size());
+  CHECK_EQ(store->NewestReady(kKeys).size(), store->size());
+  CHECK_EQ(static_cast<uint64_t>(store->size()), published.load() - discarded.load());
+  store.reset();
+  CHECK_EQ(TestTraits::Epochs().retired_count(), size_t{0});
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
 }
 
 #ifdef FTJIT_TEST_LEAF_MUTEX
@@ -662,6 +838,8 @@ int main() {
   RUN_TEST(TestProvisionalEntriesAreAdoptedOnFirstUse);
   RUN_TEST(TestProvisionalAdoptionsRaceWithClears);
   RUN_TEST(TestShardsAreExclusiveAmongLiveThreads);
+  RUN_TEST(TestNewestReadyIsPublishOrderAcrossUnlistings);
+  RUN_TEST(TestHitsFindExactlyTheListedEntriesWhilePublishingAndDiscarding);
   std::fprintf(stderr, "all EntryStore tests passed\n");
   return 0;
 }

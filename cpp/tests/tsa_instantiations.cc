@@ -18,10 +18,10 @@
 
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
+#include "primitives/listing_table.h"
 #include "primitives/locks.h"
 #include "primitives/reentrant_map.h"
 #include "primitives/shared_lru.h"
-#include "primitives/snapshot_table.h"
 #include "store/entry_store.h"
 
 #ifdef FTJIT_TSA_LEAF_MUTEX
@@ -65,8 +65,7 @@ namespace ftjit {
 template class ReentrantMap<tsa::Key, tsa::Key, TsaMutex>;
 template class SharedLru<tsa::NodePtr, TsaMutex>;
 template class EpochDomain<TsaMutex>;
-template class SnapshotTable<tsa::Node>;
-template class SnapshotPtr<tsa::Node>;
+template class ListingTable<tsa::Node>;
 template class ThreadSlot<tsa::Traits>;
 template struct StoreEntry<tsa::Traits>;
 template class EntryStore<tsa::Traits>;
@@ -78,7 +77,7 @@ bool KeyEq(const Key& stored, const int& probe) { return *stored == probe; }
 bool AlwaysTrue(const NodePtr&) { return true; }
 
 // Instantiates the member templates (never called).
-void UseMemberTemplates(Map& map, Lru& lru, ftjit::SnapshotPtr<Node>& ptr, TsaMutex& writer_mu,
+void UseMemberTemplates(Map& map, Lru& lru, ftjit::ListingTable<Node>& table, TsaMutex& writer_mu,
                         const NodePtr& node) {
   map.Find(0, 1, KeyEq);
   map.FindOrInsert(0, 1, KeyEq, [] { return std::make_pair(Key(), Key()); });
@@ -88,9 +87,13 @@ void UseMemberTemplates(Map& map, Lru& lru, ftjit::SnapshotPtr<Node>& ptr, TsaMu
   lru.Trim(AlwaysTrue);
   lru.RemoveIf(AlwaysTrue);
   lru.RemoveEach(std::vector<NodePtr>{node}, [](const NodePtr& n) -> const NodePtr& { return n; });
+  bool undecided = false;
+  table.Load()->Find(0, 1, [](const Node&, const int&) noexcept { return FastEq::kUnknown; }, &undecided);
   ftjit::LockGuard<TsaMutex> lock(writer_mu);
-  delete ptr.Swap(new ftjit::SnapshotTable<Node>({}), writer_mu);
-  delete ptr.Take(writer_mu);
+  delete table.Insert(0, node.get(), writer_mu);
+  delete table.Erase({{0, node.get()}}, writer_mu);
+  (void)table.size(writer_mu);
+  delete table.Take(writer_mu);
 }
 
 }  // namespace tsa
