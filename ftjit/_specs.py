@@ -57,11 +57,22 @@ import stat
 import threading
 from typing import Any, Iterable, NamedTuple
 
-from . import _specs_format as fmt
-from . import _specs_read as reader
 from ._core import JitFunction
 from ._signature import Leaf, Node, Signature, Static
-from ._specs_format import register_static_dataclass
+from ._specs_format import (
+    FORMAT,
+    MAX_BYTES,
+    MAX_NESTING,
+    VERSION,
+    CannotHold,
+    dumps,
+    dumps_file,
+    encode_entry,
+    register_static_dataclass,
+    same_record,
+    shown,
+)
+from ._specs_read import Contents, Damaged, NotSpecs, SavedEntry, nesting, parse, read, read_record
 from ._warmup import BrokenSpec, Spec
 
 __all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs", "register_static_dataclass"]
@@ -99,7 +110,7 @@ def _describe_object(obj: Any) -> str:
     """``obj`` and its type, for a TypeError: ``None (a NoneType)``."""
     kind = type(obj)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return f"{fmt.shown(obj)} (a {name})"
+    return f"{shown(obj)} (a {name})"
 
 
 def _rebuild(tree: Any, hooks: Any) -> Any:
@@ -302,15 +313,15 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
                 continue
             try:
                 entries.append(_entry_of(sig, signature, hooks))
-            except (_Unbuildable, fmt.CannotHold) as exc:
+            except (_Unbuildable, CannotHold) as exc:
                 left_out.append(LeftOut(signature, str(exc)))
             except Exception as exc:  # noqa: BLE001 - reported
                 left_out.append(LeftOut(signature, f"it cannot be written ({type(exc).__name__}: {exc})"))
         functions[key] = entries
         summary[key] = (len(entries), tuple(left_out))
-    data = fmt.dumps_file(_versions(), functions).encode("ascii")
-    if len(data) > fmt.MAX_BYTES:
-        raise ValueError(f"save_specs: the specs would take {len(data)} bytes, more than the {fmt.MAX_BYTES} that "
+    data = dumps_file(_versions(), functions).encode("ascii")
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"save_specs: the specs would take {len(data)} bytes, more than the {MAX_BYTES} that "
                          f"load_specs reads; nothing was written to {path}")
     _write_atomically(path, data)
     return summary
@@ -322,21 +333,21 @@ def _entry_of(sig: Signature, signature: str, hooks: Any) -> str:
     CannotHold: why not)."""
     record = Signature(tuple(_portable(a, hooks) for a in sig.args),
                        {k: _portable(v, hooks) for k, v in sig.kwargs.items()}, None)
-    entry = fmt.encode_entry(signature, record)
-    text = fmt.dumps(entry)
+    entry = encode_entry(signature, record)
+    text = dumps(entry)
     # The file around an entry is three levels: the file, its functions, one function's entries.
-    if reader.nesting(text) + 3 > fmt.MAX_NESTING:
-        raise fmt.CannotHold(f"its arguments nest deeper than the {fmt.MAX_NESTING} levels of JSON a specs file may "
+    if nesting(text) + 3 > MAX_NESTING:
+        raise CannotHold(f"its arguments nest deeper than the {MAX_NESTING} levels of JSON a specs file may "
                              "have")
     try:
-        back, unusable = reader.read_record(reader.parse(text))
-    except reader.Damaged as exc:
-        raise fmt.CannotHold(f"it does not read back ({exc.where}: {exc.what})") from None
+        back, unusable = read_record(parse(text))
+    except Damaged as exc:
+        raise CannotHold(f"it does not read back ({exc.where}: {exc.what})") from None
     if unusable is not None:
-        raise fmt.CannotHold(f"it does not read back: {unusable}")
-    why = fmt.same_record(record, back)
+        raise CannotHold(f"it does not read back: {unusable}")
+    why = same_record(record, back)
     if why is not None:
-        raise fmt.CannotHold(why)
+        raise CannotHold(why)
     return text
 
 
@@ -375,11 +386,11 @@ class SavedSpecs:
     any thread.
     """
 
-    def __init__(self, path: str, contents: reader.Contents | None = None, error: Exception | None = None):
+    def __init__(self, path: str, contents: Contents | None = None, error: Exception | None = None):
         self.path = path
         self.error = error
         self.versions: dict[str, str] = {}
-        self.functions: dict[str, tuple[reader.SavedEntry, ...]] = {}
+        self.functions: dict[str, tuple[SavedEntry, ...]] = {}
         if error is None and contents is not None:
             self.versions = dict(contents.versions)
             self.functions = dict(contents.functions)
@@ -468,17 +479,17 @@ def _read_trusted(path: str) -> bytes:
             if mode & 0o022 and not mode & stat.S_ISVTX:
                 raise _Refused(f"its directory {directory} is writable by others (mode {stat.S_IMODE(mode):04o}) "
                                "without the sticky bit: another user could have replaced it")
-        if st.st_size > fmt.MAX_BYTES:
-            raise _TooBig(f"it is {st.st_size} bytes, more than the {fmt.MAX_BYTES} a specs file may have")
+        if st.st_size > MAX_BYTES:
+            raise _TooBig(f"it is {st.st_size} bytes, more than the {MAX_BYTES} a specs file may have")
         chunks, size = [], 0
-        while size <= fmt.MAX_BYTES:  # a file growing meanwhile is still bounded
-            chunk = os.read(fd, min(1 << 20, fmt.MAX_BYTES + 1 - size))
+        while size <= MAX_BYTES:  # a file growing meanwhile is still bounded
+            chunk = os.read(fd, min(1 << 20, MAX_BYTES + 1 - size))
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        if size > fmt.MAX_BYTES:
-            raise _TooBig(f"it is more than the {fmt.MAX_BYTES} bytes a specs file may have")
+        if size > MAX_BYTES:
+            raise _TooBig(f"it is more than the {MAX_BYTES} bytes a specs file may have")
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -502,7 +513,7 @@ def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> Sav
     try:
         data = _read_trusted(path)
     except FileNotFoundError as exc:
-        return SavedSpecs(path, reader.Contents({}, {})) if missing_ok else SavedSpecs(path, error=exc)
+        return SavedSpecs(path, Contents({}, {})) if missing_ok else SavedSpecs(path, error=exc)
     except _Refused as exc:
         return SavedSpecs(path, error=PermissionError(f"{path} is not read: {exc}"))
     except _TooBig as exc:
@@ -510,12 +521,12 @@ def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> Sav
     except OSError as exc:
         return SavedSpecs(path, error=exc)
     try:
-        contents = reader.read(data)
-    except reader.NotSpecs as exc:
+        contents = read(data)
+    except NotSpecs as exc:
         return SavedSpecs(path, error=ValueError(
-            f"{path} is not a specs file of this ftjit (format {fmt.FORMAT!r} version {fmt.VERSION}): {exc}; save "
+            f"{path} is not a specs file of this ftjit (format {FORMAT!r} version {VERSION}): {exc}; save "
             "the specs again with this version"))
-    except reader.Damaged as exc:
+    except Damaged as exc:
         return SavedSpecs(path, error=ValueError(f"{path} is damaged at {exc.where}: {exc.what}"))
     except Exception as exc:  # noqa: BLE001 - whatever else: reported, never raised
         return SavedSpecs(path, error=ValueError(f"{path} cannot be read ({type(exc).__name__}: {exc})"))

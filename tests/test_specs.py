@@ -111,6 +111,21 @@ RESTART = textwrap.dedent(
 )
 
 
+def _private(directory):
+    """``directory``, writable by this user only, whatever the umask: load_specs refuses a file in a directory
+    others can write (pytest-run-parallel makes each thread's tmp_path with mkdir's default mode, 0777 less the
+    umask: group-writable under umask 002)."""
+    os.chmod(directory, 0o700)
+    return directory
+
+
+def _written(path, data):
+    """Writes a new file of ``data`` with mode 0600, as its owner (a new file gets 0666 less the umask, which
+    under umask 002 is group-writable: refused). Files rewritten in place keep save_specs' 0644."""
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+
+
 def _run(tmp_path, script, *args):
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
@@ -124,6 +139,7 @@ def test_round_trip_through_a_file_into_a_fresh_process_compiles_nothing_during_
     a static registered dataclass holding an enum, a float (-inf) and bytes,
     and jax_enable_x64 on: the restarted process warms up exactly the
     signatures the first one cached, and its traffic compiles nothing."""
+    tmp_path = _private(tmp_path)
     (tmp_path / "model.py").write_text(MODEL)
     path = str(tmp_path / "specs.json")
     first = _run(tmp_path, SAVE, path)
@@ -176,6 +192,7 @@ def test_warming_up_from_warmup_specs_makes_exactly_the_cached_signatures():
 
 
 def test_a_committed_array_s_placement_is_kept_in_its_spec_and_the_file(tmp_path):
+    tmp_path = _private(tmp_path)
     cpu = jax.devices("cpu")[0]
     jf = ftjit.jit(lambda x: x * 2, cache=ftjit.FunctionCache())
     jf(jax.device_put(jnp.ones(3), cpu))
@@ -197,6 +214,7 @@ def test_a_spec_that_cannot_be_rebuilt_is_left_out_and_said_why(tmp_path):
     left out of warmup_specs, never changed. A static value a data format
     cannot hold (a lock) rebuilds in this process, but is left out of the
     file, with the reason."""
+    tmp_path = _private(tmp_path)
     comp = ContextCompiler()
     jf = ftjit.jit(lambda x, s: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
     comp.cur = ("mode", "a")
@@ -231,6 +249,7 @@ def _saved_function(static=False):
 
 
 def test_a_function_the_file_does_not_name_gets_no_specs(tmp_path):
+    tmp_path = _private(tmp_path)
     saved = _saved_function()
     path = tmp_path / "specs.json"
     ftjit.save_specs(path, saved)
@@ -245,12 +264,13 @@ def test_a_function_the_file_does_not_name_gets_no_specs(tmp_path):
 
 @pytest.mark.thread_unsafe(reason="two threads write one file")
 def test_missing_ok_takes_a_missing_file_as_no_specs_and_a_damaged_one_still_as_an_error(tmp_path):
+    tmp_path = _private(tmp_path)
     jf = _saved_function()
     missing = ftjit.load_specs(tmp_path / "none.json", missing_ok=True)
     assert missing.error is None and missing.for_function(jf) == []
     assert jf.warmup(missing.for_function(jf)).ok
     damaged = tmp_path / "damaged.json"
-    damaged.write_bytes(b"not json")
+    _written(damaged, b"not json")
     (broken,) = ftjit.load_specs(damaged, missing_ok=True).for_function(jf)
     assert isinstance(broken, ftjit.BrokenSpec) and broken.signature == f"<specs file {damaged}>"
 
@@ -259,6 +279,7 @@ def test_missing_ok_takes_a_missing_file_as_no_specs_and_a_damaged_one_still_as_
 @pytest.mark.thread_unsafe(reason="sets the process's umask")
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o000, 0o644), (0o002, 0o644)])
 def test_the_file_is_never_made_writable_by_others_whatever_the_umask(tmp_path, umask, mode):
+    tmp_path = _private(tmp_path)
     old = os.umask(umask)
     try:
         path = tmp_path / "specs.json"
@@ -270,6 +291,7 @@ def test_the_file_is_never_made_writable_by_others_whatever_the_umask(tmp_path, 
 
 
 def test_concurrent_saves_leave_one_complete_file(tmp_path):
+    tmp_path = _private(tmp_path)
     first, second = _saved_function(), _saved_function()
     second(jnp.ones(4), 2.0)
     path = tmp_path / "specs.json"
@@ -287,6 +309,7 @@ def test_concurrent_saves_leave_one_complete_file(tmp_path):
 
 
 def test_a_custom_compiler_without_spec_hooks_gets_array_specs_and_a_file(tmp_path):
+    tmp_path = _private(tmp_path)
     comp = CountingCompiler()
     jf = ftjit.jit(lambda x, y: x, compiler=comp, cache=ftjit.FunctionCache())
     jf(np.ones((2, 3), np.float32), (1, 2.0))
@@ -311,6 +334,7 @@ def test_a_signature_nested_deeper_than_a_file_may_be_is_left_out(tmp_path):
     """Two JSON levels a tuple (the tagged value, its array; the node, its
     children): 120 deep is past 200 levels once written, 250 deep is past
     them while writing."""
+    tmp_path = _private(tmp_path)
     statics = ftjit.jit(lambda x, s: x, static_argnums=1, cache=ftjit.FunctionCache())
     trees = ftjit.jit(lambda x: 0, cache=ftjit.FunctionCache())
     for n in (120, 250):
@@ -341,13 +365,14 @@ class _Planted:
 @pytest.mark.parametrize("payload", ["marker", "exit"])
 @pytest.mark.parametrize("protocol", [0, pickle.HIGHEST_PROTOCOL])
 def test_a_planted_pickle_runs_nothing_and_is_refused_by_its_format(tmp_path, payload, protocol):
+    tmp_path = _private(tmp_path)
     marker = tmp_path / "ran"
     if payload == "marker":
         planted = _Planted(exec, (f"open({str(marker)!r}, 'w').write('ran')",))
     else:
         planted = _Planted(os._exit, (7,))  # would end this process, pytest with it
     path = tmp_path / "specs.pkl"
-    path.write_bytes(pickle.dumps({"format": "ftjit-specs", "version": 1, "functions": planted}, protocol=protocol))
+    _written(path, pickle.dumps({"format": "ftjit-specs", "version": 1, "functions": planted}, protocol=protocol))
     saved = ftjit.load_specs(path)  # returns: the process is alive
     assert not marker.exists()
     jf = _saved_function()
@@ -388,6 +413,7 @@ def _refused(jf, path, reason):
 @pytest.mark.parametrize("mode, who", [(0o666, "group- and world-writable"), (0o664, "group-writable"),
                                        (0o646, "world-writable"), (0o620, "group-writable")])
 def test_a_file_others_can_write_is_refused(tmp_path, mode, who):
+    tmp_path = _private(tmp_path)
     jf, path = _good_file(tmp_path)
     os.chmod(path, mode)
     _refused(jf, path, f"it is {who} (mode {mode:04o}): others could have written it; chmod go-w {path}")
@@ -398,6 +424,7 @@ def test_a_file_others_can_write_is_refused(tmp_path, mode, who):
 @pytest.mark.skipif(not POSIX, reason="owners are POSIX")
 @pytest.mark.thread_unsafe(reason="may replace os.geteuid for the process")
 def test_a_file_of_another_owner_is_refused(tmp_path, monkeypatch):
+    tmp_path = _private(tmp_path)
     jf, path = _good_file(tmp_path)
     if os.geteuid() == 0:
         os.chown(path, 4242, -1)  # root can give it away
@@ -410,6 +437,7 @@ def test_a_file_of_another_owner_is_refused(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not POSIX, reason="symbolic links and FIFOs are POSIX")
 def test_a_symbolic_link_or_a_fifo_is_refused_without_waiting(tmp_path):
+    tmp_path = _private(tmp_path)
     jf, path = _good_file(tmp_path)
     link = tmp_path / "link.json"
     link.symlink_to(path)
@@ -422,6 +450,7 @@ def test_a_symbolic_link_or_a_fifo_is_refused_without_waiting(tmp_path):
 
 @pytest.mark.skipif(not POSIX, reason="file modes are POSIX")
 def test_a_file_in_a_directory_others_can_write_is_refused_unless_it_is_sticky(tmp_path):
+    tmp_path = _private(tmp_path)
     directory = tmp_path / "shared"
     directory.mkdir()
     jf, path = _good_file(directory)
@@ -578,6 +607,7 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_file_is_one_report_line_saying_where_and_the_start_goes_on(tmp_path, damage):
+    tmp_path = _private(tmp_path)
     edit, where, what = DAMAGE[damage]
     jf = _pair_function()
     path = tmp_path / "specs.json"
@@ -629,6 +659,7 @@ NOT_SPECS = {
 
 @pytest.mark.parametrize("case", sorted(NOT_SPECS))
 def test_a_file_that_is_not_this_format_is_one_report_line(tmp_path, case):
+    tmp_path = _private(tmp_path)
     make, expected = NOT_SPECS[case]
     jf, path = _good_file(tmp_path)
     path.write_bytes(make(path.read_text()))
@@ -656,6 +687,7 @@ def test_a_file_that_is_not_this_format_is_one_report_line(tmp_path, case):
 
 
 def test_a_file_too_large_is_refused_unread(tmp_path):
+    tmp_path = _private(tmp_path)
     jf, path = _good_file(tmp_path)
     with open(path, "r+b") as f:
         f.truncate(_specs_format.MAX_BYTES + 1)  # sparse: nothing of it is written
@@ -667,6 +699,7 @@ def test_a_file_too_large_is_refused_unread(tmp_path):
 
 
 def test_a_missing_file_is_one_report_line(tmp_path):
+    tmp_path = _private(tmp_path)
     jf = _saved_function()
     path = tmp_path / "none.json"
     saved = ftjit.load_specs(path)
@@ -711,6 +744,7 @@ class Unregistered:
 
 @pytest.mark.parametrize("case", sorted(UNUSABLE))
 def test_an_entry_this_process_cannot_use_is_its_own_report_line_and_the_rest_warms_up(tmp_path, case):
+    tmp_path = _private(tmp_path)
     edit, reason = UNUSABLE[case]
     jf = _pair_function()
     path = tmp_path / "specs.json"
@@ -732,13 +766,14 @@ def test_an_entry_this_process_cannot_use_is_its_own_report_line_and_the_rest_wa
 
 
 def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_spec(tmp_path):
+    tmp_path = _private(tmp_path)
     jf = _saved_function()
     path = tmp_path / "specs.json"
     ftjit.save_specs(path, jf)
     data = json.loads(path.read_text())
     data["versions"]["jax"] = "0.0.1"
     other_version = tmp_path / "old.json"
-    other_version.write_text(json.dumps(data))
+    _written(other_version, json.dumps(data).encode())
     report = jf.warmup(ftjit.load_specs(other_version).for_function(jf))
     assert [r.signature for r in report] == [f"{jf.__qualname__}(float32[2], float)"]
     assert str(report[0].error) == (f"{other_version} was written by ftjit {ftjit.__version__}, jax 0.0.1; this is "
@@ -779,6 +814,7 @@ def _tagged(x, s):
 
 
 def test_statics_that_compare_by_identity_are_left_out_and_the_file_does_not_grow_across_restarts(tmp_path):
+    tmp_path = _private(tmp_path)
     path = tmp_path / "specs.json"
     name = _tagged.__qualname__
     expected_left_out = (
@@ -808,6 +844,7 @@ def test_statics_that_compare_by_identity_are_left_out_and_the_file_does_not_gro
 
 def test_a_static_that_compares_by_identity_in_a_planted_entry_is_refused_at_load(tmp_path):
     """Written by hand (save_specs leaves it out): read twice, its two copies differ."""
+    tmp_path = _private(tmp_path)
     jf = ftjit.jit(_tagged, static_argnums=1, cache=ftjit.FunctionCache())
     jf(jnp.ones(2), "fixed")
     path = tmp_path / "specs.json"
@@ -833,6 +870,7 @@ def _make_g(scale):
 
 
 def test_two_functions_of_one_key_are_refused_and_a_dict_names_each(tmp_path):
+    tmp_path = _private(tmp_path)
     g1, g2 = _make_g(1), _make_g(2)
     g1(jnp.ones(2))
     g2(jnp.ones(3))
@@ -869,6 +907,7 @@ def test_two_functions_of_one_key_are_refused_and_a_dict_names_each(tmp_path):
     ("a dict of int keys", r"save_specs: a dict's keys name the functions in the file \(str\), got 1"),
 ])
 def test_save_specs_of_something_else_than_jitted_functions_is_a_type_error(tmp_path, what, message):
+    tmp_path = _private(tmp_path)
     jitted = _saved_function()
     given = {"a str": "model:step", "None": None, "an iterator": iter([jitted]), "jax.jit": jax.jit(lambda x: x),
              "a list holding jax.jit": [jitted, jax.jit(lambda x: x)], "a dict holding a lambda": {"f": lambda x: x},
@@ -880,6 +919,7 @@ def test_save_specs_of_something_else_than_jitted_functions_is_a_type_error(tmp_
 
 
 def test_an_empty_path_is_a_value_error_and_writes_nothing(tmp_path, monkeypatch):
+    tmp_path = _private(tmp_path)
     jf = _saved_function()
     with pytest.raises(ValueError, match=r"^save_specs: the path must name a file, got ''$"):
         ftjit.save_specs("", jf)
@@ -888,6 +928,7 @@ def test_an_empty_path_is_a_value_error_and_writes_nothing(tmp_path, monkeypatch
 
 
 def test_for_function_of_something_else_is_a_type_error(tmp_path):
+    tmp_path = _private(tmp_path)
     _, path = _good_file(tmp_path)
     saved = ftjit.load_specs(path)
     with pytest.raises(TypeError, match=r"^SavedSpecs.for_function takes functions of ftjit.jit, got None \(a "
