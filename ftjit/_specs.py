@@ -26,10 +26,12 @@ class defined inside a function), or whose values do not equal their copies
 read back (they compare by identity: a restored spec would never be
 called), is left out at the save and listed in its report.
 
-Who may have written it: ``load_specs`` opens the file without following a
-symbolic link, and refuses one that is not a regular file, not owned by the
-process's effective user (or root), group- or world-writable, or in a
-directory that others can write without the sticky bit. ``save_specs``
+Who may have written it (POSIX; elsewhere only the format is checked):
+``load_specs`` opens the file without following a symbolic link, and
+refuses one that is not a regular file, not owned by the process's
+effective user (or root: as ssh, which trusts both), group- or
+world-writable, or in a directory that others can write without the sticky
+bit. ``save_specs``
 makes it with mode 0644 less the umask, atomically (a temporary file in the
 same directory, flushed to disk, then renamed over the old one), so a crash
 mid-write leaves the old file, and concurrent writers leave one complete

@@ -147,7 +147,7 @@ def find_class(ref: str) -> Any:
         if found is not None:
             if not isinstance(found, type):
                 return None
-            namespace = type.__dict__["__dict__"].__get__(found)  # the class's own, not its metaclass's view
+            namespace = object.__getattribute__(found, "__dict__")  # its own: no metaclass __getattribute__
         found = namespace.get(part)
         if found is None:
             return None
