@@ -59,7 +59,7 @@ from ._hooks import CompilerHooks, ThreadExecutables
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
 from ._observe import FunctionStats, Stats, set_explain_misses, stats
-from ._specs import LeftOut, SavedSpecs, SpecList, load_specs, save_specs
+from ._specs import LeftOut, SavedSpecs, SpecList, load_specs, register_static_dataclass, save_specs
 from ._warmup import BrokenSpec, SavedSpec, Spec, WarmupReport, WarmupResult
 from .errors import (
     CompileCycleError,
@@ -97,6 +97,7 @@ __all__ = [
     "SavedSpecs",
     "save_specs",
     "load_specs",
+    "register_static_dataclass",
     "WarmupReport",
     "WarmupResult",
     "CompileCycleError",

@@ -147,8 +147,11 @@ class CompilerHooks:
     #: rebuilds a node of the compiler's registry.
     spec_leaf: Callable[[Any], Any] | None = None
     spec_node: Callable[[Any, list], Any] | None = None
-    #: A placement as a specs file holds it (picklable; None: it cannot be
-    #: saved), and back.
+    #: A placement as a specs file holds it (a value of the file's format:
+    #: None, bool, int, float, str, bytes, tuples and lists of them; None:
+    #: it cannot be saved), and back (``restore_placement`` gets that value
+    #: as read from a file, which may be anything of those: it raises for
+    #: one it does not know, and the spec is reported, not warmed up).
     portable_placement: Callable[[Any], Any] | None = None
     restore_placement: Callable[[Any], Any] | None = None
 

@@ -370,8 +370,9 @@ def _spec_node(key: tuple[type, Any], children: list) -> Any:
 
 
 def _portable_placement(sharding: Any) -> Any:
-    """A single-device placement as (platform, device id), which pickles
-    (devices do not); None for any other placement."""
+    """A single-device placement as ("single_device", platform, device id),
+    which a specs file holds (devices it does not); None for any other
+    placement."""
     import jax
 
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):

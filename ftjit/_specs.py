@@ -11,39 +11,73 @@ registry. Each rebuilt spec is checked to make exactly the signature it
 came from; one that cannot be rebuilt is left out and reported, never
 changed.
 
-The file is a pickle (load only files you wrote): a format name and version,
-the ftjit and JAX versions that wrote it, and per function (keyed by module
-and qualified name) the signatures as records. It is written atomically (a
-temporary file in the same directory, then renamed over the old one), so a
-crash mid-write leaves the old file, and concurrent writers leave one
-complete file. What it can hold: static values that pickle, dtypes,
-single-device placements (by platform and device id), and pytree nodes whose
-classes can be imported where the file is read. What it does not hold: the
-compiler's context (JAX's configs hold objects that exist per process). Warm
-up under the configuration the traffic uses (jax_enable_x64, say): each
-spec is checked to make the very signature it was saved as, and one that
-does not is reported, not compiled as something else.
+The file is JSON that holds data only (format "ftjit-specs", version 2:
+ftjit/_specs_format.py describes it): the ftjit and JAX versions that wrote
+it and, per function (keyed by module and qualified name, or by the name
+given to ``save_specs``), each signature as a tree of nodes, leaves (dtype
+by name, shape, weak type, a single-device placement by platform and device
+id) and static values. Reading it never runs code of its choosing: no
+pickle, no import (classes are found only in modules already imported),
+and static values only of the types a data format holds exactly (None,
+bool, int, float, str, bytes, tuples and lists of them, enums, dataclasses
+registered with ``register_static_dataclass``). A signature the format
+cannot hold (another static value, a placement over several devices, a
+class defined inside a function), or whose values do not equal their copies
+read back (they compare by identity: a restored spec would never be
+called), is left out at the save and listed in its report.
 
-Shared state: none (each call works on its own objects; the file system
-serialises the rename).
+Who may have written it (POSIX; elsewhere only the format is checked):
+``load_specs`` opens the file without following a symbolic link, and
+refuses one that is not a regular file, not owned by the process's
+effective user (or root: as ssh, which trusts both), group- or
+world-writable, or in a directory that others can write without the sticky
+bit. ``save_specs``
+makes it with mode 0644 less the umask, atomically (a temporary file in the
+same directory, flushed to disk, then renamed over the old one), so a crash
+mid-write leaves the old file, and concurrent writers leave one complete
+file.
+
+What it does not hold: the compiler's context (JAX's configs hold objects
+that exist per process). Warm up under the configuration the traffic uses
+(jax_enable_x64, say): each spec is checked to make the very signature it
+was saved as, and one that does not is reported, not compiled as something
+else.
+
+Shared state: none here (each call works on its own objects; the file
+system serialises the rename); the registered dataclasses: see
+ftjit/_specs_format.py.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import errno
 import os
-import pickle
 import secrets
+import stat
 import threading
 from typing import Any, Iterable, NamedTuple
 
+from ._core import JitFunction
 from ._signature import Leaf, Node, Signature, Static
+from ._specs_format import (
+    FORMAT,
+    MAX_BYTES,
+    MAX_NESTING,
+    VERSION,
+    CannotHold,
+    dumps,
+    dumps_file,
+    encode_entry,
+    register_static_dataclass,
+    same_record,
+    shown,
+)
+from ._specs_read import Contents, Damaged, NotSpecs, SavedEntry, nesting, parse, read, read_record
 from ._warmup import BrokenSpec, SavedSpec, Spec
 
-__all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs"]
-
-FORMAT = "ftjit-specs"
-VERSION = 1
+__all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs", "register_static_dataclass"]
 
 #: Python scalars rebuilt as values of their type (a weak-typed leaf, as a call with one).
 _SCALARS = {"bool": False, "int": 0, "float": 0.0, "complex": 0j}
@@ -67,8 +101,18 @@ class _Unbuildable(Exception):
     """Why a record cannot be rebuilt as a spec."""
 
 
-def _hooks(fn: Any) -> Any:
-    return fn._hooks
+def _jitted(fn: Any, what: str) -> Any:
+    """``fn``, checked to be a function of ftjit.jit (whose cache holds signatures)."""
+    if not isinstance(fn, JitFunction):
+        raise TypeError(f"{what} takes functions of ftjit.jit, got {_describe_object(fn)}")
+    return fn
+
+
+def _describe_object(obj: Any) -> str:
+    """``obj`` and its type, for a TypeError: ``None (a NoneType)``."""
+    kind = type(obj)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{shown(obj)} (a {name})"
 
 
 def _rebuild(tree: Any, hooks: Any) -> Any:
@@ -106,18 +150,6 @@ def _spec_of(sig: Signature, hooks: Any) -> Spec:
     return Spec(tuple(_rebuild(a, hooks) for a in sig.args), {k: _rebuild(v, hooks) for k, v in sig.kwargs.items()})
 
 
-def _check_statics(tree: Any) -> None:
-    """Every static value pickles (a spec is meant to be saved)."""
-    if isinstance(tree, Static):
-        try:
-            pickle.dumps(tree.value)
-        except Exception as exc:  # noqa: BLE001 - reported as the reason
-            raise _Unbuildable(f"the static value {tree.value!r} does not pickle ({type(exc).__name__}: {exc})") from None
-    elif isinstance(tree, Node):
-        for child in tree.children:
-            _check_statics(child)
-
-
 def _readable(fn: Any, spec: Spec) -> str:
     return fn._signature_of(*spec.args, **spec.kwargs)
 
@@ -126,14 +158,12 @@ def _cached(fn: Any) -> Iterable[tuple[Signature, str, Spec | None, str | None]]
     """(record, readable signature, spec, None) for each cached signature
     that rebuilds exactly, newest first; (record, readable, None, why) for
     each that does not."""
-    hooks = _hooks(fn)
+    hooks = fn._hooks
     current = fn._current_context()
     for sig, info in zip(fn._signatures(), fn.signatures()):
         try:
             if _differs(sig.context, current):
                 raise _Unbuildable("it was compiled under another context than this thread's now")
-            for tree in (*sig.args, *sig.kwargs.values()):
-                _check_statics(tree)
             spec = _spec_of(sig, hooks)
             made = _readable(fn, spec)
             if made != info.signature:
@@ -229,46 +259,109 @@ def _restored(tree: Any, hooks: Any) -> Any:
     return tree
 
 
+def _named(fn_or_fns: Any) -> dict[str, Any]:
+    """{key in the file: function} of save_specs' argument (see there)."""
+    what = "save_specs"
+    if isinstance(fn_or_fns, JitFunction):
+        return {_key(fn_or_fns): fn_or_fns}
+    if isinstance(fn_or_fns, collections.abc.Mapping):
+        named = {}
+        for name, fn in fn_or_fns.items():
+            if type(name) is not str:
+                raise TypeError(f"{what}: a dict's keys name the functions in the file (str), got {name!r}")
+            named[name] = _jitted(fn, f"{what} (the function named {name!r})")
+        return named
+    if not isinstance(fn_or_fns, (list, tuple, set, frozenset)):
+        raise TypeError(f"{what} takes a function of ftjit.jit, a list or tuple of them, or a dict {{name: function}}, "
+                        f"got {_describe_object(fn_or_fns)}")
+    named = {}
+    for i, fn in enumerate(fn_or_fns):
+        _jitted(fn, f"{what} (item {i})")
+        key = _key(fn)
+        other = named.get(key)
+        if other is not None and other is not fn:
+            raise ValueError(f"save_specs: {other!r} and {fn!r} both have the key {key!r} (module:qualname), "
+                             "so a file could keep only one of them: pass a dict {name: function} to name each")
+        named[key] = fn
+    return named
+
+
 def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[int, tuple[LeftOut, ...]]]:
     """Writes the specs of each function's cached signatures to ``path``,
-    atomically; returns {function key: (specs written, what was left out)}.
+    atomically; returns {key: (specs written, what was left out)}.
+
+    ``fn_or_fns``: a function of ``ftjit.jit``, a list or tuple of them
+    (each keyed by its module and qualified name; two distinct functions of
+    one key are a ValueError), or a dict ``{name: function}`` (keyed by
+    those names: ``SavedSpecs.for_function(fn, name=...)`` finds them). A
+    signature the file cannot hold (see ftjit/_specs.py) is left out, with
+    the reason. Nothing is pickled. The file gets mode 0644 less the umask.
 
     Thread-safe: concurrent calls each write a complete file, and the last
     rename wins.
     """
-    fns = list(fn_or_fns) if isinstance(fn_or_fns, (list, tuple, set)) else [fn_or_fns]
-    functions: dict[str, list[dict[str, Any]]] = {}
+    path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"save_specs: the path must name a file, got {path!r}")
+    named = _named(fn_or_fns)
+    functions: dict[str, list[str]] = {}
     summary: dict[str, tuple[int, tuple[LeftOut, ...]]] = {}
-    for fn in fns:
-        hooks = _hooks(fn)
-        records, left_out = [], []
+    for key, fn in named.items():
+        hooks = fn._hooks
+        entries, left_out = [], []
         for sig, signature, spec, why in _cached(fn):
             if spec is None:
                 left_out.append(LeftOut(signature, why or ""))
                 continue
             try:
-                record = Signature(tuple(_portable(a, hooks) for a in sig.args),
-                                   {k: _portable(v, hooks) for k, v in sig.kwargs.items()}, None)
-                blob = pickle.dumps(record)
-            except _Unbuildable as exc:
+                entries.append(_entry_of(sig, signature, hooks))
+            except (_Unbuildable, CannotHold) as exc:
                 left_out.append(LeftOut(signature, str(exc)))
-                continue
             except Exception as exc:  # noqa: BLE001 - reported
-                left_out.append(LeftOut(signature, f"it does not pickle ({type(exc).__name__}: {exc})"))
-                continue
-            records.append({"signature": signature, "record": blob})
-        functions[_key(fn)] = records
-        summary[_key(fn)] = (len(records), tuple(left_out))
-    payload = {"format": FORMAT, "version": VERSION, "versions": _versions(), "functions": functions}
-    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-    # A name of this process and thread, and a file made with mode 0o666 less
-    # the umask, as open() would make it (mkstemp's 0o600 would keep a
-    # replica running as another user from reading it).
+                left_out.append(LeftOut(signature, f"it cannot be written ({type(exc).__name__}: {exc})"))
+        functions[key] = entries
+        summary[key] = (len(entries), tuple(left_out))
+    data = dumps_file(_versions(), functions).encode("ascii")
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"save_specs: the specs would take {len(data)} bytes, more than the {MAX_BYTES} that "
+                         f"load_specs reads; nothing was written to {path}")
+    _write_atomically(path, data)
+    return summary
+
+
+def _entry_of(sig: Signature, signature: str, hooks: Any) -> str:
+    """A cached signature as the file's entry (JSON text), checked to read
+    back as the same record by the values' own equality (_Unbuildable,
+    CannotHold: why not)."""
+    record = Signature(tuple(_portable(a, hooks) for a in sig.args),
+                       {k: _portable(v, hooks) for k, v in sig.kwargs.items()}, None)
+    entry = encode_entry(signature, record)
+    text = dumps(entry)
+    # The file around an entry is three levels: the file, its functions, one function's entries.
+    if nesting(text) + 3 > MAX_NESTING:
+        raise CannotHold(f"its arguments nest deeper than the {MAX_NESTING} levels of JSON a specs file may "
+                             "have")
+    try:
+        back, unusable = read_record(parse(text))
+    except Damaged as exc:
+        raise CannotHold(f"it does not read back ({exc.where}: {exc.what})") from None
+    if unusable is not None:
+        raise CannotHold(f"it does not read back: {unusable}")
+    why = same_record(record, back)
+    if why is not None:
+        raise CannotHold(why)
+    return text
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    # A name of this process and thread; mode 0644 less the umask: others
+    # may read it (a replica running as another user), never write it.
     temporary = os.path.join(directory, f".ftjit-specs-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
-            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
@@ -278,50 +371,67 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
         except OSError:
             pass
         raise
-    return summary
 
 
 class SavedSpecs:
     """What ``load_specs`` read: ``for_function(fn)`` gives the specs to
     warm ``fn`` up with; problems come back as specs whose warm-up reports
-    the error (the start goes on)."""
+    the error (the start goes on).
 
-    def __init__(self, path: str, payload: Any = None, error: Exception | None = None):
+    ``error``: why the file cannot be used at all (missing, refused for its
+    owner or mode, not a specs file of this version, damaged), else None.
+    ``versions``: the ftjit and JAX versions that wrote it. ``functions``:
+    {key: saved signatures}, each a record with ``signature`` (readable),
+    ``record`` and ``error`` (why this process cannot use it, else None).
+
+    Thread-safe: immutable once loaded; ``for_function`` may be called from
+    any thread.
+    """
+
+    def __init__(self, path: str, contents: Contents | None = None, error: Exception | None = None):
         self.path = path
         self.error = error
         self.versions: dict[str, str] = {}
-        self.functions: dict[str, list[dict[str, Any]]] = {}
-        if error is None:
-            self.versions = dict(payload.get("versions", {}))
-            self.functions = payload.get("functions", {})
+        self.functions: dict[str, tuple[SavedEntry, ...]] = {}
+        if error is None and contents is not None:
+            self.versions = dict(contents.versions)
+            self.functions = dict(contents.functions)
 
-    def for_function(self, fn: Any) -> list[SavedSpec | BrokenSpec]:
-        """The specs saved for ``fn`` (by module and qualified name): SavedSpec for
-        each that still fits, BrokenSpec (an error in the warm-up report) for
-        each that does not, and one BrokenSpec for a file that cannot be used.
-        A function the file does not name (a new one, or one whose module or
-        name changed) gets none."""
+    def for_function(self, fn: Any, name: str | None = None) -> list[SavedSpec | BrokenSpec]:
+        """The specs saved for ``fn`` (by its module and qualified name, or
+        by ``name`` when it was saved under one): SavedSpec for each that
+        still fits, BrokenSpec (an error in the warm-up report) for each that does
+        not, and one BrokenSpec for a file that cannot be used. A function
+        the file does not name (a new one, or one whose module or name
+        changed) gets none. Never raises for the file's contents."""
+        _jitted(fn, "SavedSpecs.for_function")
+        if name is not None and type(name) is not str:
+            raise TypeError(f"SavedSpecs.for_function: name must be a str (a key given to save_specs), got {name!r}")
         if self.error is not None:
             return [BrokenSpec(f"<specs file {self.path}>", self.error)]
+        entries = self.functions.get(_key(fn) if name is None else name, ())
         now = _versions()
         if self.versions != now:
             error = ValueError(f"{self.path} was written by {_describe(self.versions)}; this is {_describe(now)}: "
                                "save the specs again with this version")
-            return [BrokenSpec(entry["signature"], error) for entry in self.functions.get(_key(fn), [])]
-        hooks = _hooks(fn)
+            return [BrokenSpec(entry.signature, error) for entry in entries]
+        hooks = fn._hooks
         out: list[SavedSpec | BrokenSpec] = []
-        for entry in self.functions.get(_key(fn), []):
-            signature = entry["signature"]
+        for entry in entries:
+            if entry.record is None:
+                out.append(BrokenSpec(entry.signature, entry.error or ValueError("no record")))
+                continue
             try:
-                record = pickle.loads(entry["record"])
+                record = entry.record
                 record = Signature(tuple(_restored(a, hooks) for a in record.args),
                                    {k: _restored(v, hooks) for k, v in record.kwargs.items()}, None)
                 spec = _spec_of(record, hooks)
+                # The core's view of a spec's signature before it compiles: its readable form.
                 made = _readable(fn, spec)
-                if made != signature:
-                    raise ValueError(f"the function changed: the saved spec makes {made}, saved as {signature}")
+                if made != entry.signature:
+                    raise ValueError(f"the function changed: the saved spec makes {made}, saved as {entry.signature}")
             except Exception as exc:  # noqa: BLE001 - reported in the warm-up, never raised
-                out.append(BrokenSpec(signature, exc))
+                out.append(BrokenSpec(entry.signature, exc))
                 continue
             out.append(SavedSpec(spec.args, spec.kwargs))
         return out
@@ -331,22 +441,95 @@ def _describe(versions: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "an unknown version"
 
 
-def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> SavedSpecs:
-    """Reads a file of ``save_specs``. Never raises for its contents: a
-    missing, corrupted or truncated file, or one of another format version,
-    comes back as a SavedSpecs whose specs report the error when warmed up.
-    With ``missing_ok`` (a server's first start), a missing file is no
-    specs and no error."""
-    path = os.fspath(path)
+class _Refused(Exception):
+    """The file is not read: who may have written it (owner, mode, a link)."""
+
+
+class _TooBig(Exception):
+    """The file is not read: it is larger than a specs file may be."""
+
+
+def _read_trusted(path: str) -> bytes:
+    """The file's bytes, if this process's user (or root) owns it and no
+    one else can have written it; _Refused (why not), or OSError."""
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    # Not through a symbolic link; never blocking on a FIFO (it is refused below).
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        with open(path, "rb") as f:
-            payload = pickle.load(f)
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            raise ValueError(f"{path} is not an ftjit specs file")
-        if payload.get("version") != VERSION:
-            raise ValueError(f"{path} is of format version {payload.get('version')}; this ftjit reads version {VERSION}")
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise _Refused("it is a symbolic link (a specs file is read only from the file itself: give its own "
+                           "path)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Refused("it is not a regular file")
+        geteuid = getattr(os, "geteuid", None)
+        if geteuid is not None:  # POSIX: who may have written it
+            uid = geteuid()
+            if st.st_uid not in (uid, 0):
+                raise _Refused(f"it is owned by uid {st.st_uid}, not by this process's user (uid {uid}) or root")
+            if st.st_mode & 0o022:
+                who = "group- and world-writable" if st.st_mode & 0o022 == 0o022 else \
+                    "group-writable" if st.st_mode & 0o020 else "world-writable"
+                raise _Refused(f"it is {who} (mode {stat.S_IMODE(st.st_mode):04o}): others could have written "
+                               f"it; chmod go-w {path}")
+            directory = os.path.dirname(os.path.abspath(path))
+            mode = os.stat(directory).st_mode
+            if mode & 0o022 and not mode & stat.S_ISVTX:
+                raise _Refused(f"its directory {directory} is writable by others (mode {stat.S_IMODE(mode):04o}) "
+                               "without the sticky bit: another user could have replaced it")
+        if st.st_size > MAX_BYTES:
+            raise _TooBig(f"it is {st.st_size} bytes, more than the {MAX_BYTES} a specs file may have")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:  # a file growing meanwhile is still bounded
+            chunk = os.read(fd, min(1 << 20, MAX_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_BYTES:
+            raise _TooBig(f"it is more than the {MAX_BYTES} bytes a specs file may have")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> SavedSpecs:
+    """Reads a file of ``save_specs``. Never raises for the file: a missing
+    one, one refused for who may have written it (a symbolic link, another
+    owner, writable by others: see ftjit/_specs.py), one that is not a specs
+    file of this format version (an old pickle: save the specs again), or a
+    damaged one comes back as a SavedSpecs whose ``error`` says why, and
+    whose specs report it when warmed up. Reading runs no code of the
+    file's: nothing is unpickled or imported. With ``missing_ok`` (a
+    server's first start), a missing file is no specs and no error.
+
+    Thread-safe (it reads the file into a new object).
+    """
+    path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"load_specs: the path must name a file, got {path!r}")
+    try:
+        data = _read_trusted(path)
     except FileNotFoundError as exc:
-        return SavedSpecs(path, {"functions": {}}) if missing_ok else SavedSpecs(path, error=exc)
-    except Exception as exc:  # noqa: BLE001 - a file that cannot be used is reported, never raised
+        return SavedSpecs(path, Contents({}, {})) if missing_ok else SavedSpecs(path, error=exc)
+    except _Refused as exc:
+        return SavedSpecs(path, error=PermissionError(f"{path} is not read: {exc}"))
+    except _TooBig as exc:
+        return SavedSpecs(path, error=ValueError(f"{path} is not read: {exc}"))
+    except OSError as exc:
         return SavedSpecs(path, error=exc)
-    return SavedSpecs(path, payload)
+    try:
+        contents = read(data)
+    except NotSpecs as exc:
+        return SavedSpecs(path, error=ValueError(
+            f"{path} is not a specs file of this ftjit (format {FORMAT!r} version {VERSION}): {exc}; save "
+            "the specs again with this version"))
+    except Damaged as exc:
+        return SavedSpecs(path, error=ValueError(f"{path} is damaged at {exc.where}: {exc.what}"))
+    except Exception as exc:  # noqa: BLE001 - whatever else: reported, never raised
+        return SavedSpecs(path, error=ValueError(f"{path} cannot be read ({type(exc).__name__}: {exc})"))
+    return SavedSpecs(path, contents)

@@ -449,6 +449,12 @@ def test_compile_timeout_does_not_limit_the_compiling_thread():
         ({"max_signatures": 1.5}, TypeError, "max_signatures must be an int or None, got 1.5"),
         ({"max_signatures": 2.0}, TypeError, "max_signatures must be an int or None, got 2.0"),
         ({"max_signatures": True}, TypeError, "max_signatures must be an int or None, got True"),
+        # The core keeps the limit in a signed 64-bit int: past it, the range (not nanobind's "incompatible
+        # function arguments").
+        ({"max_signatures": 2**63}, ValueError,
+         "max_signatures must be an int from 1 to 2**63 - 1, or None, got 9223372036854775808"),
+        ({"max_signatures": 2**70}, ValueError,
+         "max_signatures must be an int from 1 to 2**63 - 1, or None, got 1180591620717411303424"),
         ({"max_signatures": 2, "on_excess": "boom"}, ValueError, "on_excess must be \"warn\" or \"raise\", got 'boom'"),
         ({"on_excess": "boom"}, ValueError, "on_excess must be \"warn\" or \"raise\", got 'boom'"),
         ({"compile_timeout": 0}, ValueError, "compile_timeout must be a positive number of seconds or None, got 0"),
@@ -465,6 +471,14 @@ def test_invalid_guard_options(kwargs, error, message):
     with pytest.raises(error) as info:
         ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), **kwargs)
     assert type(info.value) is error and str(info.value) == message
+
+
+def test_the_largest_max_signatures_is_accepted_and_counts_as_no_limit_in_practice():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2**63 - 1,
+                   on_excess="raise")
+    assert [jf(x) for x in (1.0, 2, True)] == [1.0, 2, True]
+    assert comp.calls == 3
 
 
 def test_numpy_int_max_signatures_and_infinite_compile_timeout_are_accepted():

@@ -2,13 +2,28 @@
 signatures back into warm-up specs, and ftjit.save_specs/load_specs keep
 them in a file across a restart.
 
-Every test builds its own FunctionCache or fresh functions; the round trip
-runs two fresh interpreters (the process that saves, and the restarted one
-that loads), with the pytree classes in a module both can import.
+The file is JSON that holds data only (ftjit/_specs_format.py): reading one
+never runs code of its choosing (a planted pickle is refused by its format,
+and runs nothing), refuses a file others could have written, and never
+raises for what is in it: a damaged file is one error line for the whole
+file, an entry this process cannot use (a class not loaded) one line for
+that entry. Statics are kept only when they read back equal (== and hash),
+so that identity-compared ones do not pile up across restarts.
+
+Every test builds its own FunctionCache or fresh functions and its own
+files (each thread of pytest-run-parallel has its own tmp_path); the round
+trip runs two fresh interpreters (the process that saves, and the restarted
+one that loads), with the pytree classes in a module both can import.
 """
 
+import collections
+import dataclasses
+import enum
+import json
 import os
 import pickle
+import re
+import stat
 import subprocess
 import sys
 import textwrap
@@ -17,15 +32,19 @@ import threading
 import pytest
 
 import ftjit
+from ftjit import _specs_format
 from helpers import ContextCompiler, CountingCompiler, child_env, run_threads
 
 jax = pytest.importorskip("jax")  # the default compiler (absent only in dev.sh tsan-ft)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+POSIX = os.name == "posix"
+HERE = __name__  # this module's name as pytest imported it: classes below are found as HERE:Name
+
 MODEL = textwrap.dedent(
     """
-    import collections, dataclasses, functools
+    import collections, dataclasses, enum, functools
     import jax, jax.numpy as jnp
     import ftjit
 
@@ -38,16 +57,27 @@ MODEL = textwrap.dedent(
         y: object
         tag: str
 
-    @ftjit.jit(static_argnames="mode")
-    def step(params, state, batch, *, mode="train"):
+    class Mode(enum.Enum):
+        TRAIN = "train"
+        EVAL = "eval"
+
+    @ftjit.register_static_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        mode: Mode
+        rate: float
+        name: bytes
+
+    @ftjit.jit(static_argnames="config")
+    def step(params, state, batch, *, config):
         return params["w"].sum() + state.count + batch.x.sum()
 
     def traffic():
         for n in (2, 3):
-            for mode in ("train", "eval"):
+            for mode, rate in ((Mode.TRAIN, 0.1), (Mode.EVAL, float("-inf"))):
                 params = {"w": jnp.ones((n, 4)), "b": jnp.zeros(4)}
                 state = Adam(jnp.zeros((), jnp.int32), params, params)
-                yield (params, state, Batch(jnp.ones(n), jnp.ones(n), "v1")), {"mode": mode}
+                yield (params, state, Batch(jnp.ones(n), jnp.ones(n), "v1")), {"config": Config(mode, rate, b"\\0x")}
     """
 )
 
@@ -68,7 +98,9 @@ RESTART = textwrap.dedent(
     import sys, jax
     jax.config.update("jax_enable_x64", True)
     import model, ftjit
-    report = model.step.warmup(ftjit.load_specs(sys.argv[1]).for_function(model.step))
+    saved = ftjit.load_specs(sys.argv[1])
+    print("error", saved.error)
+    report = model.step.warmup(saved.for_function(model.step))
     print("ok", report.ok, len(report))
     print("cached", sorted(s.signature for s in model.step.signatures()))
     compiles = model.step.cache_info().compiles
@@ -77,6 +109,21 @@ RESTART = textwrap.dedent(
     print("compiles during traffic", model.step.cache_info().compiles - compiles)
     """
 )
+
+
+def _private(directory):
+    """``directory``, writable by this user only, whatever the umask: load_specs refuses a file in a directory
+    others can write (pytest-run-parallel makes each thread's tmp_path with mkdir's default mode, 0777 less the
+    umask: group-writable under umask 002)."""
+    os.chmod(directory, 0o700)
+    return directory
+
+
+def _written(path, data):
+    """Writes a new file of ``data`` with mode 0600, as its owner (a new file gets 0666 less the umask, which
+    under umask 002 is group-writable: refused). Files rewritten in place keep save_specs' 0644."""
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
 
 
 def _run(tmp_path, script, *args):
@@ -88,28 +135,34 @@ def _run(tmp_path, script, *args):
 
 @pytest.mark.thread_unsafe(reason="runs two interpreters in turn")
 def test_round_trip_through_a_file_into_a_fresh_process_compiles_nothing_during_traffic(tmp_path):
-    """Containers, a namedtuple optimizer state, a registered dataclass, a
-    static keyword and jax_enable_x64 on: the restarted process warms up
-    exactly the signatures the first one cached, and its traffic compiles
-    nothing."""
+    """Containers, a namedtuple optimizer state, a registered dataclass node,
+    a static registered dataclass holding an enum, a float (-inf) and bytes,
+    and jax_enable_x64 on: the restarted process warms up exactly the
+    signatures the first one cached, and its traffic compiles nothing."""
+    tmp_path = _private(tmp_path)
     (tmp_path / "model.py").write_text(MODEL)
-    path = str(tmp_path / "specs.pkl")
+    path = str(tmp_path / "specs.json")
     first = _run(tmp_path, SAVE, path)
     assert first.returncode == 0, first.stderr
     saved_line, cached_line = first.stdout.splitlines()
     assert saved_line == "saved {'model:step': (4, ())}"
     assert "float64[2,4]" in cached_line  # jax_enable_x64 on: jnp.ones makes float64 arrays
+    assert cached_line.count("config=Config(mode=<Mode.EVAL: 'eval'>, rate=-inf, name=b'") == 2
+    data = json.loads(open(path).read())
+    assert [data["format"], data["version"]] == ["ftjit-specs", 2]
+    assert {"dataclass": "model:Config", "fields": {"mode": {"enum": "model:Mode", "name": "EVAL"},
+                                                    "rate": {"float": "-inf"}, "name": {"bytes": "AHg="}}} in [
+        e["kwargs"]["config"]["static"] for e in data["functions"]["model:step"]]
     second = _run(tmp_path, RESTART, path)
     assert second.returncode == 0, second.stderr
-    ok_line, restored_line, traffic_line = second.stdout.splitlines()
+    error_line, ok_line, restored_line, traffic_line = second.stdout.splitlines()
+    assert error_line == "error None"
     assert ok_line == "ok True 4"
     assert restored_line == cached_line
     assert traffic_line == "compiles during traffic 0"
 
 
 def test_warming_up_from_warmup_specs_makes_exactly_the_cached_signatures():
-    import collections
-
     Pair = collections.namedtuple("Pair", "a b")
 
     def f(d, p, n, *, scale=1.0):
@@ -139,13 +192,16 @@ def test_warming_up_from_warmup_specs_makes_exactly_the_cached_signatures():
 
 
 def test_a_committed_array_s_placement_is_kept_in_its_spec_and_the_file(tmp_path):
+    tmp_path = _private(tmp_path)
     cpu = jax.devices("cpu")[0]
     jf = ftjit.jit(lambda x: x * 2, cache=ftjit.FunctionCache())
     jf(jax.device_put(jnp.ones(3), cpu))
     (spec,) = jf.warmup_specs()
     assert spec.args[0].sharding == jax.sharding.SingleDeviceSharding(cpu)
-    path = tmp_path / "specs.pkl"
+    path = tmp_path / "specs.json"
     assert ftjit.save_specs(path, jf) == {f"{jf.__module__}:{jf.__qualname__}": (1, ())}
+    (entry,) = json.loads(path.read_text())["functions"][f"{jf.__module__}:{jf.__qualname__}"]
+    assert entry["args"][0]["placement"] == {"tuple": ["single_device", "cpu", cpu.id]}
     jf.clear_cache()
     report = jf.warmup(ftjit.load_specs(path).for_function(jf))
     assert report.ok and report[0].signature == f"{jf.__qualname__}(float32[3]@{cpu})"
@@ -153,24 +209,33 @@ def test_a_committed_array_s_placement_is_kept_in_its_spec_and_the_file(tmp_path
     assert jf.cache_info().compiles == 2 and jf.cache_info().hits == 1
 
 
-def test_a_spec_that_cannot_be_rebuilt_is_left_out_and_said_why():
-    """A static value that does not pickle, and a signature compiled under
-    another context than this thread's now: left out, never changed."""
+def test_a_spec_that_cannot_be_rebuilt_is_left_out_and_said_why(tmp_path):
+    """A signature compiled under another context than this thread's now is
+    left out of warmup_specs, never changed. A static value a data format
+    cannot hold (a lock) rebuilds in this process, but is left out of the
+    file, with the reason."""
+    tmp_path = _private(tmp_path)
     comp = ContextCompiler()
     jf = ftjit.jit(lambda x, s: x, static_argnums=1, compiler=comp, cache=ftjit.FunctionCache())
     comp.cur = ("mode", "a")
     jf(1.0, 3)
     comp.cur = ("mode", "b")
-    unpicklable = threading.Lock()  # hashable, does not pickle
-    jf(1.0, unpicklable)
+    lock = threading.Lock()  # hashable, by identity
+    jf(1.0, lock)
     jf(2.0, 4)
+    name = jf.__qualname__
     specs = jf.warmup_specs()
-    assert [jf._signature_of(*s.args) for s in specs] == [f"{jf.__qualname__}(float, 4)"]
-    reasons = dict(specs.left_out)
-    assert len(reasons) == 2
-    assert reasons[f"{jf.__qualname__}(float, 3)"] == "it was compiled under another context than this thread's now"
-    lock_sig = next(k for k in reasons if "lock" in k)
-    assert reasons[lock_sig].startswith(f"the static value {unpicklable!r} does not pickle (TypeError: ")
+    assert [jf._signature_of(*s.args) for s in specs] == [f"{name}(float, 4)", f"{name}(float, {lock!r})"]
+    assert specs.left_out == ((f"{name}(float, 3)", "it was compiled under another context than this thread's now"),)
+    ((written, left_out),) = ftjit.save_specs(tmp_path / "specs.json", jf).values()
+    assert written == 1
+    assert left_out == (
+        (f"{name}(float, {lock!r})",
+         f"a static value of type _thread.lock ({lock!r}), which a specs file cannot hold (it holds None, bool, int, "
+         "float, str, bytes, tuples and lists of them, enums, and dataclasses registered with "
+         "ftjit.register_static_dataclass)"),
+        (f"{name}(float, 3)", "it was compiled under another context than this thread's now"),
+    )
 
 
 def _saved_function(static=False):
@@ -183,47 +248,532 @@ def _saved_function(static=False):
     return jf
 
 
-@pytest.mark.parametrize("damage", ["corrupted", "truncated", "future version", "not a specs file", "missing"])
-def test_a_file_that_cannot_be_used_is_one_report_line_and_the_start_goes_on(tmp_path, damage):
+def test_a_function_the_file_does_not_name_gets_no_specs(tmp_path):
+    tmp_path = _private(tmp_path)
+    saved = _saved_function()
+    path = tmp_path / "specs.json"
+    ftjit.save_specs(path, saved)
+
+    def renamed(x, y):  # the same code under another qualified name
+        return x + y
+
+    loaded = ftjit.load_specs(path)
+    assert [type(s) for s in loaded.for_function(saved)] == [ftjit.SavedSpec]
+    assert loaded.for_function(ftjit.jit(renamed)) == []
+
+
+@pytest.mark.thread_unsafe(reason="two threads write one file")
+def test_missing_ok_takes_a_missing_file_as_no_specs_and_a_damaged_one_still_as_an_error(tmp_path):
+    tmp_path = _private(tmp_path)
     jf = _saved_function()
-    path = tmp_path / "specs.pkl"
-    ftjit.save_specs(path, jf)
-    data = path.read_bytes()
-    if damage == "corrupted":
-        path.write_bytes(b"\x80\x05garbage" + data[10:])
-    elif damage == "truncated":
-        path.write_bytes(data[: len(data) // 2])
-    elif damage == "future version":
-        payload = pickle.loads(data)
-        payload["version"] = 99
-        path.write_bytes(pickle.dumps(payload))
-    elif damage == "not a specs file":
-        path.write_bytes(pickle.dumps({"hello": "world"}))
-    else:
-        path.unlink()
+    missing = ftjit.load_specs(tmp_path / "none.json", missing_ok=True)
+    assert missing.error is None and missing.for_function(jf) == []
+    assert jf.warmup(missing.for_function(jf)).ok
+    damaged = tmp_path / "damaged.json"
+    _written(damaged, b"not json")
+    (broken,) = ftjit.load_specs(damaged, missing_ok=True).for_function(jf)
+    assert isinstance(broken, ftjit.BrokenSpec) and broken.signature == f"<specs file {damaged}>"
+
+
+@pytest.mark.skipif(not POSIX, reason="file modes and umask are POSIX")
+@pytest.mark.thread_unsafe(reason="sets the process's umask")
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o000, 0o644), (0o002, 0o644)])
+def test_the_file_is_never_made_writable_by_others_whatever_the_umask(tmp_path, umask, mode):
+    tmp_path = _private(tmp_path)
+    old = os.umask(umask)
+    try:
+        path = tmp_path / "specs.json"
+        ftjit.save_specs(path, _saved_function())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+    assert ftjit.load_specs(path).error is None
+
+
+def test_concurrent_saves_leave_one_complete_file(tmp_path):
+    tmp_path = _private(tmp_path)
+    first, second = _saved_function(), _saved_function()
+    second(jnp.ones(4), 2.0)
+    path = tmp_path / "specs.json"
+
+    def save(i):
+        for _ in range(20):
+            ftjit.save_specs(path, first if i == 0 else second)
+
+    run_threads(2, save)
+    saved = ftjit.load_specs(path)
+    assert saved.error is None
+    specs = saved.for_function(first)
+    assert len(specs) in (1, 2) and all(isinstance(s, ftjit.Spec) for s in specs)
+    assert [p for p in os.listdir(tmp_path) if p != "specs.json"] == []  # no temporary file left behind
+
+
+def test_a_custom_compiler_without_spec_hooks_gets_array_specs_and_a_file(tmp_path):
+    tmp_path = _private(tmp_path)
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x, y: x, compiler=comp, cache=ftjit.FunctionCache())
+    jf(np.ones((2, 3), np.float32), (1, 2.0))
+    (spec,) = jf.warmup_specs()
+    assert spec.args[0] == ftjit._specs.ArraySpec((2, 3), np.dtype(np.float32), False)
+    assert spec.args[1] == (0, 0.0)
+    path = tmp_path / "specs.json"
+    assert ftjit.save_specs(path, jf) == {f"{jf.__module__}:{jf.__qualname__}": (1, ())}
     jf.clear_cache()
+    assert jf.warmup(ftjit.load_specs(path).for_function(jf)).ok and comp.calls == 2
+    jf(np.ones((2, 3), np.float32), (5, 6.0))
+    assert comp.calls == 2
+
+
+def _nested(n, innermost):
+    for _ in range(n):
+        innermost = (innermost,)
+    return innermost
+
+
+def test_a_signature_nested_deeper_than_a_file_may_be_is_left_out(tmp_path):
+    """Two JSON levels a tuple (the tagged value, its array; the node, its
+    children): 120 deep is past 200 levels once written, 250 deep is past
+    them while writing."""
+    tmp_path = _private(tmp_path)
+    statics = ftjit.jit(lambda x, s: x, static_argnums=1, cache=ftjit.FunctionCache())
+    trees = ftjit.jit(lambda x: 0, cache=ftjit.FunctionCache())
+    for n in (120, 250):
+        statics(1.0, _nested(n, 1))
+        trees(_nested(n, 1.0))
+    summary = ftjit.save_specs(tmp_path / "specs.json", {"statics": statics, "trees": trees})
+    written = "its arguments nest deeper than the 200 levels of JSON a specs file may have"
+    assert {name: (n, [why for _, why in left_out]) for name, (n, left_out) in summary.items()} == {
+        "statics": (0, ["a static value nests deeper than the 200 levels of JSON a specs file may have", written]),
+        "trees": (0, [written, written]),
+    }
+    assert ftjit.load_specs(tmp_path / "specs.json").functions == {"statics": (), "trees": ()}
+
+
+# --- the file runs no code, and is read only from its owner --------------------------------------------------------
+
+
+class _Planted:
+    """Pickles as a call of ``payload``: what a planted pickle would run when unpickled."""
+
+    def __init__(self, *payload):
+        self.payload = payload
+
+    def __reduce__(self):
+        return self.payload
+
+
+@pytest.mark.parametrize("payload", ["marker", "exit"])
+@pytest.mark.parametrize("protocol", [0, pickle.HIGHEST_PROTOCOL])
+def test_a_planted_pickle_runs_nothing_and_is_refused_by_its_format(tmp_path, payload, protocol):
+    tmp_path = _private(tmp_path)
+    marker = tmp_path / "ran"
+    if payload == "marker":
+        planted = _Planted(exec, (f"open({str(marker)!r}, 'w').write('ran')",))
+    else:
+        planted = _Planted(os._exit, (7,))  # would end this process, pytest with it
+    path = tmp_path / "specs.pkl"
+    _written(path, pickle.dumps({"format": "ftjit-specs", "version": 1, "functions": planted}, protocol=protocol))
+    saved = ftjit.load_specs(path)  # returns: the process is alive
+    assert not marker.exists()
+    jf = _saved_function()
+    (broken,) = saved.for_function(jf)
+    assert broken.signature == f"<specs file {path}>" and saved.error is broken.error
+    assert type(saved.error) is ValueError
+    head = f"{path} is not a specs file of this ftjit (format 'ftjit-specs' version 2): "
+    tail = "; save the specs again with this version"
+    if protocol == 0:  # no pickle header: text that is not JSON
+        assert str(saved.error) == head + "it is not JSON (Expecting value: line 1 column 1 (char 0))" + tail
+    else:
+        assert str(saved.error) == head + ("it starts as a pickle does (ftjit wrote specs as pickles before format "
+                                           "version 2; a pickle is never read: loading one can run any code)") + tail
+    report = jf.warmup(saved.for_function(jf))
+    assert len(report) == 1 and not report.ok and jf.cache_info().compiles == 1  # the start goes on
+    assert not marker.exists()
+
+
+def _good_file(tmp_path, name="specs.json"):
+    jf = _saved_function()
+    path = tmp_path / name
+    ftjit.save_specs(path, jf)
+    return jf, path
+
+
+def _refused(jf, path, reason):
+    """The file is refused for ``reason`` (PermissionError), and a warm-up from it is one error line."""
+    saved = ftjit.load_specs(path)
+    assert type(saved.error) is PermissionError
+    assert str(saved.error) == f"{path} is not read: {reason}"
     compiles = jf.cache_info().compiles
-    report = jf.warmup(ftjit.load_specs(path).for_function(jf))  # never raises
-    assert len(report) == 1 and not report.ok
-    (result,) = report
-    assert result.signature == f"<specs file {path}>" and result.compiled is False
-    if damage == "future version":
-        assert str(result.error) == f"{path} is of format version 99; this ftjit reads version 1"
-    elif damage == "not a specs file":
-        assert str(result.error) == f"{path} is not an ftjit specs file"
-    elif damage == "missing":
-        assert isinstance(result.error, FileNotFoundError)
+    report = jf.warmup(saved.for_function(jf))
+    assert [(r.signature, r.error) for r in report] == [(f"<specs file {path}>", saved.error)]
     assert jf.cache_info().compiles == compiles
 
 
-def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_spec(tmp_path):
-    jf = _saved_function()
-    path = tmp_path / "specs.pkl"
+@pytest.mark.skipif(not POSIX, reason="file modes are POSIX")
+@pytest.mark.parametrize("mode, who", [(0o666, "group- and world-writable"), (0o664, "group-writable"),
+                                       (0o646, "world-writable"), (0o620, "group-writable")])
+def test_a_file_others_can_write_is_refused(tmp_path, mode, who):
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    os.chmod(path, mode)
+    _refused(jf, path, f"it is {who} (mode {mode:04o}): others could have written it; chmod go-w {path}")
+    os.chmod(path, 0o600)
+    assert ftjit.load_specs(path).error is None
+
+
+@pytest.mark.skipif(not POSIX, reason="owners are POSIX")
+@pytest.mark.thread_unsafe(reason="may replace os.geteuid for the process")
+def test_a_file_of_another_owner_is_refused(tmp_path, monkeypatch):
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    if os.geteuid() == 0:
+        os.chown(path, 4242, -1)  # root can give it away
+        me = 0
+    else:
+        me = 4242  # not the owner, and not root
+        monkeypatch.setattr(os, "geteuid", lambda: me)
+    _refused(jf, path, f"it is owned by uid {os.stat(path).st_uid}, not by this process's user (uid {me}) or root")
+
+
+@pytest.mark.skipif(not POSIX, reason="symbolic links and FIFOs are POSIX")
+def test_a_symbolic_link_or_a_fifo_is_refused_without_waiting(tmp_path):
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    _refused(jf, link, "it is a symbolic link (a specs file is read only from the file itself: give its own path)")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
+    _refused(jf, fifo, "it is not a regular file")
+    _refused(jf, tmp_path, "it is not a regular file")
+
+
+@pytest.mark.skipif(not POSIX, reason="file modes are POSIX")
+def test_a_file_in_a_directory_others_can_write_is_refused_unless_it_is_sticky(tmp_path):
+    tmp_path = _private(tmp_path)
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    jf, path = _good_file(directory)
+    os.chmod(directory, 0o777)
+    _refused(jf, path, f"its directory {directory} is writable by others (mode 0777) without the sticky bit: another "
+                       "user could have replaced it")
+    os.chmod(directory, 0o1777)  # as /tmp: others cannot replace a file they do not own
+    assert ftjit.load_specs(path).error is None
+
+
+# --- a damaged file never stops the start ------------------------------------------------------------------------
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+@ftjit.register_static_dataclass
+@dataclasses.dataclass(frozen=True)
+class Options:
+    color: Color
+    rate: float
+    tags: tuple
+
+
+def _pair_function():
+    """A function whose saved file has both entry kinds the damage below
+    edits: a dict, a namedtuple, array and scalar leaves, and statics."""
+
+    def h(d, p, s):
+        return d["x"] + p.a
+
+    jf = ftjit.jit(h, static_argnums=2, cache=ftjit.FunctionCache())
+    jf({"x": jnp.ones(2)}, Pair(jnp.ones(2), 1.0), "first")
+    jf({"x": jnp.ones(3)}, Pair(jnp.ones(3), 1.0), Options(Color.RED, 0.5, (1, "a", None)))
+    return jf
+
+
+def _first(data):
+    """The first entry (the newest: the Options one) of the only function."""
+    (entries,) = data["functions"].values()
+    return entries[0]
+
+
+def _set(where, value):
+    def edit(data):
+        *path, last = where
+        target = data
+        for key in path:
+            target = target[key] if not callable(key) else key(target)
+        target[last] = value
+    return edit
+
+
+F = _first  # in paths: the first entry
+ARG_D = [F, "args", 0]  # {"x": array}
+ARG_P = [F, "args", 1]  # Pair(array, float)
+ARG_S = [F, "args", 2]  # the static Options
+AT_ENTRY = "['functions']['KEY'][0]"
+
+#: (edit of the parsed file, where the file is damaged, what is wrong)
+DAMAGE = {
+    "versions not a dict": (_set(["versions"], ["0.1"]), "['versions']",
+                            "an object of versions (strings) expected, found an array"),
+    "versions not of str": (_set(["versions", "jax"], 10), "['versions']['jax']",
+                            "a version string expected, found an integer"),
+    "functions a list": (_set(["functions"], []), "['functions']",
+                         "an object of functions (each a key and an array of saved signatures) expected, found an "
+                         "array"),
+    "functions None": (_set(["functions"], None), "['functions']",
+                       "an object of functions (each a key and an array of saved signatures) expected, found null"),
+    "entries not a list": (lambda d: d["functions"].update({k: {} for k in d["functions"]}), "['functions']['KEY']",
+                           "an array of saved signatures expected, found an object"),
+    "an entry not a dict": (lambda d: next(iter(d["functions"].values())).__setitem__(0, "h(...)"), AT_ENTRY,
+                            "a saved signature (an object) expected, found a string"),
+    "an entry without signature": (lambda d: _first(d).pop("signature"), AT_ENTRY,
+                                   "the key 'signature' is missing"),
+    "an entry with an extra key": (_set([F, "when"], 1), AT_ENTRY, "the key 'when' is not one of this format"),
+    "a signature not a str": (_set([F, "signature"], ["h"]), AT_ENTRY + "['signature']",
+                              "a string expected, found an array"),
+    "args not a list": (_set([F, "args"], {}), AT_ENTRY + "['args']",
+                        "an array of argument trees expected, found an object"),
+    "kwargs not a dict": (_set([F, "kwargs"], []), AT_ENTRY + "['kwargs']",
+                          "an object of keyword arguments expected, found an array"),
+    "a tree not a dict": (_set([F, "args", 0], 3), AT_ENTRY + "['args'][0]",
+                          "an argument tree (an object with \"node\", \"leaf\" or \"static\") expected, found an "
+                          "integer"),
+    "a tree of no kind": (_set([F, "args", 0], {"children": []}), AT_ENTRY + "['args'][0]",
+                          "an argument tree (an object with \"node\", \"leaf\" or \"static\") expected, found an "
+                          "object without them"),
+    "an unknown node kind": (_set([*ARG_D, "node"], "set"), AT_ENTRY + "['args'][0]", "an unknown node kind 'set'"),
+    "a node kind not a str": (_set([*ARG_D, "node"], ["dict"]), AT_ENTRY + "['args'][0]['node']",
+                              "a node kind (a string) expected, found an array"),
+    "a key the top level does not have": (_set(["written"], "today"), "the top level",
+                                          "the key 'written' is not one of this format"),
+    "a node without children": (lambda d: _first(d)["args"][0].pop("children"), AT_ENTRY + "['args'][0]",
+                                "the key 'children' is missing"),
+    "dict keys and children differ": (_set([*ARG_D, "keys"], ["x", "y"]), AT_ENTRY + "['args'][0]",
+                                      "a dict node of 2 keys and 1 children"),
+    "children not a list": (_set([*ARG_P, "children"], None), AT_ENTRY + "['args'][1]['children']",
+                            "an array of children expected, found null"),
+    "a class name that is no name": (_set([*ARG_P, "type"], "os.system"), AT_ENTRY + "['args'][1]['type']",
+                                     "a class name module:qualname expected, found 'os.system'"),
+    "an unknown leaf kind": (_set([*ARG_D, "children", 0, "leaf"], "tensor"),
+                             AT_ENTRY + "['args'][0]['children'][0]", "an unknown leaf kind 'tensor'"),
+    "a negative dim": (_set([*ARG_D, "children", 0, "shape", 0], -1),
+                       AT_ENTRY + "['args'][0]['children'][0]['shape'][0]",
+                       "a dim is an int from 0 to 2**63 - 1, found -1"),
+    "a dim past int64": (_set([*ARG_D, "children", 0, "shape", 0], 2**63),
+                         AT_ENTRY + "['args'][0]['children'][0]['shape'][0]",
+                         "a dim is an int from 0 to 2**63 - 1, found 9223372036854775808"),
+    "a dim not an int": (_set([*ARG_D, "children", 0, "shape", 0], "3"),
+                         AT_ENTRY + "['args'][0]['children'][0]['shape'][0]",
+                         "a dim is an int from 0 to 2**63 - 1, found '3'"),
+    "a dim that is a bool": (_set([*ARG_D, "children", 0, "shape", 0], True),
+                             AT_ENTRY + "['args'][0]['children'][0]['shape'][0]",
+                             "a dim is an int from 0 to 2**63 - 1, found a boolean"),
+    "a shape not a list": (_set([*ARG_D, "children", 0, "shape"], "3"),
+                           AT_ENTRY + "['args'][0]['children'][0]['shape']",
+                           "an array of dims expected, found a string"),
+    "a dtype name that is no name": (_set([*ARG_D, "children", 0, "dtype"], "f4,f4"),
+                                     AT_ENTRY + "['args'][0]['children'][0]['dtype']", "'f4,f4' is not a dtype name"),
+    "a dtype not a str": (_set([*ARG_D, "children", 0, "dtype"], None),
+                          AT_ENTRY + "['args'][0]['children'][0]['dtype']", "a dtype name expected, found null"),
+    "a scalar leaf with a dtype": (_set([*ARG_P, "children", 1, "dtype"], "float32"),
+                                   AT_ENTRY + "['args'][1]['children'][1]['dtype']",
+                                   "a float leaf has no dtype, found a string"),
+    "weak_type not a bool": (_set([*ARG_D, "children", 0, "weak_type"], 0),
+                             AT_ENTRY + "['args'][0]['children'][0]['weak_type']",
+                             "true or false expected, found an integer"),
+    "a leaf without placement": (lambda d: _first(d)["args"][0]["children"][0].pop("placement"),
+                                 AT_ENTRY + "['args'][0]['children'][0]", "the key 'placement' is missing"),
+    "a static with a bare float": (_set([*ARG_S, "static", "fields", "rate"], 0.5),
+                                   AT_ENTRY + "['args'][2]['static']['fields']['rate']",
+                                   "a value expected, found the bare number 0.5 (floats are written as "
+                                   "{\"float\": hex})"),
+    "a float not as float.hex writes it": (_set([*ARG_S, "static", "fields", "rate"], {"float": "0.5"}),
+                                           AT_ENTRY + "['args'][2]['static']['fields']['rate']['float']",
+                                           "'0.5' is not a float as float.hex writes it"),
+    "bytes not base64": (_set([*ARG_S, "static"], {"bytes": "#!"}), AT_ENTRY + "['args'][2]['static']['bytes']",
+                         "not base64 text"),
+    "a bare array value": (_set([*ARG_S, "static", "fields", "tags"], [1]),
+                           AT_ENTRY + "['args'][2]['static']['fields']['tags']",
+                           "a bare array (tuples are written {\"tuple\": [...]}, lists {\"list\": [...]})"),
+    "an unknown tagged value": (_set([*ARG_S, "static"], {"set": [1]}), AT_ENTRY + "['args'][2]['static']",
+                                "an object with the keys 'set' is not a value of this format"),
+    "an enum without a name": (lambda d: _first(d)["args"][2]["static"]["fields"]["color"].pop("name"),
+                               AT_ENTRY + "['args'][2]['static']['fields']['color']", "the key 'name' is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_file_is_one_report_line_saying_where_and_the_start_goes_on(tmp_path, damage):
+    tmp_path = _private(tmp_path)
+    edit, where, what = DAMAGE[damage]
+    jf = _pair_function()
+    path = tmp_path / "specs.json"
     ftjit.save_specs(path, jf)
-    payload = pickle.loads(path.read_bytes())
-    payload["versions"]["jax"] = "0.0.1"
-    other_version = tmp_path / "old.pkl"
-    other_version.write_bytes(pickle.dumps(payload))
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    key = f"{jf.__module__}:{jf.__qualname__}"
+    saved = ftjit.load_specs(path)  # never raises
+    assert type(saved.error) is ValueError
+    assert str(saved.error) == f"{path} is damaged at {where.replace('KEY', key)}: {what}"
+    jf.clear_cache()
+    compiles = jf.cache_info().compiles
+    report = jf.warmup(saved.for_function(jf))
+    assert [(r.signature, r.error, r.compiled) for r in report] == [(f"<specs file {path}>", saved.error, False)]
+    assert jf.cache_info().compiles == compiles
+
+
+_HEAD = "is not a specs file of this ftjit (format 'ftjit-specs' version 2): "
+_DEEP = "[" * 300 + "]" * 300
+
+#: (the file's bytes from a good file's text, the error after the path)
+NOT_SPECS = {
+    "empty": (lambda text: b"", _HEAD + "it is not JSON (Expecting value: line 1 column 1 (char 0))"),
+    "truncated": (lambda text: text[:200].encode(), None),  # json's words for where it ends: checked by pattern
+    "not UTF-8": (lambda text: b"\xff" + text.encode(), _HEAD + "it is not UTF-8 text (invalid start byte at byte 0)"),
+    "a JSON list": (lambda text: b"[]", _HEAD + "it has no \"format\": 'ftjit-specs'"),
+    "another format": (lambda text: text.replace('"ftjit-specs"', '"other"').encode(),
+                       _HEAD + "it has no \"format\": 'ftjit-specs'"),
+    "format version 1": (lambda text: text.replace('"version": 2', '"version": 1').encode(),
+                         _HEAD + "it is of format version 1"),
+    "a future version": (lambda text: text.replace('"version": 2', '"version": 3').encode(),
+                         _HEAD + "it is of format version 3"),
+    "the version as a str": (lambda text: text.replace('"version": 2', '"version": "2"').encode(),
+                             _HEAD + "its format version is not an int: '2'"),
+    "the version as a float": (lambda text: text.replace('"version": 2', '"version": 2.0').encode(),
+                               _HEAD + "its format version is not an int: the bare number 2.0 (floats are written as "
+                               "{\"float\": hex})"),
+    "nesting without end": (lambda text: b"[" * 100_000, _HEAD + "it nests arrays and objects more than 200 deep"),
+    "nesting inside a good file": (lambda text: text.replace('"kwargs": {}', '"kwargs": {"k": %s}' % _DEEP).encode(),
+                                   _HEAD + "it nests arrays and objects more than 200 deep"),
+    "an int of too many digits": (lambda text: text.replace('"version": 2', '"version": ' + "9" * 5000).encode(),
+                                  None),
+    "NaN": (lambda text: text.replace('"weak_type": false', '"weak_type": NaN').encode(), "DAMAGED"),
+    "a key twice": (lambda text: text.replace('"dtype": "float32"', '"dtype": "float32", "dtype": "int8"').encode(),
+                    "DAMAGED"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_SPECS))
+def test_a_file_that_is_not_this_format_is_one_report_line(tmp_path, case):
+    tmp_path = _private(tmp_path)
+    make, expected = NOT_SPECS[case]
+    jf, path = _good_file(tmp_path)
+    path.write_bytes(make(path.read_text()))
+    saved = ftjit.load_specs(path)
+    assert type(saved.error) is ValueError
+    message = str(saved.error)
+    key = f"{jf.__module__}:{jf.__qualname__}"
+    if case == "truncated":
+        assert re.fullmatch(re.escape(f"{path} {_HEAD}it is not JSON (") + r"(Expecting|Unterminated) [^()]+ "
+                            r"\(char \d+\)\); save the specs again with this version", message), message
+    elif case == "an int of too many digits":
+        assert message.startswith(f"{path} {_HEAD}it is not JSON (Exceeds the limit (4300 digits) for integer string "
+                                  "conversion")
+    elif case == "NaN":
+        assert message == (f"{path} is damaged at ['functions']['{key}'][0]['args'][0]['weak_type']: true or false "
+                           "expected, found NaN, which is not JSON")
+    elif case == "a key twice":
+        assert message == (f"{path} is damaged at ['functions']['{key}'][0]['args'][0]: an argument tree (an object "
+                           "with \"node\", \"leaf\" or \"static\") expected, found an object with the key 'dtype' "
+                           "twice")
+    else:
+        assert message == f"{path} {expected}; save the specs again with this version"
+    report = jf.warmup(saved.for_function(jf))
+    assert [(r.signature, r.error) for r in report] == [(f"<specs file {path}>", saved.error)]
+
+
+def test_a_file_too_large_is_refused_unread(tmp_path):
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    with open(path, "r+b") as f:
+        f.truncate(_specs_format.MAX_BYTES + 1)  # sparse: nothing of it is written
+    saved = ftjit.load_specs(path)
+    assert type(saved.error) is ValueError
+    assert str(saved.error) == (f"{path} is not read: it is {_specs_format.MAX_BYTES + 1} bytes, more than the "
+                                f"{_specs_format.MAX_BYTES} a specs file may have")
+    assert [r.signature for r in jf.warmup(saved.for_function(jf))] == [f"<specs file {path}>"]
+
+
+def test_a_missing_file_is_one_report_line(tmp_path):
+    tmp_path = _private(tmp_path)
+    jf = _saved_function()
+    path = tmp_path / "none.json"
+    saved = ftjit.load_specs(path)
+    assert type(saved.error) is FileNotFoundError and saved.error.filename == str(path)
+    (result,) = jf.warmup(saved.for_function(jf))
+    assert result.signature == f"<specs file {path}>" and result.error is saved.error
+
+
+#: (edit of the entry, the error of that entry alone)
+UNUSABLE = {
+    "a module not imported": (_set([*ARG_P, "type"], "no_such_module_here:Pair"),
+                              "the class no_such_module_here:Pair is not loaded: its module is not imported "
+                              "(load_specs never imports a module: import it first)"),
+    "a class the module does not have": (_set([*ARG_P, "type"], f"{HERE}:Gone"),
+                                         f"the class {HERE}:Gone is not loaded: its module has no such class "
+                                         "(load_specs never imports a module: import it first)"),
+    "a class that is not a namedtuple": (_set([*ARG_P, "type"], f"{HERE}:Options"),
+                                         f"{HERE}:Options is not a namedtuple in this process"),
+    "a dtype unknown here": (_set([*ARG_D, "children", 0, "dtype"], "float1024"),
+                             f"the dtype float1024 is not known in this process (numpy {np.__version__})"),
+    "an enum member gone": (_set([*ARG_S, "static", "fields", "color", "name"], "GREEN"),
+                            f"the enum {HERE}:Color has no member 'GREEN' in this process"),
+    "a dataclass not registered": (_set([*ARG_S, "static", "dataclass"], f"{HERE}:Unregistered"),
+                                   f"{HERE}:Unregistered is not a dataclass registered with "
+                                   "ftjit.register_static_dataclass in this process"),
+    "a dataclass whose fields changed": (lambda d: _first(d)["args"][2]["static"]["fields"].pop("tags"),
+                                         f"the dataclass {HERE}:Options has the fields color, rate, tags in this "
+                                         "process, not color, rate as saved"),
+    "a nan static": (_set([*ARG_S, "static"], {"float": "nan"}),
+                     "the static value nan does not equal its copy read back from a specs file (by == and hash), so "
+                     "a spec of it would make a signature that no call has (a value that compares by identity, or "
+                     "nan, equals no copy)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Unregistered:
+    color: Color
+    rate: float
+    tags: tuple
+
+
+@pytest.mark.parametrize("case", sorted(UNUSABLE))
+def test_an_entry_this_process_cannot_use_is_its_own_report_line_and_the_rest_warms_up(tmp_path, case):
+    tmp_path = _private(tmp_path)
+    edit, reason = UNUSABLE[case]
+    jf = _pair_function()
+    path = tmp_path / "specs.json"
+    ftjit.save_specs(path, jf)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    saved = ftjit.load_specs(path)
+    assert saved.error is None
+    newest, oldest = [s.signature for s in jf.signatures()]
+    jf.clear_cache()
+    specs = saved.for_function(jf)
+    assert [type(s) for s in specs] == [ftjit.BrokenSpec, ftjit.SavedSpec]
+    assert (specs[0].signature, type(specs[0].error), str(specs[0].error)) == (newest, ValueError, reason)
+    report = jf.warmup(specs)
+    assert [(r.signature, r.compiled, r.error is None) for r in report] == [
+        (newest, False, False), (oldest, True, True)]
+    assert jf.cache_info().compiles == 2 + 1
+
+
+def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_spec(tmp_path):
+    tmp_path = _private(tmp_path)
+    jf = _saved_function()
+    path = tmp_path / "specs.json"
+    ftjit.save_specs(path, jf)
+    data = json.loads(path.read_text())
+    data["versions"]["jax"] = "0.0.1"
+    other_version = tmp_path / "old.json"
+    _written(other_version, json.dumps(data).encode())
     report = jf.warmup(ftjit.load_specs(other_version).for_function(jf))
     assert [r.signature for r in report] == [f"{jf.__qualname__}(float32[2], float)"]
     assert str(report[0].error) == (f"{other_version} was written by ftjit {ftjit.__version__}, jax 0.0.1; this is "
@@ -238,69 +788,201 @@ def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_
                                     f"saved as {jf.__qualname__}(float32[2], float)")
 
 
-@pytest.mark.thread_unsafe(reason="two threads write one file")
-def test_missing_ok_takes_a_missing_file_as_no_specs_and_a_damaged_one_still_as_an_error(tmp_path):
-    jf = _saved_function()
-    missing = ftjit.load_specs(tmp_path / "none.pkl", missing_ok=True)
-    assert missing.error is None and missing.for_function(jf) == []
-    assert jf.warmup(missing.for_function(jf)).ok
-    damaged = tmp_path / "damaged.pkl"
-    damaged.write_bytes(b"not a pickle")
-    (broken,) = ftjit.load_specs(damaged, missing_ok=True).for_function(jf)
-    assert isinstance(broken, ftjit.BrokenSpec) and broken.signature == f"<specs file {damaged}>"
+# --- statics that compare by identity do not pile up ------------------------------------------------------------
 
 
-def test_a_function_the_file_does_not_name_gets_no_specs(tmp_path):
-    saved = _saved_function()
-    path = tmp_path / "specs.pkl"
-    ftjit.save_specs(path, saved)
+class Tag:
+    """Prints alike, equal only to itself (no __eq__): every restart would make another."""
 
-    def renamed(x, y):  # the same code under another qualified name
-        return x + y
-
-    loaded = ftjit.load_specs(path)
-    assert [type(s) for s in loaded.for_function(saved)] == [ftjit.SavedSpec]
-    assert loaded.for_function(ftjit.jit(renamed)) == []
+    def __repr__(self):
+        return "Tag()"
 
 
-@pytest.mark.skipif(os.name != "posix", reason="file modes and umask are POSIX")
-@pytest.mark.thread_unsafe(reason="sets the process's umask")
-@pytest.mark.parametrize("umask", [0o022, 0o077])
-def test_the_file_is_made_as_open_makes_one_under_the_umask(tmp_path, umask):
-    old = os.umask(umask)
-    try:
-        path = tmp_path / "specs.pkl"
-        ftjit.save_specs(path, _saved_function())
-    finally:
-        os.umask(old)
-    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+@ftjit.register_static_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
+class Opaque:
+    """A registered dataclass that compares by identity (eq=False)."""
+
+    n: int
+
+    def __repr__(self):
+        return "Opaque()"
 
 
-def test_concurrent_saves_leave_one_complete_file(tmp_path):
-    first, second = _saved_function(), _saved_function()
-    second(jnp.ones(4), 2.0)
-    path = tmp_path / "specs.pkl"
-
-    def save(i):
-        for _ in range(20):
-            ftjit.save_specs(path, first if i == 0 else second)
-
-    run_threads(2, save)
-    saved = ftjit.load_specs(path)
-    assert saved.error is None
-    specs = saved.for_function(first)
-    assert len(specs) in (1, 2) and all(isinstance(s, ftjit.Spec) for s in specs)
-    assert [p for p in os.listdir(tmp_path) if p != "specs.pkl"] == []  # no temporary file left behind
+def _tagged(x, s):
+    return x
 
 
-def test_a_custom_compiler_without_spec_hooks_gets_array_specs():
-    comp = CountingCompiler()
-    jf = ftjit.jit(lambda x, y: x, compiler=comp, cache=ftjit.FunctionCache())
-    jf(np.ones((2, 3), np.float32), (1, 2.0))
-    (spec,) = jf.warmup_specs()
-    assert spec.args[0] == ftjit._specs.ArraySpec((2, 3), np.dtype(np.float32), False)
-    assert spec.args[1] == (0, 0.0)
+def test_statics_that_compare_by_identity_are_left_out_and_the_file_does_not_grow_across_restarts(tmp_path):
+    tmp_path = _private(tmp_path)
+    path = tmp_path / "specs.json"
+    name = _tagged.__qualname__
+    expected_left_out = (
+        (f"{name}(float32[2], Opaque())",
+         "the static value Opaque() does not equal its copy read back from a specs file (by == and hash), so a spec "
+         "of it would make a signature that no call has (a value that compares by identity, or nan, equals no copy)"),
+        (f"{name}(float32[2], Tag())",
+         f"a static value of type {HERE}.Tag (Tag()), which a specs file cannot hold (it holds None, bool, int, "
+         "float, str, bytes, tuples and lists of them, enums, and dataclasses registered with "
+         "ftjit.register_static_dataclass)"),
+    )
+    files = []
+    for restart in range(4):  # each round a process: load and warm up, traffic, save at the stop
+        jf = ftjit.jit(_tagged, static_argnums=1, cache=ftjit.FunctionCache())
+        report = jf.warmup(ftjit.load_specs(path, missing_ok=True).for_function(jf))
+        assert [r.signature for r in report] == ([] if restart == 0 else [f"{name}(float32[2], 'fixed')"])
+        assert report.ok
+        jf(jnp.ones(2), "fixed")
+        jf(jnp.ones(2), Tag())
+        jf(jnp.ones(2), Opaque(1))
+        info = jf.cache_info()  # "fixed" from the file when there is one; the identity-compared two, each time
+        assert (info.compiles, info.hits) == (3, 1 if restart else 0)
+        assert ftjit.save_specs(path, jf) == {f"{HERE}:{name}": (1, expected_left_out)}
+        files.append(path.read_bytes())
+    assert len(set(files)) == 1
+
+
+def test_a_static_that_compares_by_identity_in_a_planted_entry_is_refused_at_load(tmp_path):
+    """Written by hand (save_specs leaves it out): read twice, its two copies differ."""
+    tmp_path = _private(tmp_path)
+    jf = ftjit.jit(_tagged, static_argnums=1, cache=ftjit.FunctionCache())
+    jf(jnp.ones(2), "fixed")
+    path = tmp_path / "specs.json"
+    ftjit.save_specs(path, jf)
+    path.write_text(path.read_text().replace('{"static": "fixed"}',
+                                             '{"static": {"dataclass": "%s:Opaque", "fields": {"n": 1}}}' % HERE))
     jf.clear_cache()
-    assert jf.warmup([spec]).ok and comp.calls == 2
-    jf(np.ones((2, 3), np.float32), (5, 6.0))
-    assert comp.calls == 2
+    (broken,) = ftjit.load_specs(path).for_function(jf)
+    assert str(broken.error) == ("the static value Opaque() does not equal its copy read back from a specs file (by == "
+                                 "and hash), so a spec of it would make a signature that no call has (a value that "
+                                 "compares by identity, or nan, equals no copy)")
+    assert not jf.warmup([broken]).ok and jf.cache_info().compiles == 1
+
+
+# --- which function is which -----------------------------------------------------------------------------------
+
+
+def _make_g(scale):
+    def g(x):
+        return x * scale
+
+    return ftjit.jit(g, cache=ftjit.FunctionCache())
+
+
+def test_two_functions_of_one_key_are_refused_and_a_dict_names_each(tmp_path):
+    tmp_path = _private(tmp_path)
+    g1, g2 = _make_g(1), _make_g(2)
+    g1(jnp.ones(2))
+    g2(jnp.ones(3))
+    key = f"{HERE}:_make_g.<locals>.g"
+    path = tmp_path / "specs.json"
+    with pytest.raises(ValueError, match=re.escape(
+            f"save_specs: {g1!r} and {g2!r} both have the key '{key}' (module:qualname), so a file could keep only "
+            "one of them: pass a dict {name: function} to name each")):
+        ftjit.save_specs(path, [g1, g2])
+    assert not path.exists()
+    assert ftjit.save_specs(path, [g1, g1]) == {key: (1, ())}  # one function twice is one
+    assert ftjit.save_specs(path, {"g1": g1, "g2": g2}) == {"g1": (1, ()), "g2": (1, ())}
+    saved = ftjit.load_specs(path)
+    assert list(saved.functions) == ["g1", "g2"] and saved.for_function(g1) == []  # not under its own key
+    g1.clear_cache()
+    g2.clear_cache()
+    assert [r.signature for r in g1.warmup(saved.for_function(g1, name="g1"))] == ["_make_g.<locals>.g(float32[2])"]
+    assert [r.signature for r in g2.warmup(saved.for_function(g2, name="g2"))] == ["_make_g.<locals>.g(float32[3])"]
+    assert (g1.cache_info().compiles, g2.cache_info().compiles) == (2, 2)
+
+
+@pytest.mark.parametrize("what, message", [
+    ("a str", "save_specs takes a function of ftjit.jit, a list or tuple of them, or a dict {name: function}, got "
+              "'model:step' (a str)"),
+    ("None", "save_specs takes a function of ftjit.jit, a list or tuple of them, or a dict {name: function}, got None "
+             "(a NoneType)"),
+    ("an iterator", r"save_specs takes a function of ftjit.jit, a list or tuple of them, or a dict {name: function}, "
+                    r"got <list_iterator object at 0x[0-9a-f]+> \(a list_iterator\)"),
+    ("jax.jit", r"save_specs takes a function of ftjit.jit, a list or tuple of them, or a dict {name: function}, got "
+                r".* \(a jaxlib[.\w]*PjitFunction\)"),
+    ("a list holding jax.jit", r"save_specs \(item 1\) takes functions of ftjit.jit, got .*PjitFunction\)"),
+    ("a dict holding a lambda", r"save_specs \(the function named 'f'\) takes functions of ftjit.jit, got <function "
+                                r".*<lambda> at 0x[0-9a-f]+> \(a function\)"),
+    ("a dict of int keys", r"save_specs: a dict's keys name the functions in the file \(str\), got 1"),
+])
+def test_save_specs_of_something_else_than_jitted_functions_is_a_type_error(tmp_path, what, message):
+    tmp_path = _private(tmp_path)
+    jitted = _saved_function()
+    given = {"a str": "model:step", "None": None, "an iterator": iter([jitted]), "jax.jit": jax.jit(lambda x: x),
+             "a list holding jax.jit": [jitted, jax.jit(lambda x: x)], "a dict holding a lambda": {"f": lambda x: x},
+             "a dict of int keys": {1: jitted}}[what]
+    path = tmp_path / "specs.json"
+    with pytest.raises(TypeError, match="^" + (re.escape(message) if what in ("a str", "None") else message) + "$"):
+        ftjit.save_specs(path, given)
+    assert not path.exists()
+
+
+def test_an_empty_path_is_a_value_error_and_writes_nothing(tmp_path, monkeypatch):
+    tmp_path = _private(tmp_path)
+    jf = _saved_function()
+    with pytest.raises(ValueError, match=r"^save_specs: the path must name a file, got ''$"):
+        ftjit.save_specs("", jf)
+    with pytest.raises(ValueError, match=r"^load_specs: the path must name a file, got ''$"):
+        ftjit.load_specs("")
+
+
+def test_for_function_of_something_else_is_a_type_error(tmp_path):
+    tmp_path = _private(tmp_path)
+    _, path = _good_file(tmp_path)
+    saved = ftjit.load_specs(path)
+    with pytest.raises(TypeError, match=r"^SavedSpecs.for_function takes functions of ftjit.jit, got None \(a "
+                                        r"NoneType\)$"):
+        saved.for_function(None)
+    with pytest.raises(TypeError, match=r"^SavedSpecs.for_function: name must be a str \(a key given to save_specs\), "
+                                        r"got 3$"):
+        saved.for_function(_saved_function(), name=3)
+
+
+# --- what a file holds ------------------------------------------------------------------------------------------
+
+
+def _holds(value):
+    return _specs_format.encode_value(value)
+
+
+def test_values_are_written_exactly_and_tagged():
+    assert _holds(None) is None and _holds(True) is True and _holds(2**80) == 2**80 and _holds("é") == "é"
+    assert [_holds(x) for x in (0.1, -0.0, float("inf"), float("nan"))] == [
+        {"float": "0x1.999999999999ap-4"}, {"float": "-0x0.0p+0"}, {"float": "inf"}, {"float": "nan"}]
+    assert _holds((b"\x00", [1, ()])) == {"tuple": [{"bytes": "AA=="}, {"list": [1, {"tuple": []}]}]}
+    assert _holds(Color.BLUE) == {"enum": f"{HERE}:Color", "name": "BLUE"}
+    assert _holds(Options(Color.RED, 1.5, ("a",))) == {"dataclass": f"{HERE}:Options", "fields": {
+        "color": {"enum": f"{HERE}:Color", "name": "RED"}, "rate": {"float": "0x1.8000000000000p+0"},
+        "tags": {"tuple": ["a"]}}}
+    not_held = [(np.float32(1), "numpy.float32"), (Pair(1, 2), f"{HERE}.Pair"), (frozenset(), "builtins.frozenset"),
+                (Unregistered(Color.RED, 1.0, ()), f"{HERE}.Unregistered")]
+    for value, kind in not_held:
+        with pytest.raises(_specs_format.CannotHold, match=f"^a static value of type {re.escape(kind)} "):
+            _holds(value)
+
+
+def test_a_class_defined_in_a_function_cannot_be_named():
+    Local = enum.Enum("Local", "A")  # its qualname names no attribute of this module
+    with pytest.raises(_specs_format.CannotHold, match=re.escape(
+            f"the class {HERE}.Local cannot be found by its name where a specs file is read (a class defined in a "
+            "function, or not bound to that name in its module)")):
+        _holds(Local.A)
+
+
+def test_register_static_dataclass_takes_dataclasses_that_init_sets():
+    with pytest.raises(TypeError, match=r"^register_static_dataclass takes a dataclass \(a class\), got <class "
+                                        r"'.*Tag'>; as a decorator, put it above @dataclasses.dataclass$"):
+        ftjit.register_static_dataclass(Tag)
+    with pytest.raises(TypeError, match=r"^register_static_dataclass takes a dataclass \(a class\), got "):
+        ftjit.register_static_dataclass(Options(Color.RED, 1.0, ()))
+
+    @dataclasses.dataclass(frozen=True)
+    class Derived:
+        n: int
+        twice: int = dataclasses.field(init=False, default=0)
+
+    with pytest.raises(TypeError, match=r"^register_static_dataclass: .*Derived's field\(s\) twice are not set by "
+                                        r"__init__ \(init=False\), so it cannot be rebuilt from a specs file$"):
+        ftjit.register_static_dataclass(Derived)
+    assert ftjit.register_static_dataclass(Options) is Options  # again: the same class back

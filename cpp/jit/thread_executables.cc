@@ -320,6 +320,8 @@ void RegisterThreadExecutables(nb::module_& m) {
         "Tests and compilers only: the miss callback of ThreadExecutables copies (see ftjit.ThreadExecutables).");
   m.def("_eager", &Eager,
         "Tests and compilers only: the eager callback of ThreadExecutables copies (see ftjit.ThreadExecutables).");
+  m.def("_thread_shard", [] { return ThisThread().shard; },
+        "Tests only: this thread's shard (0-15 exclusive among live threads, 16 shared by the rest).");
   g_miss = nb::object(m.attr("_context_miss")).release().ptr();
   g_eager = nb::object(m.attr("_eager")).release().ptr();
 }
