@@ -165,9 +165,10 @@ def _cached(fn: Any) -> Iterable[tuple[Signature, str, Spec | None, str | None]]
             if _differs(sig.context, current):
                 raise _Unbuildable("it was compiled under another context than this thread's now")
             spec = _spec_of(sig, hooks)
-            made = _readable(fn, spec)
-            if made != info.signature:
-                raise _Unbuildable(f"its spec would make {made}")
+            # By the values' own equality (same_record), never their printed form.
+            why = same_record(sig, fn._signature_record_of(*spec.args, **spec.kwargs))
+            if why is not None:
+                raise _Unbuildable(f"its spec would make {_readable(fn, spec)} ({why})")
         except _Unbuildable as why:
             yield sig, info.signature, None, str(why)
             continue
@@ -426,10 +427,12 @@ class SavedSpecs:
                 record = Signature(tuple(_restored(a, hooks) for a in record.args),
                                    {k: _restored(v, hooks) for k, v in record.kwargs.items()}, None)
                 spec = _spec_of(record, hooks)
-                # The core's view of a spec's signature before it compiles: its readable form.
-                made = _readable(fn, spec)
-                if made != entry.signature:
-                    raise ValueError(f"the function changed: the saved spec makes {made}, saved as {entry.signature}")
+                # The core's record of the rebuilt spec's signature against the saved one, by the values'
+                # own equality (same_record), never their printed form.
+                why = same_record(record, fn._signature_record_of(*spec.args, **spec.kwargs))
+                if why is not None:
+                    raise ValueError(f"the function changed: the saved spec makes {_readable(fn, spec)}, saved as "
+                                     f"{entry.signature} ({why})")
             except Exception as exc:  # noqa: BLE001 - reported in the warm-up, never raised
                 out.append(BrokenSpec(entry.signature, exc))
                 continue

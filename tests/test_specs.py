@@ -785,7 +785,7 @@ def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_
     report = changed.warmup(ftjit.load_specs(path).for_function(changed))
     assert len(report) == 1 and not report.ok
     assert str(report[0].error) == (f"the function changed: the saved spec makes {jf.__qualname__}(float32[2], 0.0), "
-                                    f"saved as {jf.__qualname__}(float32[2], float)")
+                                    f"saved as {jf.__qualname__}(float32[2], float) (Leaf read back as Static)")
 
 
 # --- statics that compare by identity do not pile up ------------------------------------------------------------

@@ -219,6 +219,15 @@ extern "C" PyObject* JitFunction_precompile_saved(PyObject* self, PyObject* cons
   });
 }
 
+extern "C" PyObject* JitFunction_signature_record_of(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                                     PyObject* kwnames) {
+  return Method(self, [&](JitState& st) -> nb::object {
+    CallSignature sig;
+    if (!BuildAdopted(st, args, static_cast<size_t>(nargs), kwnames, sig)) return nb::none();
+    return ExportSignature(sig);
+  });
+}
+
 extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                                               PyObject* kwnames) {
   return Method(self, [&](JitState& st) {
@@ -477,6 +486,9 @@ PyMethodDef kMethods[] = {
      "signature provisionally, not counted against max_signatures until a call or precompile uses it, and only "
      "while the counted and provisional signatures leave room under max_signatures. 1: compiled; 0: cached "
      "already; -1: no room."},
+    {"_signature_record_of", Fast<JitFunction_signature_record_of>(), METH_FASTCALL | METH_KEYWORDS,
+     "The signature these arguments (or specs) would have, as an ftjit._signature.Signature record (None: "
+     "the call would take the compiler's fallback)."},
     {"_signature_of", Fast<JitFunction_signature_of>(), METH_FASTCALL | METH_KEYWORDS,
      "_signature_of(*args, **kwargs) -> str: the readable signature these arguments have."},
     {"_store_forgetter", JitFunction_store_forgetter, METH_NOARGS,
