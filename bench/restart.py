@@ -56,7 +56,7 @@ def _flags(name: str, workdir: str, run: int) -> list[str]:
     flags = list(flags)
     if specs:
         copy = os.path.join(workdir, f"specs-{name}-{run}")
-        shutil.copyfile(os.path.join(workdir, "specs"), copy)
+        shutil.copy2(os.path.join(workdir, "specs"), copy)  # keeps the mode: load_specs refuses a group-writable file
         flags += ["--specs", copy]
     if cache:
         flags += ["--compile-cache", os.path.join(workdir, "cache")]

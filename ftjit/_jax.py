@@ -382,11 +382,20 @@ def _portable_placement(sharding: Any) -> Any:
 
 
 def _restore_placement(portable: Any) -> Any:
+    """A placement of ``_portable_placement`` back, on this process's devices.
+    Only on the default backend's platform or the CPU, which are running
+    anyway: a specs file naming another platform ("tpu" on a machine that
+    has one but serves from another) must not make the loading process start
+    that backend."""
     import jax
 
     kind, platform, device_id = portable
     if kind != "single_device":
         raise ValueError(f"unknown placement {portable!r}")
+    running = {"cpu", jax.default_backend()}
+    if platform not in running:
+        raise ValueError(f"a placement on {platform!r}, which this process does not run (it runs "
+                         f"{', '.join(sorted(running))}): warm it up where it was saved")
     for device in jax.devices(platform):
         if device.id == device_id:
             return jax.sharding.SingleDeviceSharding(device)

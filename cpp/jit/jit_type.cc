@@ -473,7 +473,7 @@ PyMethodDef kMethods[] = {
      "warmup_specs() -> SpecList\n\nThe specs of the signatures now cached, newest first, in the form\n"
      "warmup() takes (JAX: jax.ShapeDtypeStruct leaves with dtype, shape, weak\ntype and placement; static "
      "values as they are). Warming up from them\nmakes exactly these signatures. One that cannot be rebuilt (a "
-     "static\nvalue that does not pickle, another context than this thread's) is left\nout and listed in the "
+     "node no hook\nrebuilds, another context than this thread's) is left out and listed in\nthe "
      "result's left_out. A snapshot (see ftjit._specs)."},
     {"_cache_size", JitFunction_cache_size, METH_NOARGS,
      "Number of signatures of this function in the cache now (jax.jit's _cache_size)."},
