@@ -106,13 +106,12 @@ nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObje
                           PyObject* kwnames, const LeafObjects& leaves) {
   nb::object out;
   if (takes_leaves) {
-    static_assert(sizeof(nb::object) == sizeof(PyObject*), "leaves are passed as a PyObject* array");
     if (!st.executable_for.is_valid()) {
       // Entries are shared by wrappers of equal compilers, whose hooks agree.
       RaiseMessage(PyExc_RuntimeError, "ftjit: an executable that takes leaves, reached by a "
                                        "function whose hooks have no executable_for");
     }
-    out = nb::steal(PyObject_Vectorcall(exe, reinterpret_cast<PyObject* const*>(leaves.data()), leaves.size(),
+    out = nb::steal(PyObject_Vectorcall(exe, leaves.data(), leaves.size(),
                                         nullptr));
   } else {
     out = st.strip_static ? CallExecutableStripped(st, exe, args, nargsf, kwnames)
@@ -393,18 +392,10 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
 
 }  // namespace
 
-nb::object CallMissWithContext(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
-                               size_t nargsf, PyObject* kwnames, LeafObjects& leaves) {
+nb::object CallWhole(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
+                     PyObject* kwnames, LeafObjects& leaves) {
   LeafObjects* keep = st.executable_for.is_valid() ? &leaves : nullptr;
   for (;;) {
-    try {
-      if (!sig.context.is_valid()) AddContext(st.spec, sig);
-    } catch (const NeedsFallback&) {
-      return CallFallbackOf(st, args, nargsf, kwnames);
-    }
-    // Before any Python code runs with it (interned_context.h).
-    if (sig.AdoptContext()) break;
-    // Its context died meanwhile: the whole signature again.
     sig.Clear();
     leaves.clear();
     try {
@@ -412,6 +403,9 @@ nb::object CallMissWithContext(JitState& st, CallSignature& sig, const ThreadCtx
     } catch (const NeedsFallback&) {
       return CallFallbackOf(st, args, nargsf, kwnames);
     }
+    // Before any Python code runs with it (interned_context.h); else its
+    // context died meanwhile: build it again.
+    if (sig.AdoptContext()) break;
   }
   return CallAfterMiss(st, sig, t, args, nargsf, kwnames, leaves);
 }

@@ -123,7 +123,7 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
     if (st.strip_static && st.spec.IsStaticName(name)) continue;
     if (PyDict_SetItem(kw.ptr(), name, args[nargs + k]) != 0) return nb::object();
   }
-  for (size_t i = 0; i < leaves.size(); ++i) PyTuple_SET_ITEM(leaf_tuple.ptr(), i, Py_NewRef(leaves[i].ptr()));
+  for (size_t i = 0; i < leaves.size(); ++i) PyTuple_SET_ITEM(leaf_tuple.ptr(), i, Py_NewRef(leaves[i]));
   nb::object dyn_tuple = nb::steal(PyList_AsTuple(dyn.ptr()));
   if (!dyn_tuple.is_valid()) return nb::object();
   PyObject* call_args[] = {compiled.ptr(), dyn_tuple.ptr(), kw.ptr(), leaf_tuple.ptr()};

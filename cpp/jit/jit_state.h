@@ -162,11 +162,11 @@ nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObje
                           PyObject* kwnames, const LeafObjects& leaves);
 // The call through the compiler's fallback (uncached); throws on error.
 nb::object CallFallbackOf(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
-// A call whose signature missed, or was built without its context
-// (context_in_executable): completes it (the context, adopted), then finds,
-// compiles or waits for its entry, and calls it. Throws on error.
-nb::object CallMissWithContext(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args,
-                               size_t nargsf, PyObject* kwnames, LeafObjects& leaves);
+// A call whose partial signature (context_in_executable) missed: builds its
+// whole signature into `sig` (and its leaves), then finds, compiles or
+// waits for its entry, and calls it. Throws on error.
+nb::object CallWhole(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
+                     PyObject* kwnames, LeafObjects& leaves);
 
 // --- thread_executables.cc: copies per thread that check the context ------------
 

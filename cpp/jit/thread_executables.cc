@@ -156,7 +156,7 @@ nb::object ContextMiss(nb::args args, nb::kwargs kwargs) {
     full.Clear();  // its context died meanwhile: build it again
   }
   Entry& target = *f->target;
-  if (SameContext(*target.sig, full)) {
+  if (SameContextAndPlacements(*target.sig, full)) {
     // The copy's own context (its first call, or a context it dropped): its
     // program runs, and the copy caches what it returns.
     if (!f->counted) {
@@ -277,7 +277,7 @@ nb::object CallContextInExecutable(JitState& st, CallSignature& sig, PyObject* c
   LeafObjects* keep = st.executable_for.is_valid() ? &leaves : nullptr;
   const size_t nargs = PyVectorcall_NARGS(nargsf);
   try {
-    BuildSignature(st.spec, args, nargs, kwnames, sig, /*allow_specs=*/false, keep, /*with_context=*/false);
+    BuildSignature(st.spec, args, nargs, kwnames, sig, /*allow_specs=*/false, keep, /*partial=*/true);
   } catch (const NeedsFallback&) {
     return CallFallbackOf(st, args, nargsf, kwnames);
   } catch (nb::python_error&) {
@@ -297,22 +297,24 @@ nb::object CallContextInExecutable(JitState& st, CallSignature& sig, PyObject* c
   if (head) {
     InFlight in_flight{t, head, target};
     if (UsesCopies(*head)) return CallCopy(st, *head, *target, t, args, nargsf, kwnames, leaves, false);
-    // A plain executable: the core checks the context.
+    // A plain executable (the core checks the context and placements for
+    // it): the whole signature, compared with the head's.
+    CallSignature whole;
     try {
-      AddContext(st.spec, sig);
+      BuildSignature(st.spec, args, nargs, kwnames, whole);
     } catch (const NeedsFallback&) {
       return CallFallbackOf(st, args, nargsf, kwnames);
     }
-    if (sig.AdoptContext() && SameContext(*head->sig, sig)) {
+    if (whole.AdoptContext() && SameContextAndPlacements(*head->sig, whole)) {
       st.store->CountHit(head, t.shard);
       return CallEntry(st, *head, t, args, nargsf, kwnames, leaves);
     }
-    // Another context's (or, rarely, a context that died meanwhile): the
-    // slow path, with the signature made whole there.
+    // Another context's or placement's (or, rarely, a context that died
+    // meanwhile): the slow path.
   } else {
     FunctionStore::AfterMiss(t.rec);  // may run deleters: Python
   }
-  return CallMissWithContext(st, sig, t, args, nargsf, kwnames, leaves);
+  return CallWhole(st, sig, t, args, nargsf, kwnames, leaves);
 }
 
 void RegisterThreadExecutables(nb::module_& m) {

@@ -137,13 +137,16 @@ struct CallSignature {
   SmallVector<nb::object, 2> statics;  // positional statics, then keyword ones
   SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
   ContextRef context;                  // from the compiler's context hook (interned_context.h)
-  // The arguments' hash; `hash` mixes the context's into it (equal when the
-  // signature has no context, or none yet: see AddContext). `table_hash`
-  // is what the ready table keys on: `hash`, or `args_hash` for a function
-  // whose executables check the context (SignatureSpec::context_in_executable).
+  // The arguments' hash without placements; `hash` mixes the placements'
+  // and the context's into it. `table_hash` is what the ready table keys
+  // on: `hash`, or `args_hash` for a function whose executables check the
+  // context and placements (SignatureSpec::context_in_executable).
   size_t args_hash = 0;
   size_t table_hash = 0;
   size_t hash = 0;
+  // Built without context or placements (the hit path of such a function:
+  // BuildSignature's `partial`): a probe of the ready table only.
+  bool partial = false;
   bool jax_style_errors = false;       // from SignatureSpec, see there
 
   // Exact equality. Runs Python `__eq__` for static arguments, dict keys,
@@ -157,9 +160,10 @@ struct CallSignature {
   // kUnknown when some part is a distinct object that only __eq__ can
   // compare (a fresh dtype, node key, sharding, context or static of
   // another type); the caller then falls back to Equals(). Never throws.
-  // `this` is the stored signature; a `probe` built without its context
-  // (the hit path of a function whose executables check it) matches every
-  // stored signature of its arguments, whatever their context.
+  // `this` is the stored signature; a partial `probe` (built without
+  // context and placements: the hit path of a function whose executables
+  // check them) matches every stored signature of its arguments, whatever
+  // their context and placements.
   enum class FastEq : uint8_t { kEqual, kNotEqual, kUnknown };
   FastEq FastEquals(const CallSignature& probe) const noexcept;
 
@@ -175,9 +179,10 @@ struct CallSignature {
   std::string ToString(const SignatureSpec& spec) const;
 };
 
-// Whether two signatures' contexts are equal: interned ones by identity,
-// others with __eq__ (may run Python and throw).
-bool SameContext(const CallSignature& a, const CallSignature& b);
+// Whether two signatures of the same arguments (equal but for what a
+// partial one leaves out) have equal contexts and placements: interned
+// contexts by identity, other objects with __eq__ (may run Python, throw).
+bool SameContextAndPlacements(const CallSignature& a, const CallSignature& b);
 
 // Thrown by BuildSignature when the call must take the compiler's fallback.
 struct NeedsFallback {};
@@ -284,6 +289,7 @@ struct AvalType {
   PyTypeObject* type = nullptr;  // borrowed from SignatureSpec::aval_types_owner
   DirectGetter aval;             // obj.aval
   DirectGetter committed;        // obj.<hook.committed_attr>, if a committed type
+  DirectGetter sharding;         // obj.<hook.sharding_attr>, if a committed type
 };
 
 // What a jitted function tells the builder; fixed after construction.
@@ -304,10 +310,10 @@ struct SignatureSpec {
   std::vector<AvalType> aval_types;          // exact types read through .aval
   nb::object plain_types_owner;              // keeps plain_types alive
   nb::object aval_types_owner;               // keeps aval_types alive
-  // The executables check the context themselves (CompilerHooks.
-  // context_in_executable): the hit path builds signatures without it and
-  // the ready table keys on the arguments alone; AddContext adds it on a
-  // miss (cpp/jit/call.cc, "context in the executable").
+  // The executables check the context and placements themselves
+  // (CompilerHooks.context_in_executable): the hit path builds partial
+  // signatures and the ready table keys on the arguments alone
+  // (cpp/jit/thread_executables.cc).
   bool context_in_executable = false;
   // A static argument's failing __eq__ is reported as jax.jit reports it: a
   // ValueError ("static arguments should be comparable using __eq__...")
@@ -332,6 +338,7 @@ struct SignatureSpec {
     for (AvalType& t : aval_types) {
       f(t.aval.fget);
       f(t.committed.fget);
+      f(t.sharding.fget);
     }
   }
   // After ForEachObject moved the objects out (the GC's clear): forgets what
@@ -442,17 +449,36 @@ struct SignatureSpec {
 // keyword ones sorted by name, each depth-first (dict values by sorted key,
 // a registered node's children as its flatten gives them); statics left out.
 // An executable that takes leaves is called with them (flatten once).
-// `with_context` false: the context is left out (the hit path of a function
-// whose executables check it); AddContext completes the signature.
-using LeafObjects = SmallVector<nb::object, 8>;
+// `partial`: the context and committed placements are left out (the hit
+// path of a function whose executables check them); such a signature only
+// probes the ready table, a miss builds the whole one.
+//
+// The leaves are borrowed where the call's argument array holds them (an
+// argument that is itself a leaf, or an item of a tuple argument, which
+// cannot change while the call runs), owned otherwise (an item of a list,
+// a dict's value, a node's child: another thread may replace it).
+class LeafObjects {
+ public:
+  void PushBorrowed(PyObject* leaf) { ptrs_.push_back(leaf); }
+  void PushOwned(nb::object leaf) {
+    ptrs_.push_back(leaf.ptr());
+    owned_.push_back(std::move(leaf));
+  }
+  void clear() {
+    ptrs_.clear();
+    owned_.clear();
+  }
+  size_t size() const { return ptrs_.size(); }
+  PyObject* operator[](size_t i) const { return ptrs_[i]; }
+  PyObject* const* data() const { return ptrs_.data(); }
+
+ private:
+  SmallVector<PyObject*, 8> ptrs_;
+  SmallVector<nb::object, 2> owned_;
+};
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
                     size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false,
-                    LeafObjects* leaf_objects = nullptr, bool with_context = true);
-// Reads the context of a signature built without it (the probe first: throws
-// NeedsFallback when the call must defer) and completes its hash; the
-// signature must then adopt it (CallSignature::AdoptContext) before any other
-// Python code runs.
-void AddContext(const SignatureSpec& spec, CallSignature& sig);
+                    LeafObjects* leaf_objects = nullptr, bool partial = false);
 
 // numpy's array and scalar base types, which the builder checks per leaf:
 // imported at module init (InitSignatures), fixed afterwards.

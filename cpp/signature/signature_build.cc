@@ -141,28 +141,30 @@ void ReadContext(const ContextHook& hook, CallSignature& out, SmallVector<nb::ob
   }
 }
 
-// The full hash: the arguments', then the context's (when there is one).
-void FinishHash(CallSignature& out, SmallVector<nb::object, 4>& extras, ThreadMemos& memos) {
+// The full hash: the arguments', the placements' (0: none), then the
+// context's (when there is one).
+void FinishHash(CallSignature& out, size_t placements, SmallVector<nb::object, 4>& extras, ThreadMemos& memos) {
+  size_t h = placements ? Mix(out.args_hash, placements) : out.args_hash;
   // Last: nothing may run Python once the context borrows (see ContextHash).
-  out.hash = out.context.is_valid() ? Mix(out.args_hash, static_cast<size_t>(ContextHash(out.context, extras,
-                                                                                           memos.context)))
-                                    : out.args_hash;
+  out.hash = out.context.is_valid() ? Mix(h, static_cast<size_t>(ContextHash(out.context, extras, memos.context)))
+                                    : h;
 }
 
 }  // namespace
 
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
                     PyObject* kwnames, CallSignature& out, bool allow_specs, LeafObjects* leaf_objects,
-                    bool with_context) {
+                    bool partial) {
   // The context first: a call that must defer (a JAX trace is active, jit is
   // disabled) defers before its arguments are looked at, whatever they are.
-  // Without it (a function whose executables check the context: the hit
-  // path), AddContext reads it later, if the call misses.
+  // A partial signature (a function whose executables check the context:
+  // the hit path) reads none.
   const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
   SmallVector<nb::object, 4> extras;
-  if (with_context) ReadContext(hook, out, extras);
+  if (!partial) ReadContext(hook, out, extras);
+  out.partial = partial;
   ThreadMemos& memos = Memos();
-  Builder b(spec, hook, out, memos, allow_specs, leaf_objects);
+  Builder b(spec, hook, out, memos, allow_specs, leaf_objects, partial);
   out.num_positional = static_cast<uint32_t>(nargs);
   b.MixIn(nargs);
   for (size_t i = 0; i < nargs; ++i) {
@@ -212,15 +214,8 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
   }
   out.args_hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;
-  out.table_hash = spec.context_in_executable ? out.args_hash : 0;
-  FinishHash(out, extras, memos);
-  if (!spec.context_in_executable) out.table_hash = out.hash;
-}
-
-void AddContext(const SignatureSpec& spec, CallSignature& sig) {
-  SmallVector<nb::object, 4> extras;
-  ReadContext(spec.hook, sig, extras);
-  FinishHash(sig, extras, Memos());
+  FinishHash(out, b.placement_hash(), extras, memos);
+  out.table_hash = spec.context_in_executable ? out.args_hash : out.hash;
 }
 
 bool ContextHook::Defers() const {

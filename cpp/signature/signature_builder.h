@@ -47,8 +47,8 @@ struct PathElem {
 class Builder {
  public:
   Builder(const SignatureSpec& spec, const ContextHook& hook, CallSignature& out, ThreadMemos& memos,
-          bool allow_specs, LeafObjects* leaf_objects)
-      : spec_(spec), hook_(hook), out_(out), memos_(memos), allow_specs_(allow_specs),
+          bool allow_specs, LeafObjects* leaf_objects, bool partial = false)
+      : spec_(spec), hook_(hook), out_(out), memos_(memos), allow_specs_(allow_specs), partial_(partial),
         leaf_objects_(leaf_objects) {}
 
   // Records `obj` (an argument, or a node or leaf inside one) in `out_` and
@@ -78,7 +78,8 @@ class Builder {
   // One node or leaf, by its type (signature_flatten.cc).
   void FlattenNode(PyObject* obj);
 
-  size_t hash() const { return h_; }
+  size_t hash() const { return h_; }  // the arguments' without placements
+  size_t placement_hash() const { return p_; }  // the placements' (0: none)
   void MixIn(size_t v) { h_ = Mix(h_, v); }
 
   void SetTop(PyObject* name, Py_ssize_t position) {
@@ -105,8 +106,21 @@ class Builder {
   inline void Scalar(PyObject* obj, LeafKind kind);
   // Keeps the leaf `obj` for an executable that takes leaves, when asked to.
   void KeepLeaf(PyObject* obj) {
-    if (leaf_objects_) leaf_objects_->push_back(nb::borrow(obj));
+    if (!leaf_objects_) return;
+    if (held_) {
+      leaf_objects_->PushBorrowed(obj);
+    } else {
+      leaf_objects_->PushOwned(nb::borrow(obj));
+    }
   }
+  // Flattens `obj`'s children, which the call's arguments hold for the call
+  // (`held`: a tuple's items) or may not (a list's, a dict's, a node's).
+  struct Holding {
+    Builder& b;
+    bool saved;
+    Holding(Builder& builder, bool held) : b(builder), saved(builder.held_) { b.held_ = saved && held; }
+    ~Holding() { b.held_ = saved; }
+  };
   inline void Sequence(PyObject* obj, NodeKind kind);
   inline void Dict(PyObject* obj);
   inline bool IsCustomNamedTuple(PyTypeObject* type);
@@ -137,8 +151,11 @@ class Builder {
   CallSignature& out_;
   ThreadMemos& memos_;
   const bool allow_specs_;  // argument specs stand for arrays (precompile), or are refused (a call)
+  const bool partial_;      // placements left out (BuildSignature's `partial`)
   LeafObjects* const leaf_objects_;  // the leaves themselves, or null when not asked for
+  bool held_ = true;  // the object being flattened is held by the call's arguments (see LeafObjects)
   size_t h_ = 0;
+  size_t p_ = 0;  // the committed placements', by leaf (see TryArray)
   PyObject* top_name_ = nullptr;  // borrowed
   Py_ssize_t top_position_ = -1;
   SmallVector<PathElem, 8> path_;

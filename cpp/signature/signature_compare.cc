@@ -113,13 +113,12 @@ const char* DebugFastEqualsAtRecursionLimit(PyObject* a, PyObject* b, bool* erro
 }
 
 CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const noexcept {
-  // A probe without its context (o.context invalid, this one's valid)
-  // compares the arguments only: see the declaration.
-  const bool with_context = o.context.is_valid();
+  // A partial probe compares the arguments only: see the declaration.
+  const bool whole = !o.partial;
   if (table_hash != o.table_hash || num_positional != o.num_positional || !(tree == o.tree) ||
       !(dims == o.dims) || leaves.size() != o.leaves.size() ||
       statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
-      aux.size() != o.aux.size() || (with_context && !context.is_valid())) {
+      aux.size() != o.aux.size() || (whole && context.is_valid() != o.context.is_valid())) {
     return FastEq::kNotEqual;
   }
   FastEq result = FastEq::kEqual;
@@ -131,12 +130,12 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
     const LeafSignature& a = leaves[i];
     const LeafSignature& b = o.leaves[i];
     if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim ||
-        a.sharding.is_valid() != b.sharding.is_valid()) {
+        (whole && a.sharding.is_valid() != b.sharding.is_valid())) {
       return FastEq::kNotEqual;
     }
     if (a.kind == LeafKind::kArray) {
       meet(FastIdentity(a.dtype.ptr(), b.dtype.ptr()));
-      if (a.sharding.is_valid()) meet(FastIdentity(a.sharding.ptr(), b.sharding.ptr()));
+      if (whole && a.sharding.is_valid()) meet(FastIdentity(a.sharding.ptr(), b.sharding.ptr()));
     }
   }
   for (size_t i = 0; i < kwnames.size(); ++i) {
@@ -148,7 +147,7 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
   for (size_t i = 0; i < statics.size(); ++i) {
     if (!meet(FastObjectEquals(statics[i].ptr(), o.statics[i].ptr()))) return FastEq::kNotEqual;
   }
-  if (with_context) {
+  if (whole && context.is_valid()) {
     // Interned contexts by their struct's identity: a probe's borrowed one
     // may have lost its object meanwhile (interned_context.h), never its struct.
     if (context.interned() || o.context.interned()) {
@@ -205,13 +204,16 @@ bool CallSignature::Equals(const CallSignature& o) const {
   return true;
 }
 
-bool SameContext(const CallSignature& a, const CallSignature& b) {
+bool SameContextAndPlacements(const CallSignature& a, const CallSignature& b) {
+  if (a.leaves.size() != b.leaves.size()) return false;
+  for (size_t i = 0; i < a.leaves.size(); ++i) {
+    const nb::object& x = a.leaves[i].sharding;
+    const nb::object& y = b.leaves[i].sharding;
+    if (x.is_valid() != y.is_valid() || (x.is_valid() && !SameObjectOrEqual(x.ptr(), y.ptr()))) return false;
+  }
   InternedContext* x = a.context.interned();
   InternedContext* y = b.context.interned();
-  if (x || y) {
-    // Interning makes equal live contexts one object.
-    if (x && y) return x == y;
-  }
+  if (x && y) return x == y;  // interning makes equal live contexts one object
   if (!a.context.is_valid() || !b.context.is_valid()) return a.context.is_valid() == b.context.is_valid();
   return SameObjectOrEqual(a.context.ptr(), b.context.ptr());
 }

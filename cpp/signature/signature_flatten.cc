@@ -87,6 +87,7 @@ inline void Builder::Sequence(PyObject* obj, NodeKind kind) {
   Py_ssize_t n = is_list ? PyList_GET_SIZE(obj) : PyTuple_GET_SIZE(obj);
   out_.tree.push_back(Token(kind, n));
   h_ = Mix(h_, Token(kind, n));
+  Holding holding(*this, /*held=*/!is_list);  // a tuple's items cannot change; a list's can
   for (Py_ssize_t i = 0; i < n; ++i) {
     nb::object item;
     if (is_list) {
@@ -129,6 +130,7 @@ inline void Builder::Dict(PyObject* obj) {
     out_.aux.push_back(std::move(key));
   }
   size_t first_key = out_.aux.size() - n;
+  Holding holding(*this, /*held=*/false);  // the dict's values may be replaced meanwhile
   for (Py_ssize_t i = 0; i < n; ++i) {
     path_.push_back(PathElem{out_.aux[first_key + i].ptr(), 0});
     Flatten(values[i].ptr());
@@ -185,6 +187,7 @@ inline bool Builder::TryRegistry(PyObject* obj) {
   h_ = Mix(Mix(Mix(h_, Token(NodeKind::kRegistered, n)), std::hash<const void*>()(Py_TYPE(obj))),
            static_cast<size_t>(kh));
   PyObject** items = PySequence_Fast_ITEMS(children.ptr());  // our own list or tuple
+  Holding holding(*this, /*held=*/false);  // the node's children: `children` holds them, not the call
   for (Py_ssize_t i = 0; i < n; ++i) {
     path_.push_back(PathElem{nullptr, i});
     Flatten(items[i]);
@@ -213,6 +216,7 @@ inline bool Builder::TryCustom(PyObject* obj) {
   out_.tree.push_back(Token(NodeKind::kCustom, n));
   out_.aux.push_back(std::move(key));
   h_ = Mix(Mix(h_, Token(NodeKind::kCustom, n)), static_cast<size_t>(kh));
+  Holding holding(*this, /*held=*/false);  // the node's children: `children` holds them, not the call
   for (Py_ssize_t i = 0; i < n; ++i) {
     path_.push_back(PathElem{nullptr, i});
     Flatten(PyTuple_GET_ITEM(children.ptr(), i));

@@ -155,23 +155,25 @@ inline bool Builder::TryArray(PyObject* obj) {
   } else if (!ReadArrayShape(obj, s, memos_)) {
     return false;
   }
-  size_t h = s.hash;
   // A committed array runs where it lives, so its placement is part of the
   // signature (what jax.jit keys on); an uncommitted one may be moved and
-  // shares the signature of a numpy array.
+  // shares the signature of a numpy array. Placements are hashed apart
+  // (p_, by leaf), and left out of a partial signature.
   // For an aval type, whether it is a committed type was settled (and its
   // getter resolved) when the function was jitted (AddAvalType).
   nb::object sharding;
-  if (via_aval ? via_aval->committed.name != nullptr : hook_.IsCommittedType(Py_TYPE(obj))) {
+  if (partial_) {
+    // The executable checks placements (context_in_executable).
+  } else if (via_aval ? via_aval->committed.name != nullptr : hook_.IsCommittedType(Py_TYPE(obj))) {
     nb::object committed = nb::steal(via_aval ? via_aval->committed.Get(obj)
                                               : PyObject_GetAttr(obj, hook_.committed_attr));
     if (!committed.is_valid()) throw nb::python_error();
     int truth = PyObject_IsTrue(committed.ptr());
     if (truth < 0) throw nb::python_error();
     if (truth == 1) {
-      sharding = nb::steal(PyObject_GetAttr(obj, hook_.sharding_attr));
+      sharding = nb::steal(via_aval ? via_aval->sharding.Get(obj) : PyObject_GetAttr(obj, hook_.sharding_attr));
       if (!sharding.is_valid()) throw nb::python_error();
-      h = Mix(h, static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
+      p_ = Mix(Mix(p_, out_.leaves.size()), static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
     }
   } else if (!via_aval && hook_.IsSpecType(Py_TYPE(obj))) {
     // A spec describes an argument (precompile, warmup); it cannot be one.
@@ -181,7 +183,7 @@ inline bool Builder::TryArray(PyObject* obj) {
     if (!placed.is_valid()) throw nb::python_error();
     if (!placed.is_none()) {
       sharding = std::move(placed);
-      h = Mix(h, static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
+      p_ = Mix(Mix(p_, out_.leaves.size()), static_cast<size_t>(MemoHash(memos_.sharding_hashes, sharding.ptr())));
     }
   }
   if (allow_specs_) CheckSpecShape(s);  // precompile and warm-up only: off the hit path
@@ -190,7 +192,7 @@ inline bool Builder::TryArray(PyObject* obj) {
   out_.tree.push_back(Token(NodeKind::kLeaf, 0));
   out_.leaves.push_back(LeafSignature{LeafKind::kArray, s.weak, static_cast<uint32_t>(s.dims.size()),
                                       std::move(s.dtype), std::move(sharding)});
-  h_ = Mix(h_, h);
+  h_ = Mix(h_, s.hash);
   return true;
 }
 

@@ -132,7 +132,10 @@ void SignatureSpec::AddAvalType(PyTypeObject* type) {
   AvalType t;
   t.type = type;
   t.aval = DirectGetter::Resolve(type, N().aval);
-  if (hook.IsCommittedType(type)) t.committed = DirectGetter::Resolve(type, hook.committed_attr);
+  if (hook.IsCommittedType(type)) {
+    t.committed = DirectGetter::Resolve(type, hook.committed_attr);
+    t.sharding = DirectGetter::Resolve(type, hook.sharding_attr);
+  }
   aval_types.push_back(std::move(t));
 }
 
