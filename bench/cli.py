@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="calls per thread per thread-scaling timing (overrides the preset)")
     parser.add_argument("--scaling-rounds", type=int, metavar="R",
                         help="interleaved rounds of the thread-scaling timings (overrides the preset)")
+    parser.add_argument("--only-scaling", action="store_true",
+                        help="only the thread-scaling table (for a many-core machine's short lease)")
     parser.add_argument("--threads", type=thread_counts, metavar="1,N,...",
                         help="thread-scaling columns: these thread counts (increasing, from 1), every thread "
                              "calling a function of its own, instead of 1 thread and 2 threads on one "
@@ -102,19 +104,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sizes[flag] = getattr(args, flag)
     if args.repeat is not None:
         sizes["warmup_repeat"] = min(sizes["warmup_repeat"], args.repeat)
-    cases = default_cases(with_jax=not args.no_jax)
+    cases = [] if args.only_scaling else default_cases(with_jax=not args.no_jax)
     load_before = os.getloadavg()
     print(f"bench: ftjit {ftjit.__version__} on {_interpreter()}, {len(cases)} cases, number={sizes['number']}, "
           f"repeat={sizes['repeat']}, load average {load_before[0]:.2f}", file=sys.stderr, flush=True)
     overhead = loop_overhead_ns(sizes["number"], sizes["repeat"])
     results: list[Measurement] = []
-    for thread in ("worker", "main"):
+    for thread in () if args.only_scaling else ("worker", "main"):
         print(f"bench: single-thread rows, timed in the {thread} thread", file=sys.stderr, flush=True)
         results += measure(cases, sizes["number"], sizes["repeat"], on_repeat=_progress, overhead_ns=overhead,
                            thread=thread)
     # Worker and main rows of a case next to each other.
     results.sort(key=lambda m: cases.index(m.case))
-    if not args.no_jax:
+    if not args.no_jax and not args.only_scaling:
         from .warmup import warmup_measurement
 
         print(f"bench: warm-up, {args.warmup_signatures} signatures, workers={args.warmup_workers} vs 1, "
@@ -122,11 +124,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.append(warmup_measurement(args.warmup_signatures, args.warmup_workers, sizes["warmup_repeat"]))
     from .misses import LARGE, UNEXPLAINED_SIZES, miss_measurement, unexplained_miss_measurements
 
-    print(f"bench: misses with {LARGE} signatures cached and with 10", file=sys.stderr, flush=True)
-    results.append(miss_measurement(misses=sizes["misses"], rounds=sizes["miss_rounds"]))
-    print(f"bench: unexplained misses with {', '.join(map(str, UNEXPLAINED_SIZES))} signatures cached and with none",
-          file=sys.stderr, flush=True)
-    results += unexplained_miss_measurements(misses=sizes["misses"], rounds=sizes["miss_rounds"])
+    if not args.only_scaling:
+        print(f"bench: misses with {LARGE} signatures cached and with 10", file=sys.stderr, flush=True)
+        results.append(miss_measurement(misses=sizes["misses"], rounds=sizes["miss_rounds"]))
+        print(f"bench: unexplained misses with {', '.join(map(str, UNEXPLAINED_SIZES))} signatures cached and with "
+              "none", file=sys.stderr, flush=True)
+        results += unexplained_miss_measurements(misses=sizes["misses"], rounds=sizes["miss_rounds"])
     threads = "" if args.threads is None else f" with {','.join(map(str, args.threads))} threads"
     print(f"bench: thread scaling{threads}, {sizes['scaling_rounds']} rounds of {sizes['scaling_calls']} calls per "
           f"thread", file=sys.stderr, flush=True)
@@ -137,10 +140,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"ftjit {ftjit.__version__} on {_interpreter()}; load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
     print()
-    print(format_table(results))
-    print(f"(ratio = ftjit /call ÷ anchor /call, lower is better; each /call is the median of the interleaved "
-          f"timings, less timeit's loop overhead of {overhead:.1f} ns/call; the warm-up row compares best runs)")
-    print()
+    if results:
+        print(format_table(results))
+        print(f"(ratio = ftjit /call ÷ anchor /call, lower is better; each /call is the median of the interleaved "
+              f"timings, less timeit's loop overhead of {overhead:.1f} ns/call; the warm-up row compares best runs)")
+        print()
     print(format_scaling(scaling))
     for warning in _check_compiled_once(cases):
         print(warning)

@@ -1,7 +1,8 @@
 """Thread scaling: calls per second with 1 thread, and with 2 threads on one function and on two, for
 the ftjit core against functools.lru_cache, the core on a jax Array (no anchor) and ftjit.jit against
 jax.jit, interleaved in one run; or, given thread counts (``--threads 1,2,4``), with each of those many
-threads, every thread calling a function of its own.
+threads, every thread calling a function of its own, and ftjit.jit against jax.jit again with one
+function that every thread calls (a server's worker threads).
 
 Every thread is a worker (never the main thread) and calls with arguments of
 its own (distinct objects of the same signature, as requests carry), so the
@@ -216,7 +217,10 @@ def _core_array_contenders() -> tuple[Contender, Contender]:
             Contender("ftjit core + JAX hooks, jax Array", maker(JaxSignatureOnly)))
 
 
-def _jax_contenders() -> tuple[Contender, Contender]:
+def _jax_contenders(shared: bool = False) -> tuple[Contender, Contender]:
+    """ftjit.jit and jax.jit of x + y on two f32[4] jax Arrays, each thread with arrays of its own: a
+    function per thread index, or (``shared``) one function that every thread calls, as a server's
+    worker threads do."""
     import jax
     import jax.numpy as jnp
 
@@ -225,19 +229,38 @@ def _jax_contenders() -> tuple[Contender, Contender]:
     def arrays() -> tuple[Any, ...]:
         return jnp.arange(4, dtype=jnp.float32), jnp.ones(4, dtype=jnp.float32)
 
-    def ours(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
-        def add(x: Any, y: Any) -> Any:
-            return x + y
+    def add(x: Any, y: Any) -> Any:
+        return x + y
 
-        return ftjit.jit(add, cache=ftjit.FunctionCache(capacity=16)), arrays
+    def one_each(jit: Callable[[Callable[..., Any]], Any]) -> Callable[[int], tuple[Any, Any]]:
+        def make(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+            def f(x: Any, y: Any) -> Any:
+                return add(x, y)
 
-    def theirs(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
-        def add(x: Any, y: Any) -> Any:
-            return x + y
+            return jit(f), arrays
 
-        return jax.jit(add), arrays
+        return make
 
-    return Contender("ftjit.jit", ours), Contender("jax.jit", theirs)
+    def one_for_all(jit: Callable[[Callable[..., Any]], Any]) -> Callable[[int], tuple[Any, Any]]:
+        made: list[Any] = []
+
+        def make(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+            if not made:
+                def f(x: Any, y: Any) -> Any:
+                    return add(x, y)
+
+                made.append(jit(f))
+            return made[0], arrays
+
+        return make
+
+    def ours(f: Callable[..., Any]) -> Any:
+        return ftjit.jit(f, cache=ftjit.FunctionCache(capacity=16))
+
+    if shared:
+        return (Contender("ftjit.jit, one function", one_for_all(ours)),
+                Contender("jax.jit, one function", one_for_all(jax.jit)))
+    return Contender("ftjit.jit", one_each(ours)), Contender("jax.jit", one_each(jax.jit))
 
 
 def scaling_result(calls: int, rounds: int, with_jax: bool = True,
@@ -248,6 +271,8 @@ def scaling_result(calls: int, rounds: int, with_jax: bool = True,
     groups: list[tuple[Contender, ...]] = [_core_contenders()]
     if with_jax:
         groups += [_core_array_contenders(), _jax_contenders()]
+        if thread_counts is not None:  # and one function that every thread calls, as a server's do
+            groups.append(_jax_contenders(shared=True))
     counts = None if thread_counts is None else tuple(thread_counts)
     configs = CONFIGS if counts is None else thread_configs(counts)
     load_before = os.getloadavg()
@@ -284,10 +309,16 @@ def _thread_targets(measured: Sequence[tuple[Scaling, ...]], n: int) -> list[Tar
     reason = ("the targets are set for the free-threaded build; on a GIL build threads take turns"
               if not FREE_THREADED else
               f"{n} threads need {n} cores and this machine has {cpus}: measure on one with as many cores")
-    (array, _), (ours, theirs) = measured[1], measured[2]
-    key = str(n)
+    (array, _), (ours, theirs), (ours_one, theirs_one) = measured[1], measured[2], measured[3]
+    key, one = str(n), "1"
     return [
         Target(f"ftjit core, jax Array: {n} threads / 1 thread", array.scaling(key), 1.0, applies, reason),
-        Target(f"ftjit.jit / jax.jit throughput at {n} threads", ours.rate(key) / theirs.rate(key), 1.3, applies,
+        Target(f"ftjit.jit / jax.jit throughput, 1 thread", ours.rate(one) / theirs.rate(one), 0.97, applies,
                reason),
+        Target(f"ftjit.jit / jax.jit throughput at {n} threads, a function each", ours.rate(key) / theirs.rate(key),
+               1.3, applies, reason),
+        Target(f"ftjit.jit / jax.jit throughput at {n} threads, one function", ours_one.rate(key) / theirs_one.rate(key),
+               1.25, applies, reason),
+        Target(f"ftjit.jit's {n}/1 speed-up, one function / a function each", ours_one.scaling(key) / ours.scaling(key),
+               0.9, applies, reason),
     ]

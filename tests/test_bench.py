@@ -51,6 +51,8 @@ MISSES = ("miss with 4000 signatures cached", "10 signatures", 1.25)
 UNEXPLAINED = [(f"miss unexplained, {n} signatures cached", "0 signatures", 1.5 if n == 8000 else None)
                for n in (2000, 8000, 16000)]
 STATUS = re.compile(r"PASS|MISS")
+THREAD_SIDES = ["ftjit core", "lru_cache", "ftjit core, jax Array", "ftjit core + JAX hooks, jax Array", "ftjit.jit",
+                "jax.jit", "ftjit.jit, one function", "jax.jit, one function"]
 SCALING_SIDES = ["ftjit core", "lru_cache", "ftjit core, jax Array", "ftjit core + JAX hooks, jax Array", "ftjit.jit",
                  "jax.jit"]
 
@@ -279,19 +281,31 @@ def test_bench_threads_prints_a_column_per_count_with_speed_ups_and_targets_from
     assert re.split(r"\s{2,}", header) == ["side", "1 thread", "2 threads", "speed-up 2/1"]
     assert "each with its own function and arguments" in proc.stdout
     scaling = _table_rows(proc.stdout, header="side ")
-    assert [r[0] for r in scaling] == SCALING_SIDES
+    assert [r[0] for r in scaling] == THREAD_SIDES
     for row in scaling:
         one, two, speed_up = map(_num, row[1:])
         assert speed_up == pytest.approx(two / one, rel=0.01, abs=0.011), row
     targets = _table_rows(proc.stdout, header="target ")
-    assert [(t[0], t[2]) for t in targets] == [("ftjit core, jax Array: 2 threads / 1 thread", ">= 1"),
-                                               ("ftjit.jit / jax.jit throughput at 2 threads", ">= 1.3")]
+    minimums = (1.0, 0.97, 1.3, 1.25, 0.9)
+    assert [(t[0], t[2]) for t in targets] == [
+        ("ftjit core, jax Array: 2 threads / 1 thread", ">= 1"),
+        ("ftjit.jit / jax.jit throughput, 1 thread", ">= 0.97"),
+        ("ftjit.jit / jax.jit throughput at 2 threads, a function each", ">= 1.3"),
+        ("ftjit.jit / jax.jit throughput at 2 threads, one function", ">= 1.25"),
+        ("ftjit.jit's 2/1 speed-up, one function / a function each", ">= 0.9"),
+    ]
     rates = {r[0]: r for r in scaling}
     assert _num(targets[0][1]) == pytest.approx(_num(rates["ftjit core, jax Array"][3]), abs=0.011)
-    assert _num(targets[1][1]) == pytest.approx(_num(rates["ftjit.jit"][2]) / _num(rates["jax.jit"][2]),
+    assert _num(targets[1][1]) == pytest.approx(_num(rates["ftjit.jit"][1]) / _num(rates["jax.jit"][1]),
                                                 rel=0.01, abs=0.011)
+    assert _num(targets[2][1]) == pytest.approx(_num(rates["ftjit.jit"][2]) / _num(rates["jax.jit"][2]),
+                                                rel=0.01, abs=0.011)
+    assert _num(targets[3][1]) == pytest.approx(
+        _num(rates["ftjit.jit, one function"][2]) / _num(rates["jax.jit, one function"][2]), rel=0.01, abs=0.011)
+    assert _num(targets[4][1]) == pytest.approx(
+        _num(rates["ftjit.jit, one function"][3]) / _num(rates["ftjit.jit"][3]), rel=0.02, abs=0.011)
     applies = FT and (os.cpu_count() or 1) >= 2
-    for (_, value, _, status), minimum in zip(targets, (1.0, 1.3)):
+    for (_, value, _, status), minimum in zip(targets, minimums):
         if not applies:
             assert status == "report"
         elif abs(_num(value) - minimum) > 0.005:  # beyond the printed rounding, the status follows the value
@@ -307,15 +321,19 @@ def test_bench_threads_prints_a_column_per_count_with_speed_ups_and_targets_from
     assert result["thread_counts"] == [1, 2]
     assert [(c["key"], c["threads"], c["shared"]) for c in result["configs"]] == [("1", 1, False), ("2", 2, False)]
     sides = {s["label"]: s for s in result["sides"]}
-    assert [s["label"] for s in result["sides"]] == SCALING_SIDES
-    assert [s["group"] for s in result["sides"]] == [0, 0, 1, 1, 2, 2]  # the core on a jax Array: no anchor
+    assert [s["label"] for s in result["sides"]] == THREAD_SIDES
+    assert [s["group"] for s in result["sides"]] == [0, 0, 1, 1, 2, 2, 3, 3]  # the core on a jax Array: no anchor
     for s in result["sides"]:
         assert s["median"] == {k: statistics.median(v) for k, v in s["rates"].items()}
         assert list(s["median"]) == ["1", "2"]
-    array, ours, theirs = (sides[label]["median"] for label in ("ftjit core, jax Array", "ftjit.jit", "jax.jit"))
-    assert [(t["text"], t["minimum"]) for t in result["targets"]] == [(t[0], m) for t, m in zip(targets, (1.0, 1.3))]
+    array, ours, theirs, ours_one, theirs_one = (sides[label]["median"] for label in (
+        "ftjit core, jax Array", "ftjit.jit", "jax.jit", "ftjit.jit, one function", "jax.jit, one function"))
+    assert [(t["text"], t["minimum"]) for t in result["targets"]] == [(t[0], m) for t, m in zip(targets, minimums)]
     assert result["targets"][0]["value"] == pytest.approx(array["2"] / array["1"])
-    assert result["targets"][1]["value"] == pytest.approx(ours["2"] / theirs["2"])
+    assert result["targets"][1]["value"] == pytest.approx(ours["1"] / theirs["1"])
+    assert result["targets"][2]["value"] == pytest.approx(ours["2"] / theirs["2"])
+    assert result["targets"][3]["value"] == pytest.approx(ours_one["2"] / theirs_one["2"])
+    assert result["targets"][4]["value"] == pytest.approx((ours_one["2"] / ours_one["1"]) / (ours["2"] / ours["1"]))
     assert [t["status"] for t in result["targets"]] == [t[3] for t in targets]
 
 
@@ -384,17 +402,37 @@ def test_thread_count_targets_follow_the_numbers_and_apply_only_with_as_many_cor
 
         return [(side("ftjit core", 1.0, 1.0), side("lru_cache", 1.0, 1.0)),
                 (side("ftjit core, jax Array", 4e6, 3.96e6), side("ftjit core + JAX hooks, jax Array", 2e6, 2e6)),
-                (side("ftjit.jit", 1e5, 2.62e5), side("jax.jit", 1e5, 2e5))]
+                (side("ftjit.jit", 0.96e5, 2.62e5), side("jax.jit", 1e5, 2e5)),
+                (side("ftjit.jit, one function", 0.96e5, 2.4e5), side("jax.jit, one function", 1e5, 1.9e5))]
 
-    array, ratio = bt._thread_targets(measured(2), 2)
+    array, one, each, shared, own = bt._thread_targets(measured(2), 2)
     assert (array.text, array.value, array.minimum) == ("ftjit core, jax Array: 2 threads / 1 thread",
                                                         pytest.approx(0.99), 1.0)
-    assert (ratio.text, ratio.value, ratio.minimum) == ("ftjit.jit / jax.jit throughput at 2 threads",
-                                                        pytest.approx(1.31), 1.3)
+    assert (one.text, one.value, one.minimum) == ("ftjit.jit / jax.jit throughput, 1 thread", pytest.approx(0.96),
+                                                  0.97)
+    assert (each.text, each.value, each.minimum) == ("ftjit.jit / jax.jit throughput at 2 threads, a function each",
+                                                     pytest.approx(1.31), 1.3)
+    assert (shared.text, shared.value, shared.minimum) == (
+        "ftjit.jit / jax.jit throughput at 2 threads, one function", pytest.approx(2.4 / 1.9), 1.25)
+    assert (own.text, own.value, own.minimum) == (
+        "ftjit.jit's 2/1 speed-up, one function / a function each", pytest.approx(2.4 / 2.62), 0.9)
     applies = bt.FREE_THREADED and (os.cpu_count() or 1) >= 2
-    assert (array.status, ratio.status) == (("MISS", "PASS") if applies else ("report", "report"))
+    statuses = [t.status for t in (array, one, each, shared, own)]
+    assert statuses == (["MISS", "MISS", "PASS", "PASS", "PASS"] if applies else ["report"] * 5)
     many = (os.cpu_count() or 1) + 1  # more threads than cores: reported only, and the reason says which
     targets = bt._thread_targets(measured(many), many)
-    assert [t.status for t in targets] == ["report", "report"]
+    assert [t.status for t in targets] == ["report"] * 5
     assert all(("cores" in t.reason) == bt.FREE_THREADED for t in targets)
     assert bt._thread_targets(measured(2)[:1], 2) == []  # --no-jax: both targets are about jax Arrays
+
+
+@pytest.mark.thread_unsafe(reason="runs the whole benchmark in a subprocess: 8 at once would overload 2 cores")
+@pytest.mark.timeout(180)
+def test_only_scaling_prints_the_scaling_table_alone(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _bench(*TINY, "--only-scaling", "--threads", "1,2", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not _table_rows(proc.stdout)  # no per-call table
+    assert [r[0] for r in _table_rows(proc.stdout, header="side ")] == THREAD_SIDES
+    data = json.loads(out.read_text())
+    assert data["results"] == [] and data["scaling"]["thread_counts"] == [1, 2]
