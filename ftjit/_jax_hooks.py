@@ -95,6 +95,21 @@ JIT_KEY_EXTRA_CONFIGS = ("device_context", "optimization_level", "memory_fitting
 # Where jax keeps them (device_context moved from config to mesh in jax 0.11).
 _EXTRA_CONFIG_MODULES = ("jax._src.config", "jax._src.mesh")
 
+# Configs in trace_context() that jax.jit's cache key leaves out (jax 0.10.2;
+# tests/test_jax_copies.py lists them against the running JAX). The JAX
+# compiler's executables check jax.jit's key (context_in_executable), so a
+# change of one of these alone recompiles nothing, exactly as with jax.jit:
+# what is compiled keeps the value it was traced with. (jax_disable_jit is
+# checked by jaxlib's call itself: ftjit then calls the function's jax.jit,
+# which runs it eagerly.) On a miss for another reason the whole context is
+# read, these included.
+TRACE_CONTEXT_NOT_IN_JIT_KEY = (
+    "jax_disable_jit",
+    "jax_high_dynamic_range_gumbel",
+    "jax_hlo_source_file_canonicalization_regex",
+    "jax_mutable_array_checks",
+)
+
 
 class SignatureHooks(NamedTuple):
     """The context hook handed to the core (see ``context_fn`` in cpp/signature.h).

@@ -1,0 +1,174 @@
+"""The JAX compiler's executables per thread (ThreadExecutables over jaxlib's
+C++ call object): the hit path reads no JAX config, the call object checks
+jax.jit's own key, and ftjit's compile-once machinery serves its misses.
+
+Thread tests start on a Barrier (helpers.run_threads), join with a timeout
+and re-raise worker exceptions.
+"""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import ftjit
+import ftjit._jax
+from helpers import gc_collect_until, run_script, run_threads
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _counting_copies(monkeypatch):
+    """Records a weak reference to every copy the JAX compiler's ThreadExecutables make."""
+    made = []
+    real = ftjit._jax._copies
+
+    def copies(compiled, params, takes_leaves):
+        found = real(compiled, params, takes_leaves)
+        if found is None:
+            return None
+
+        def make(miss, eager):
+            copy = found.make(miss, eager)
+            made.append(weakref.ref(copy))
+            return copy
+
+        return found._replace(make=make)
+
+    monkeypatch.setattr(ftjit._jax, "_copies", copies)
+    return made
+
+
+def test_the_jax_compilers_executables_are_thread_executables():
+    jf = ftjit.jit(lambda x, y: x + y)
+    x = jnp.arange(4.0)
+    assert np.asarray(jf(x, x)).tolist() == [0.0, 2.0, 4.0, 6.0]
+    found = ftjit._jax.executable_for(*_compiled_and_args(x))
+    assert isinstance(found, ftjit.ThreadExecutables) and found.takes_leaves is True
+
+
+def _compiled_and_args(x):
+    compiled = jax.jit(lambda a, b: a + b).lower(x, x).compile()
+    return compiled, (x, x), {}, (x, x)
+
+
+@pytest.mark.thread_unsafe(reason="patches the JAX compiler's module to count its copies")
+def test_twelve_threads_entering_enable_x64_at_once_compile_once(monkeypatch):
+    made = _counting_copies(monkeypatch)
+    jf = ftjit.jit(lambda x: x * 3 + 1, cache=ftjit.FunctionCache())
+    assert np.asarray(jf(np.arange(4))).dtype == np.int32
+    assert jf.cache_info().compiles == 1
+
+    def call(i):
+        with jax.enable_x64(True):
+            out = np.asarray(jf(np.arange(4) + i))
+        return out.dtype, out.tolist()
+
+    out = run_threads(12, call)
+    assert out == [(np.dtype(np.int64), [(k + i) * 3 + 1 for k in range(4)]) for i in range(12)]
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.size, info.failures) == (2, 2, 2, 0)
+    assert info.hits + info.waits == 11  # the 12 calls but the one that compiled
+    # Each thread runs copies of its own: at most one per signature and shard, plus one shared per signature.
+    assert len(made) <= 2 * (16 + 1)
+
+
+@pytest.mark.thread_unsafe(reason="patches the JAX compiler's module to count its copies")
+def test_copies_die_with_clear_cache_while_threads_still_hold_their_shards(monkeypatch):
+    made = _counting_copies(monkeypatch)
+    jf = ftjit.jit(lambda x: x + 1, cache=ftjit.FunctionCache())
+    x = jnp.arange(3.0)
+    run_threads(4, lambda i: [jf(x) for _ in range(5)])
+    assert len(made) >= 2  # the shared copy, and the threads' own
+    jf.clear_cache()
+    assert gc_collect_until(lambda: all(r() is None for r in made)), "a copy outlived clear_cache()"
+    assert np.asarray(jf(x)).tolist() == [1.0, 2.0, 3.0]
+    assert jf.cache_info().compiles == 2
+
+
+def test_disable_jit_runs_the_function_eagerly_through_the_copy():
+    traces = []
+
+    def f(x):
+        traces.append(type(x).__name__)
+        return x * 2
+
+    jf = ftjit.jit(f, cache=ftjit.FunctionCache())
+    x = jnp.arange(3.0)
+    jf(x)
+    jf(x)
+    before = jf.cache_info()
+    with jax.disable_jit():
+        out = jf(x)
+    assert np.asarray(out).tolist() == [0.0, 2.0, 4.0]
+    assert traces[-1] == "ArrayImpl"  # run eagerly, on the array itself (not traced)
+    assert jf.cache_info() == before  # nothing counted
+
+
+def test_a_call_inside_a_trace_goes_to_jax_jit_with_concrete_arguments():
+    """A JAX trace active in the thread changes jax.jit's key (trace_state):
+    the copy misses and ftjit calls the function's jax.jit, which stages it
+    into the trace (closed-over tracers are never compiled into an entry)."""
+    jf = ftjit.jit(lambda x: x + 1, cache=ftjit.FunctionCache())
+    x = jnp.arange(3.0)
+    jf(x)
+
+    def outer(y):
+        return jf(x) * y  # concrete x, inside outer's trace
+
+    assert np.asarray(jax.jit(outer)(2.0)).tolist() == [2.0, 4.0, 6.0]
+    info = jf.cache_info()
+    assert (info.compiles, info.size) == (1, 1)
+
+
+TRACE_CONTEXT_ONLY = """
+    import jaxlib._jax as _jax
+    records = {}
+    Base = _jax.config.Config
+
+    class Recording(Base):
+        def __init__(self, name, value, *, include_in_jit_key=False, include_in_trace_context=False):
+            super().__init__(name, value, include_in_jit_key=include_in_jit_key,
+                             include_in_trace_context=include_in_trace_context)
+            records[name] = (include_in_jit_key, include_in_trace_context)
+
+    _jax.config.Config = Recording
+    import jax, ftjit._jax_hooks
+    print(sorted(n for n, (key, trace) in records.items() if trace and not key))
+    print(sorted(ftjit._jax_hooks.TRACE_CONTEXT_NOT_IN_JIT_KEY))
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter")
+def test_the_configs_in_the_trace_context_but_not_in_jax_jits_key_are_the_documented_ones():
+    found, documented = run_script(TRACE_CONTEXT_ONLY).splitlines()
+    assert found == documented
+
+
+def test_a_config_outside_jax_jits_key_recompiles_nothing_as_with_jax_jit():
+    """jax_high_dynamic_range_gumbel is in trace_context() but not in jax.jit's
+    key: changing it alone recompiles neither jax.jit nor ftjit.jit."""
+    from jax._src import config as jax_config
+
+    traces = {"jax": 0, "ftjit": 0}
+
+    def make(side):
+        def f(x):
+            traces[side] += 1
+            return x + 1
+
+        return f
+
+    jj, jf = jax.jit(make("jax")), ftjit.jit(make("ftjit"), cache=ftjit.FunctionCache())
+    x = jnp.arange(3.0)
+    jj(x), jf(x)
+    state = jax_config.use_high_dynamic_range_gumbel
+    with state(not state.value):
+        jj(x), jf(x)
+    assert traces == {"jax": 1, "ftjit": 1}
+    assert jf.cache_info().compiles == 1
+    gc.collect()
