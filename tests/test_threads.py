@@ -1179,14 +1179,14 @@ def test_20_bounded_cache_under_concurrency_keeps_its_books():
 
 
 
-def test_20b_thousands_of_misses_racing_with_hits_lose_no_entry():
-    """4 threads, each missing on 1500 signatures of its own and on 500 shared
+def test_20b_thousands_of_misses_racing_with_hits_on_12_threads_lose_no_entry():
+    """12 threads, each missing on 500 signatures of its own and on 500 shared
     with the others (in an order of its own), with two hits on signatures it
     saw compiled after every call: the ready table grows (and is rebuilt) under
     the hits of the other threads. Every call runs the executable compiled for
     its own signature, each signature compiles exactly once, the books balance
     and, at the end, every signature is a hit."""
-    n_threads, own, shared = 4, 1500, 500
+    n_threads, own, shared = 12, 500, 500
     total = n_threads * own + shared
     compiled = collections.Counter()
     lock = threading.Lock()
