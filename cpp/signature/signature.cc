@@ -92,6 +92,13 @@ void InitSignatures() {
     nb::module_ module = nb::steal<nb::module_>(numpy);
     t.ndarray = nb::object(module.attr("ndarray")).release().ptr();
     t.generic = nb::object(module.attr("generic")).release().ptr();
+    // The struct's fields read as the attributes say, on a real array (a
+    // numpy whose layout differs keeps the attribute reads).
+    nb::object probe = module.attr("empty")(nb::make_tuple(2, 3, 5), "int16");
+    const auto* f = reinterpret_cast<const NumpyArrayFields*>(probe.ptr());
+    t.read_fields = Py_TYPE(probe.ptr()) == reinterpret_cast<PyTypeObject*>(t.ndarray) && f->nd == 3 &&
+                    f->dimensions[0] == 2 && f->dimensions[1] == 3 && f->dimensions[2] == 5 &&
+                    f->descr == nb::object(probe.attr("dtype")).ptr();
   }
 }
 

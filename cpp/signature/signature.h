@@ -85,6 +85,7 @@ class PinnedRef {
   }
   PyObject* ptr() const { return p_; }
   bool is_valid() const { return p_ != nullptr; }
+  bool is_pinned() const { return p_ != nullptr && !owned_; }
 
  private:
   PyObject* p_ = nullptr;
@@ -485,6 +486,24 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
 struct NumpyTypes {
   PyObject* ndarray = nullptr;  // numpy.ndarray
   PyObject* generic = nullptr;  // numpy.generic
+  // An exact ndarray's rank, dimensions and dtype are read from its C
+  // struct, as numpy's own C API macros (PyArray_NDIM, PyArray_DIMS,
+  // PyArray_DESCR) read them in every compiled extension: no attribute call
+  // and no reference count of the (shared) dtype. Set at module init when a
+  // check on a real array agreed with .ndim, .shape and .dtype.
+  bool read_fields = false;
+};
+
+// The leading fields of numpy's PyArrayObject (PyArrayObject_fields), whose
+// layout numpy keeps for the compiled extensions that read them.
+struct NumpyArrayFields {
+  PyObject_HEAD
+  char* data;
+  int nd;
+  Py_ssize_t* dimensions;
+  Py_ssize_t* strides;
+  PyObject* base;
+  PyObject* descr;
 };
 // Inline: the builder reads it per leaf. Constant-initialised (no guard).
 inline NumpyTypes& Numpy() {

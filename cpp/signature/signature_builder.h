@@ -130,6 +130,7 @@ class Builder {
   // Leaf signatures (signature_leaf.h).
   inline bool IsKnownArrayType(PyTypeObject* type) const;
   static inline bool ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& memos);
+  static inline void ReadNumpyFields(PyObject* obj, ArrayShape& s, ThreadMemos& memos);
   static inline bool FindAval(const AvalMemo& memo, PyObject* aval, ArrayShape& s);
   static inline void StoreAval(AvalMemo& memo, PyObject* aval, const ArrayShape& s);
   inline bool TryArray(PyObject* obj);

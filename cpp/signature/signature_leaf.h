@@ -51,9 +51,33 @@ inline bool Builder::IsKnownArrayType(PyTypeObject* type) const {
          (t.generic && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(t.generic)));
 }
 
+// An exact numpy.ndarray's dtype and shape, from its C struct (see
+// NumpyTypes::read_fields): the dtype is borrowed (the array holds it) and
+// pinned once interned, so no reference count is written.
+inline void Builder::ReadNumpyFields(PyObject* obj, ArrayShape& s, ThreadMemos& memos) {
+  const auto* f = reinterpret_cast<const NumpyArrayFields*>(obj);
+  PyObject* dtype = f->descr;
+  s.dtype = memos.pinned_dtypes.Holds(dtype) ? PinnedRef::Pinned(dtype) : PinnedRef::Owned(nb::borrow(dtype));
+  if (!s.dtype.is_pinned() && InternDtype(dtype)) {
+    memos.pinned_dtypes.Add(dtype);
+    s.dtype = PinnedRef::Pinned(dtype);
+  }
+  size_t h = Mix(0x200, static_cast<size_t>(MemoHash(memos.dtype_hashes, dtype)));
+  for (int i = 0; i < f->nd; ++i) {
+    s.dims.push_back(static_cast<int64_t>(f->dimensions[i]));
+    h = Mix(h, static_cast<size_t>(f->dimensions[i]));
+  }
+  s.hash = Mix(h, 0);  // numpy arrays are never weakly typed
+}
+
 // Reads `obj`'s .dtype, .shape (a tuple of ints) and .weak_type into `s`.
 // False if `obj` is not array-like; nothing is recorded in `out_` either way.
 inline bool Builder::ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& memos) {
+  const NumpyTypes& np = Numpy();
+  if (np.read_fields && Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(np.ndarray)) {
+    ReadNumpyFields(obj, s, memos);
+    return true;
+  }
   PyObject* dtype_raw = nullptr;
   int has = GetOptionalAttr(obj, N().dtype, &dtype_raw);
   if (has < 0) throw nb::python_error();

@@ -78,7 +78,26 @@ struct ContextMemo {
   void Release();
 };
 
+// Dtypes this thread found interned (process-wide, kept until exit:
+// signature.cc's InternDtype), which a signature may pin without a
+// reference count. Uncounted, and never released: they outlive the thread.
+struct PinnedDtypes {
+  static constexpr int kSlots = 8;
+  PyObject* items[kSlots] = {};
+  int n = 0;
+  bool Holds(PyObject* dtype) const {
+    for (int i = 0; i < n; ++i) {
+      if (items[i] == dtype) return true;
+    }
+    return false;
+  }
+  void Add(PyObject* dtype) {
+    if (n < kSlots) items[n++] = dtype;
+  }
+};
+
 struct ThreadMemos {
+  PinnedDtypes pinned_dtypes;
   HashMemo dtype_hashes;
   HashMemo sharding_hashes;
   AvalMemo avals;
