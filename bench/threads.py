@@ -263,6 +263,36 @@ def _jax_contenders(shared: bool = False) -> tuple[Contender, Contender]:
     return Contender("ftjit.jit", one_each(ours)), Contender("jax.jit", one_each(jax.jit))
 
 
+def _jaxlib_contenders() -> tuple[Contender, Contender]:
+    """jaxlib alone: the compiled x + y program's C++ call object (what ftjit.jit's executables are, made
+    as jax.stages.Compiled makes it), one per thread and one that every thread shares, each thread with
+    arrays of its own. No ftjit, no jax.jit dispatch: the ceiling of what any dispatch above jaxlib gets."""
+    import jax
+    import jax.numpy as jnp
+
+    def arrays() -> tuple[Any, ...]:
+        return jnp.arange(4, dtype=jnp.float32), jnp.ones(4, dtype=jnp.float32)
+
+    compiled = jax.jit(lambda x, y: x + y).lower(*arrays()).compile()
+
+    def call() -> Callable[..., Any]:
+        made = compiled._executable.create_cpp_call(compiled._params)
+        return made if made is not None else compiled
+
+    shared: list[Any] = []
+
+    def one_each(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+        return call(), arrays
+
+    def one_for_all(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+        if not shared:
+            shared.append(call())
+        return shared[0], arrays
+
+    return (Contender("jaxlib's call, one per thread", one_each),
+            Contender("jaxlib's call, one shared", one_for_all))
+
+
 def scaling_result(calls: int, rounds: int, with_jax: bool = True,
                    on_round: Optional[Callable[[int, int], None]] = None,
                    thread_counts: Optional[Sequence[int]] = None) -> ScalingResult:
@@ -272,7 +302,7 @@ def scaling_result(calls: int, rounds: int, with_jax: bool = True,
     if with_jax:
         groups += [_core_array_contenders(), _jax_contenders()]
         if thread_counts is not None:  # and one function that every thread calls, as a server's do
-            groups.append(_jax_contenders(shared=True))
+            groups += [_jax_contenders(shared=True), _jaxlib_contenders()]
     counts = None if thread_counts is None else tuple(thread_counts)
     configs = CONFIGS if counts is None else thread_configs(counts)
     load_before = os.getloadavg()
@@ -311,6 +341,18 @@ def _thread_targets(measured: Sequence[tuple[Scaling, ...]], n: int) -> list[Tar
               f"{n} threads need {n} cores and this machine has {cpus}: measure on one with as many cores")
     (array, _), (ours, theirs), (ours_one, theirs_one) = measured[1], measured[2], measured[3]
     key, one = str(n), "1"
+    ceiling = []
+    if len(measured) > 4:  # jaxlib alone: how much of the gap to jax.jit is ftjit's, and how much jaxlib's
+        own_calls, _ = measured[4]
+        why = "jaxlib's ceiling, reported: ftjit.jit's executables are these calls, one per thread"
+        ceiling = [
+            Target(f"jaxlib's call per thread / jax.jit, one function, at {n} threads",
+                   own_calls.rate(key) / theirs_one.rate(key), 1.25, False, why),
+            Target(f"ftjit.jit, one function / jaxlib's call per thread, at {n} threads",
+                   ours_one.rate(key) / own_calls.rate(key), 1.0, False, why),
+            Target("ftjit.jit / jaxlib's call per thread, 1 thread", ours.rate(one) / own_calls.rate(one), 1.0,
+                   False, why),
+        ]
     return [
         Target(f"ftjit core, jax Array: {n} threads / 1 thread", array.scaling(key), 1.0, applies, reason),
         Target(f"ftjit.jit / jax.jit throughput, 1 thread", ours.rate(one) / theirs.rate(one), 0.97, applies,
@@ -321,4 +363,5 @@ def _thread_targets(measured: Sequence[tuple[Scaling, ...]], n: int) -> list[Tar
                1.25, applies, reason),
         Target(f"ftjit.jit's {n}/1 speed-up, one function / a function each", ours_one.scaling(key) / ours.scaling(key),
                0.9, applies, reason),
+        *ceiling,
     ]
