@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "jit/jit_state.h"
+#include "pyutil/errors.h"
 #include "pyutil/imported.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"

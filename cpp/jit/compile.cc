@@ -15,6 +15,7 @@
 #endif
 
 #include "jit/jit_state.h"
+#include "pyutil/errors.h"
 #include "pyutil/imported.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "jit/jit_state.h"
+#include "pyutil/errors.h"
 #include "pyutil/imported.h"
 #include "signature/signature.h"
 

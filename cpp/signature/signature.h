@@ -534,13 +534,5 @@ void LockSignatureLocksForTest(bool lock);
 // Raises `type(message)` with the current exception (if any) as __cause__.
 [[noreturn]] void ThrowWithCause(PyObject* type, const std::string& message);
 
-// PyErr_Clear for best-effort code (building an error message, copying an
-// exception, running a logging hook), except that a KeyboardInterrupt is not
-// dropped: PyObject_Repr/Str run the signal handlers first, so a Ctrl-C
-// arriving there surfaces as their failure. On the main thread with Python's
-// default SIGINT handler it is re-armed as a pending SIGINT, which the
-// interpreter's next signal check raises (elsewhere re-arming could fire in
-// another thread, or run a custom handler twice, so it is dropped as before).
-void ClearErrorKeepingInterrupt();
 
 }  // namespace ftjit

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "pyutil/errors.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
 
