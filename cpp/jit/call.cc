@@ -29,9 +29,6 @@
 
 #include <algorithm>
 #include <chrono>
-#ifdef __GLIBCXX__
-#include <cxxabi.h>  // abi::__forced_unwind
-#endif
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -39,7 +36,7 @@
 
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "pyutil/imported.h"
+#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -89,16 +86,9 @@ WaitForGraph& Graph() { return *g_graph.load(std::memory_order_acquire); }
       }
     }
   }
-#ifdef __GLIBCXX__
-  try {
-    return nb::steal(PyObject_Vectorcall(exe, dyn.data(), dyn_pos, dyn_names.ptr()));
-  } catch (abi::__forced_unwind&) {
-    dyn_names.release();  // ended at shutdown, no thread state: leaked, not deallocated
-    throw;
-  }
-#else
-  return nb::steal(PyObject_Vectorcall(exe, dyn.data(), dyn_pos, dyn_names.ptr()));
-#endif
+  return LeakingOnForcedUnwind(
+      [&] { return nb::steal(PyObject_Vectorcall(exe, dyn.data(), dyn_pos, dyn_names.ptr())); },
+      [&] { dyn_names.release(); });  // no thread state: leaked, not deallocated
 }
 
 }  // namespace
@@ -118,12 +108,12 @@ nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObje
     out = st.strip_static ? CallExecutableStripped(st, exe, args, nargsf, kwnames)
                           : nb::steal(PyObject_Vectorcall(exe, args, nargsf, kwnames));
   }
-  if (!out.is_valid() && st.redo_types.is_valid() && st.fallback.is_valid() &&
-      PyErr_ExceptionMatches(st.redo_types.ptr())) {
+  if (out.is_valid()) return out;
+  if (st.redo_types.is_valid() && st.fallback.is_valid() && PyErr_ExceptionMatches(st.redo_types.ptr())) {
     PyErr_Clear();
-    return nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
+    return StealOrThrow(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
   }
-  return out;
+  throw nb::python_error();
 }
 
 nb::object CallFallbackOf(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -132,9 +122,7 @@ nb::object CallFallbackOf(JitState& st, PyObject* const* args, size_t nargsf, Py
     RaiseMessage(PyExc_TypeError, st.spec.fun_name + "() got an argument that needs the "
                                   "compiler's fallback path, but it has none");
   }
-  nb::object out = nb::steal(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
-  if (!out.is_valid()) throw nb::python_error();
-  return out;
+  return StealOrThrow(PyObject_Vectorcall(st.fallback.ptr(), args, nargsf, kwnames));
 }
 
 namespace {
@@ -279,14 +267,12 @@ bool WaitForCompile(JitState& st, Entry& e) {
   }
   uint64_t waited = wait.End();
   if (s == CompileLatch::State::kCompiling) return false;  // orphaned by a fork: look again
-  if (PyObject* hook = kOnWait.Get()) {
-    nb::object secs = nb::steal(PyFloat_FromDouble(static_cast<double>(waited) * 1e-9));
-    nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
+  {
+    PyObject* hook = kOnWait.Get();
+    nb::object secs = StealOrThrow(PyFloat_FromDouble(static_cast<double>(waited) * 1e-9));
+    nb::object name = StealOrThrow(PyUnicode_FromString(st.spec.fun_name.c_str()));
     nb::object sig = SignatureString(st, e);
-    if (!secs.is_valid() || !name.is_valid() || !sig.is_valid()) throw nb::python_error();
     CallHook(hook, {name.ptr(), sig.ptr(), secs.ptr()});
-  } else {
-    throw nb::python_error();
   }
   if (s == CompileLatch::State::kFailed) RaiseForWaiter(st, e.payload.error);
   return s == CompileLatch::State::kReady;
@@ -412,53 +398,43 @@ nb::object CallWhole(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObj
 }
 
 [[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg) {
-  if (type) PyErr_SetString(type, msg.c_str());
+  PyErr_SetString(type, msg.c_str());
   throw nb::python_error();
 }
 
 void CallHook(PyObject* hook, std::initializer_list<PyObject*> args) {
-  PyObject *t, *v, *tb;
-  PyErr_Fetch(&t, &v, &tb);  // keep a pending error (failed compile) intact
+  SavedError pending;  // a failed compile's error, kept intact
   std::vector<PyObject*> argv(args);
   PyObject* r = PyObject_Vectorcall(hook, argv.data(), argv.size(), nullptr);
-  if (!r) {
-    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-      ClearErrorKeepingInterrupt();  // a Ctrl-C in a logging hook is not "unraisable"
-    } else if (PyErr_ExceptionMatches(PyExc_RecursionError)) {
-      // At the recursion limit (a deep chain of nested compiles): reporting
-      // it would run sys.unraisablehook there and fail again, printing
-      // "Exception ignored in sys.unraisablehook". The log line is lost.
-      PyErr_Clear();
-    } else {
-      PyErr_WriteUnraisable(hook);
-    }
-  } else {
+  if (r) {
     Py_DECREF(r);
+  } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+    ClearErrorKeepingInterrupt();  // a Ctrl-C in a logging hook is not "unraisable"
+  } else if (PyErr_ExceptionMatches(PyExc_RecursionError)) {
+    // At the recursion limit (a deep chain of nested compiles): reporting
+    // it would run sys.unraisablehook there and fail again, printing
+    // "Exception ignored in sys.unraisablehook". The log line is lost.
+    PyErr_Clear();
+  } else {
+    PyErr_WriteUnraisable(hook);
   }
-  PyErr_Restore(t, v, tb);
 }
 
 nb::object SignatureString(const JitState& st, const Entry& e) {
-  return nb::steal(PyUnicode_FromString(e.sig->ToString(st.spec).c_str()));
+  return StealOrThrow(PyUnicode_FromString(e.sig->ToString(st.spec).c_str()));
 }
 
 nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   CallSignature sig;
-#ifdef __GLIBCXX__
-  try {
-    if (st.spec.context_in_executable) return CallContextInExecutable(st, sig, args, nargsf, kwnames);
-    return CallWithSignature(st, sig, args, nargsf, kwnames);
-  } catch (abi::__forced_unwind&) {
-    // Ended by CPython at interpreter shutdown, with no thread state: the
-    // signature's references must not be dropped here (a last one would
-    // deallocate without a thread state). Moved into a leaked copy.
-    new CallSignature(std::move(sig));
-    throw;
-  }
-#else
-  if (st.spec.context_in_executable) return CallContextInExecutable(st, sig, args, nargsf, kwnames);
-  return CallWithSignature(st, sig, args, nargsf, kwnames);
-#endif
+  return LeakingOnForcedUnwind(
+      [&] {
+        if (st.spec.context_in_executable) return CallContextInExecutable(st, sig, args, nargsf, kwnames);
+        return CallWithSignature(st, sig, args, nargsf, kwnames);
+      },
+      // Ended by CPython at interpreter shutdown, with no thread state: the
+      // signature's references must not be dropped here (a last one would
+      // deallocate without a thread state). Moved into a leaked copy.
+      [&] { new CallSignature(std::move(sig)); });
 }
 
 bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig,

@@ -10,13 +10,11 @@
 #include <nanobind/nanobind.h>
 
 #include <chrono>
-#ifdef __GLIBCXX__
-#include <cxxabi.h>  // abi::__forced_unwind
-#endif
+#include <exception>
 
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "pyutil/imported.h"
+#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -26,14 +24,16 @@ namespace {
 
 // Logs a compile's outcome through ftjit._observe.on_compile (best effort).
 void LogCompile(const JitState& st, const Entry& e, double seconds, PyObject* error) {
-  PyObject* hook = kOnCompile.Get();
-  nb::object secs = nb::steal(PyFloat_FromDouble(seconds));
-  nb::object name = nb::steal(PyUnicode_FromString(st.spec.fun_name.c_str()));
-  nb::object sig = SignatureString(st, e);
-  if (hook && secs.is_valid() && name.is_valid() && sig.is_valid()) {
+  try {
+    PyObject* hook = kOnCompile.Get();
+    nb::object secs = StealOrThrow(PyFloat_FromDouble(seconds));
+    nb::object name = StealOrThrow(PyUnicode_FromString(st.spec.fun_name.c_str()));
+    nb::object sig = SignatureString(st, e);
     CallHook(hook, {name.ptr(), sig.ptr(), secs.ptr(), error ? error : Py_None});
+  } catch (const std::exception&) {
+    SetErrorFromException();
+    ClearErrorKeepingInterrupt();
   }
-  if (PyErr_Occurred()) ClearErrorKeepingInterrupt();
 }
 
 // Whatever happens in a compile, the latch is published: waiters never hang.
@@ -50,53 +50,43 @@ struct CompilePublisher {
   ~CompilePublisher() {
     if (!done) {
       // A C++ exception escaped (e.g. bad_alloc): report it to waiters.
-      PyObject *t, *v, *tb;
-      PyErr_Fetch(&t, &v, &tb);
+      SavedError saved;
       e->payload.error = nb::steal(PyObject_CallFunction(
           PyExc_RuntimeError, "s", "ftjit: the compile was aborted by an internal error"));
       PyErr_Clear();
-      PyErr_Restore(t, v, tb);
       Fail();
     }
   }
 };
 
-// compile(fun, args, kwargs) with the call's arguments; null with an error
-// set when it raised or returned something that cannot be called.
+// compile(fun, args, kwargs) with the call's arguments: the executable.
+// Throws what the compiler raised, or a TypeError for something that cannot
+// be called (a failed compile, counted and not cached, rather than an entry
+// that raises "'int' object is not callable" on every call).
 nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   size_t nargs = PyVectorcall_NARGS(nargsf);
   nb::object a = nb::steal(PyTuple_New(nargs));
   nb::object kw = nb::steal(PyDict_New());
-  if (!a.is_valid() || !kw.is_valid()) return nb::object();
+  if (!a.is_valid() || !kw.is_valid()) throw nb::python_error();
   for (size_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(a.ptr(), i, Py_NewRef(args[i]));
   Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   for (Py_ssize_t k = 0; k < nkw; ++k) {
-    if (PyDict_SetItem(kw.ptr(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) != 0) return nb::object();
+    if (PyDict_SetItem(kw.ptr(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) != 0) throw nb::python_error();
   }
   PyObject* call_args[] = {st.fun.ptr(), a.ptr(), kw.ptr()};
-  nb::object exe;
-#ifdef __GLIBCXX__
-  try {
-    exe = nb::steal(PyObject_Vectorcall(st.compile.ptr(), call_args, 3, nullptr));
-  } catch (abi::__forced_unwind&) {
-    // Ended inside the compiler at interpreter shutdown, with no thread
-    // state: the argument tuple and dict, whose last references these are,
-    // must not be deallocated here. Leaked.
-    a.release();
-    kw.release();
-    throw;
-  }
-#else
-  exe = nb::steal(PyObject_Vectorcall(st.compile.ptr(), call_args, 3, nullptr));
-#endif
-  if (exe.is_valid() && !PyCallable_Check(exe.ptr())) {
-    // A failed compile (counted, not cached), rather than an entry that
-    // raises "'int' object is not callable" on every call.
-    PyErr_Format(PyExc_TypeError,
-                 "the compiler of %s() returned an object of type %s, which is not callable: "
-                 "compiler(fun, args, kwargs) must return the executable",
-                 st.spec.fun_name.c_str(), Py_TYPE(exe.ptr())->tp_name);
-    return nb::object();
+  nb::object exe = LeakingOnForcedUnwind(
+      [&] { return nb::steal(PyObject_Vectorcall(st.compile.ptr(), call_args, 3, nullptr)); },
+      [&] {
+        // The argument tuple and dict, whose last references these are.
+        a.release();
+        kw.release();
+      });
+  if (!exe.is_valid()) throw nb::python_error();
+  if (!PyCallable_Check(exe.ptr())) {
+    throw nb::type_error(("the compiler of " + st.spec.fun_name + "() returned an object of type " +
+                          Py_TYPE(exe.ptr())->tp_name +
+                          ", which is not callable: compiler(fun, args, kwargs) must return the executable")
+                             .c_str());
   }
   return exe;
 }
@@ -104,8 +94,8 @@ nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObj
 // The hooks' executable_for(compiled, args, kwargs, leaves), asked with
 // what the compiler returned, the dynamic arguments (statics left out when
 // executables take those only) and the call's leaves: the executable to
-// keep, and in `takes_leaves` whether it is called with the leaves. Null
-// with an error set when the hook raised or answered something else.
+// keep, and in `takes_leaves` whether it is called with the leaves. Throws
+// what the hook raised, or a TypeError when it answered something else.
 nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* args, size_t nargsf,
                          PyObject* kwnames, const LeafObjects& leaves, bool& takes_leaves, nb::object& make_local,
                          nb::object& own_miss) {
@@ -113,23 +103,23 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
   nb::object dyn = nb::steal(PyList_New(0));
   nb::object kw = nb::steal(PyDict_New());
   nb::object leaf_tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(leaves.size())));
-  if (!dyn.is_valid() || !kw.is_valid() || !leaf_tuple.is_valid()) return nb::object();
+  if (!dyn.is_valid() || !kw.is_valid() || !leaf_tuple.is_valid()) throw nb::python_error();
   for (size_t i = 0; i < nargs; ++i) {
     if (st.strip_static && st.spec.IsStaticPosition(i, nargs)) continue;
-    if (PyList_Append(dyn.ptr(), args[i]) != 0) return nb::object();
+    if (PyList_Append(dyn.ptr(), args[i]) != 0) throw nb::python_error();
   }
   Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   for (Py_ssize_t k = 0; k < nkw; ++k) {
     PyObject* name = PyTuple_GET_ITEM(kwnames, k);
     if (st.strip_static && st.spec.IsStaticName(name)) continue;
-    if (PyDict_SetItem(kw.ptr(), name, args[nargs + k]) != 0) return nb::object();
+    if (PyDict_SetItem(kw.ptr(), name, args[nargs + k]) != 0) throw nb::python_error();
   }
   for (size_t i = 0; i < leaves.size(); ++i) PyTuple_SET_ITEM(leaf_tuple.ptr(), i, Py_NewRef(leaves[i]));
   nb::object dyn_tuple = nb::steal(PyList_AsTuple(dyn.ptr()));
-  if (!dyn_tuple.is_valid()) return nb::object();
+  if (!dyn_tuple.is_valid()) throw nb::python_error();
   PyObject* call_args[] = {compiled.ptr(), dyn_tuple.ptr(), kw.ptr(), leaf_tuple.ptr()};
   nb::object r = nb::steal(PyObject_Vectorcall(st.executable_for.ptr(), call_args, 4, nullptr));
-  if (!r.is_valid()) return nb::object();
+  if (!r.is_valid()) throw nb::python_error();
   PyObject* t = r.ptr();
   if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 3 && PyCallable_Check(PyTuple_GET_ITEM(t, 0)) &&
       PyCallable_Check(PyTuple_GET_ITEM(t, 1)) && PyBool_Check(PyTuple_GET_ITEM(t, 2))) {
@@ -138,12 +128,7 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
     make_local = nb::borrow(PyTuple_GET_ITEM(t, 0));
     own_miss = nb::borrow(PyTuple_GET_ITEM(t, 1));
     takes_leaves = PyTuple_GET_ITEM(t, 2) == Py_True;
-    try {
-      return MakeCopy(make_local);
-    } catch (nb::python_error& err) {
-      err.restore();
-      return nb::object();
-    }
+    return MakeCopy(make_local);
   }
   if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 || !PyCallable_Check(PyTuple_GET_ITEM(t, 0)) ||
       !PyBool_Check(PyTuple_GET_ITEM(t, 1))) {
@@ -151,7 +136,7 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
                  "CompilerHooks.executable_for of %s() must return (executable, takes_leaves): a callable "
                  "and a bool, or ftjit.ThreadExecutables, got %R",
                  st.spec.fun_name.c_str(), t);
-    return nb::object();
+    throw nb::python_error();
   }
   takes_leaves = PyTuple_GET_ITEM(t, 1) == Py_True;
   return nb::borrow(PyTuple_GET_ITEM(t, 0));
@@ -163,13 +148,20 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
                  PyObject* kwnames, const LeafObjects& leaves, const Entry* adopted, bool provisional,
                  CompilePublisher& publisher) {
   Counters& c = st.store->counters();
+  nb::object error;  // the guard's refusal, or what the compile raised
   // The guard counts `e` before it takes an LRU slot: an eviction that slot
   // causes must not make room under the limit for `e` itself. A provisional
   // entry is not counted (until adopted).
-  const bool allowed = provisional || GuardAllows(st, e);
+  if (!provisional) {
+    try {
+      Guard(st, e);
+    } catch (const std::exception&) {
+      error = CaughtError();
+    }
+  }
   // A call that adopts a warmed saved spec found a compiled signature: a
   // hit; any other compile (or a refused adoption) is the call's miss.
-  if (adopted && allowed) {
+  if (adopted && !error.is_valid()) {
     const int shard = ThisThread().shard;
     c.hits.Add(shard);
     e->shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
@@ -180,33 +172,35 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   auto t0 = std::chrono::steady_clock::now();
   nb::object exe, make_local, own_miss;
   bool takes_leaves = false;
-  if (adopted) {
-    if (allowed) {
-      exe = adopted->payload.executable;
-      make_local = adopted->payload.make_local;
-      own_miss = adopted->payload.own_miss;
-      takes_leaves = adopted->payload.takes_leaves;
-    }
+  if (error.is_valid()) {
+    // refused: nothing runs
+  } else if (adopted) {
+    exe = adopted->payload.executable;
+    make_local = adopted->payload.make_local;
+    own_miss = adopted->payload.own_miss;
+    takes_leaves = adopted->payload.takes_leaves;
   } else {
-    exe = allowed ? RunCompiler(st, args, nargsf, kwnames) : nb::object();
-    if (exe.is_valid() && st.executable_for.is_valid()) {
-      exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves, make_local, own_miss);
+    try {
+      exe = RunCompiler(st, args, nargsf, kwnames);
+      if (st.executable_for.is_valid()) {
+        exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves, make_local, own_miss);
+      }
+    } catch (const std::exception&) {
+      error = CaughtError();
     }
   }
-  if (!exe.is_valid()) {
-    nb::object error = FetchNormalized();
+  if (error.is_valid()) {
     // An interruption of this thread (KeyboardInterrupt, SystemExit: any
     // BaseException that is not an Exception) is not the compile's result:
     // it stays with this thread, and a waiter compiles again instead.
-    if (PyObject_IsInstance(error.ptr(), PyExc_Exception) == 1) {
+    if (PyObject_TypeCheck(error.ptr(), reinterpret_cast<PyTypeObject*>(PyExc_Exception))) {
       e->payload.error = ErrorForWaiters(error);
       publisher.Fail();
     } else {
-      PyErr_Clear();  // IsInstance may have raised (a hostile __class__)
       publisher.Fail(CompileLatch::State::kAbandoned);
     }
     LogCompile(st, *e, static_cast<double>(NanosSince(t0)) * 1e-9, error.ptr());
-    Reraise(error.ptr());
+    ThrowError(std::move(error));
   }
   uint64_t nanos = NanosSince(t0);
   e->payload.executable = std::move(exe);
@@ -231,19 +225,11 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
 void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
              const LeafObjects& leaves, const Entry* adopted, bool provisional) {
   CompilePublisher publisher{st, e};
-#ifdef __GLIBCXX__
-  try {
-    CompileBody(st, e, args, nargsf, kwnames, leaves, adopted, provisional, publisher);
-  } catch (abi::__forced_unwind&) {
-    // This thread is being ended by CPython at interpreter shutdown (it took
-    // the GIL back in the compiler): there is no thread state to report
-    // anything with, so the publisher must not run Python.
-    publisher.done = true;
-    throw;
-  }
-#else
-  CompileBody(st, e, args, nargsf, kwnames, leaves, adopted, provisional, publisher);
-#endif
+  // Should CPython end this thread at interpreter shutdown (it took the GIL
+  // back in the compiler), there is no thread state to report anything with:
+  // the publisher must not run Python.
+  LeakingOnForcedUnwind([&] { CompileBody(st, e, args, nargsf, kwnames, leaves, adopted, provisional, publisher); },
+                        [&] { publisher.done = true; });
 }
 
 }  // namespace ftjit

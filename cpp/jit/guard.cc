@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "jit/jit_state.h"
-#include "pyutil/imported.h"
+#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -65,15 +65,16 @@ nb::object Candidates(JitState& st, const Entry& e) {
   return std::move(out);
 }
 
+}  // namespace
+
 // In the thread that inserted `e` and is about to compile it: counts it
 // against max_signatures, and explains the miss when the function explains
 // its misses (ftjit/_explain.py writes and logs the text). Past the limit:
-// with on_excess="raise", false with RecompileLimitError set (the compile
-// must not run); with "warn", warns once per store and compiles (false, the
-// warning's error set, if the warning was turned into an error). Compiles
-// asked for ahead of traffic (precompile, warmup) are counted, never
-// explained.
-bool GuardCompile(JitState& st, const EntryPtr& e) {
+// with on_excess="raise", throws RecompileLimitError (the compile must not
+// run); with "warn", warns once per store and compiles (throwing, if the
+// warning was turned into an error). Compiles asked for ahead of traffic
+// (precompile, warmup) are counted, never explained.
+void Guard(JitState& st, const EntryPtr& e) {
   FunctionStore& fs = *st.store;
   const SignatureLimit& limit = fs.limit();
   const bool explaining = AheadDepth() == 0 &&
@@ -88,39 +89,20 @@ bool GuardCompile(JitState& st, const EntryPtr& e) {
     }
   }
   const bool message = excess && (limit.raising || warn_now);
-  if (!explaining && !message) return true;
+  if (!explaining && !message) return;
   PyObject* on_miss = kOnMiss.Get();
-  if (!on_miss) return false;
   nb::object name = nb::str(st.spec.fun_name.c_str());
   nb::object text = nb::handle(on_miss)(name, st.spec.arg_names, st.hooks, Candidates(st, *e),
                                         ExportSignature(*e->sig), nb::bool_(explaining),
                                         message ? limit.max : -1, nb::bool_(limit.raising));
-  if (!message) return true;
+  if (!message) return;
   const char* msg = PyUnicode_AsUTF8(text.ptr());
-  if (!msg) return false;
-  if (limit.raising) {
-    PyObject* type = kRecompileLimitError.Get();
-    if (type) PyErr_SetString(type, msg);
-    return false;
-  }
+  if (!msg) throw nb::python_error();
+  if (limit.raising) RaiseMessage(kRecompileLimitError.Get(), msg);
   // The caller of the jitted function (this C code has no frame of its own).
   if (PyErr_WarnEx(PyExc_RuntimeWarning, msg, 1) < 0) {
     fs.Unwarn();  // not shown (raised): the next excess warns
-    return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-// Whether the guard lets the compile run (see GuardCompile); its Python
-// errors (other than the refusal it sets) are its failure too.
-bool GuardAllows(JitState& st, const EntryPtr& e) {
-  try {
-    return GuardCompile(st, e);
-  } catch (nb::python_error& err) {
-    err.restore();
-    return false;
+    throw nb::python_error();
   }
 }
 

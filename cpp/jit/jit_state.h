@@ -85,8 +85,7 @@ inline bool Cleared(const JitState& st) {
   return true;
 }
 
-// Raises type(msg) (a C++ throw of the Python error; `type` null: the
-// failed import that left it so).
+// Raises type(msg), as a C++ throw of the Python error.
 [[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg);
 
 // Calls an observability hook (ftjit._observe.on_compile / on_wait); its
@@ -94,7 +93,7 @@ inline bool Cleared(const JitState& st) {
 // call's own result or error.
 void CallHook(PyObject* hook, std::initializer_list<PyObject*> args);
 
-// The readable signature of entry `e` (a new reference, or null with an error set).
+// The readable signature of entry `e`, as a str.
 nb::object SignatureString(const JitState& st, const Entry& e);
 
 inline uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
@@ -104,10 +103,6 @@ inline uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
 
 // --- waiter_errors.cc: a failed compile's error, once per waiter ------------
 
-// The pending exception, normalised, with its traceback attached; clears it.
-nb::object FetchNormalized();
-// Raises `exc` again (with its own traceback) as a C++ throw.
-[[noreturn]] void Reraise(PyObject* exc);
 // The compile's exception as waiters will read it: a private copy that
 // nobody raises or writes after Publish() (see waiter_errors.cc).
 nb::object ErrorForWaiters(const nb::object& original);
@@ -157,7 +152,7 @@ Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true);
 // Calls `exe` with the call's leaves when `takes_leaves` (flattened once,
 // by BuildSignature), else with its arguments; when it fails with one of
 // st.redo_types, the call is made again through the fallback (see
-// JitState::redo_types). Null with the error set when it raised.
+// JitState::redo_types). Throws what it raised.
 nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObject* const* args, size_t nargsf,
                           PyObject* kwnames, const LeafObjects& leaves);
 // The call through the compiler's fallback (uncached); throws on error.
@@ -197,10 +192,10 @@ bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwn
 // provisional signatures leave room under max_signatures. Executes nothing.
 enum class PrecompileSaved { kNoRoom = -1, kCached = 0, kCompiled = 1 };
 PrecompileSaved PrecompileSavedSpec(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
-// guard.cc: whether the max_signatures guard lets the compile of `e` (just
-// inserted by this thread) run; false with the error set (RecompileLimitError,
+// guard.cc: the max_signatures guard for the compile of `e` (just inserted
+// by this thread): throws when the compile must not run (RecompileLimitError,
 // or the warning turned into an error). Explains the miss when asked to.
-bool GuardAllows(JitState& st, const EntryPtr& e);
+void Guard(JitState& st, const EntryPtr& e);
 // The adopted signature of these arguments (array specs such as
 // jax.ShapeDtypeStruct stand for arrays); false when the call would take the
 // compiler's fallback.

@@ -29,7 +29,7 @@
 
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "pyutil/imported.h"
+#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -39,25 +39,12 @@ namespace {
 
 PyObject* g_jit_type = nullptr;  // set once at module init
 
-Imported kRebuild{"ftjit._jit", "_rebuild"};
-Imported kWarmup{"ftjit._warmup", "warmup"};
-Imported kWarmupSpecs{"ftjit._specs", "warmup_specs"};
-Imported kJitModule{"ftjit._jit", "__dict__"};
-Imported kPartial{"functools", "partial"};
-
 // Runs an entry point's body: the one place where C++ exceptions become
-// Python errors. `failed` is what the entry point returns with an error set.
-// (A forced unwind at interpreter shutdown is neither: it passes through.)
+// Python errors (Translated, pyutil/errors.h). `failed` is what the entry
+// point returns with an error set.
 template <class Body>
 auto Translate(Body&& body, decltype(body()) failed) -> decltype(body()) {
-  try {
-    return body();
-  } catch (nb::python_error& err) {
-    err.restore();
-  } catch (const std::exception& err) {
-    PyErr_Format(PyExc_RuntimeError, "ftjit internal error: %s", err.what());
-  }
-  return failed;
+  return Translated(std::forward<Body>(body), failed);
 }
 
 // A method body returning an nb::object, as a new reference (or null).
@@ -194,7 +181,6 @@ std::vector<EntryPtr> ReadyNewestFirst(const JitState& st) {
 extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
   return Method(self, [](JitState& st) {
     PyObject* info = kSignatureInfo.Get();
-    if (!info) throw nb::python_error();
     nb::list out;
     for (const EntryPtr& e : ReadyNewestFirst(st)) {
       out.append(nb::handle(info)(e->sig->ToString(st.spec), e->Hits(), e->payload.compile_seconds,
@@ -296,7 +282,6 @@ extern "C" PyObject* JitFunction_warmup(PyObject* self, PyObject* const* args, P
     std::vector<PyObject*> bound;
     BindArguments("warmup", args, static_cast<size_t>(nargs), kwnames, kNames, 1, bound);
     PyObject* warmup = kWarmup.Get();
-    if (!warmup) throw nb::python_error();
     nb::object call_args = nb::make_tuple(nb::handle(self), nb::handle(bound[0]));
     nb::dict call_kwargs;
     for (size_t i = 1; i < kNames.size(); ++i) {
@@ -310,7 +295,6 @@ extern "C" PyObject* JitFunction_warmup_specs(PyObject* self, PyObject*) {
   return Method(self, [&](JitState&) {
     // ftjit._specs.warmup_specs(self): rebuilt from the core's records (_signatures).
     PyObject* warmup_specs = kWarmupSpecs.Get();
-    if (!warmup_specs) throw nb::python_error();
     return nb::steal(PyObject_CallOneArg(warmup_specs, self));
   });
 }
@@ -366,7 +350,6 @@ extern "C" PyObject* JitFunction_reduce(PyObject* self, PyObject*) {
       if (found.is(me)) return name.release().ptr();
     }
     PyObject* rebuild = kRebuild.Get();
-    if (!rebuild) throw nb::python_error();
     return Py_BuildValue("O(OO)", rebuild, st.fun.ptr(), st.pickle_options.ptr());
   }, nullptr);
 }
@@ -383,7 +366,6 @@ extern "C" PyObject* JitFunction_getstate(PyObject* self, PyObject*) {
   return Method(self, [](JitState& st) {
     nb::object fun = st.fun;
     PyObject* partial = kPartial.Get();
-    if (!partial) throw nb::python_error();
     for (;;) {
       nb::object name = nb::getattr(fun, "__name__", nb::none());
       if (nb::isinstance<nb::str>(name)) return FunctionName(name);
@@ -428,8 +410,7 @@ extern "C" PyObject* JitFunction_get_cache(PyObject* self, void*) {
 // api_boundary their wrappers are defined with (chex's is_traceable) then
 // see a jitted function for what it is.
 extern "C" PyObject* JitFunction_get_globals(PyObject*, void*) {
-  PyObject* globals = kJitModule.Get();
-  return globals ? Py_NewRef(globals) : nullptr;
+  return Translated([] { return Py_NewRef(kJitModule.Get()); }, static_cast<PyObject*>(nullptr));
 }
 
 template <auto Fn>

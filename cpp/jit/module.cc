@@ -4,18 +4,53 @@
 // registers it. Module init (NB_MODULE) runs once, under the import lock.
 //
 // Lock order: takes no locks.
-#include <nanobind/nanobind.h>
+#include <new>
+#include <stdexcept>
+#include <string>
 
-#include "store/function_cache.h"
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
 #include "jit/jit_state.h"
 #include "jit/jit_type.h"
+#include "pyutil/errors.h"
 #include "signature/interned_context.h"
 #include "signature/signature.h"
 #include "signature/thread_memos.h"
-
-#include <nanobind/stl/string.h>
+#include "store/function_cache.h"
 
 namespace nb = nanobind;
+
+namespace {
+
+// Throws the C++ exception of one kind the core may throw (tests of the
+// boundary's translation).
+[[noreturn]] void ThrowKind(const std::string& kind) {
+  if (kind == "python_error") {
+    PyErr_SetString(PyExc_LookupError, "python_error");
+    throw nb::python_error();
+  }
+  if (kind == "type_error") throw nb::type_error("type_error");
+  if (kind == "value_error") throw nb::value_error("value_error");
+  if (kind == "index_error") throw nb::index_error("index_error");
+  if (kind == "key_error") throw nb::key_error("key_error");
+  if (kind == "stop_iteration") throw nb::stop_iteration("stop_iteration");
+  if (kind == "buffer_error") throw nb::buffer_error("buffer_error");
+  if (kind == "import_error") throw nb::import_error("import_error");
+  if (kind == "attribute_error") throw nb::attribute_error("attribute_error");
+  if (kind == "bad_alloc") throw std::bad_alloc();
+  if (kind == "out_of_range") throw std::out_of_range("out_of_range");
+  if (kind == "overflow_error") throw std::overflow_error("overflow_error");
+  if (kind == "invalid_argument") throw std::invalid_argument("invalid_argument");
+  if (kind == "domain_error") throw std::domain_error("domain_error");
+  if (kind == "length_error") throw std::length_error("length_error");
+  if (kind == "range_error") throw std::range_error("range_error");
+  if (kind == "runtime_error") throw std::runtime_error("runtime_error");
+  if (kind == "needs_fallback") throw ftjit::NeedsFallback();
+  throw std::logic_error("logic_error");
+}
+
+}  // namespace
 
 NB_MODULE(_core, m) {
   m.doc() = "ftjit's C++ dispatch core (see ftjit for the public API).";
@@ -47,6 +82,16 @@ NB_MODULE(_core, m) {
       },
       "Tests only: (result, left an error set) of the hit path's Python-free comparison of two\n"
       "static values, made at the recursion limit.");
+  m.def(
+      "_debug_throw",
+      [](const std::string& kind, bool at_slot) {
+        if (!at_slot) ThrowKind(kind);  // nanobind translates
+        PyObject* r = ftjit::Translated([&]() -> PyObject* { ThrowKind(kind); }, static_cast<PyObject*>(nullptr));
+        if (!r) throw nb::python_error();  // the slot's translation, handed on unchanged
+        return nb::steal(r);
+      },
+      "Tests only: throws a C++ exception of `kind` from a nanobind-bound function, or through\n"
+      "the translation of the type's C slots (at_slot), which must raise alike.");
   m.def("_interned_contexts", &ftjit::InternedContextCount,
         "How many compiler contexts are interned now (diagnostics): each lives while a signature "
         "or a thread's memo uses it.");

@@ -46,7 +46,8 @@
 #include <nanobind/nanobind.h>
 
 #include "jit/jit_state.h"
-#include "pyutil/imported.h"
+#include "pyutil/errors.h"
+#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -128,7 +129,7 @@ struct InFlight {
 
 // The call a copy was made for: the original arguments, to the fallback.
 nb::object CallFallback(const CallFrame& f) {
-  return nb::steal(PyObject_Vectorcall(f.st->fallback.ptr(), f.args, f.nargsf, f.kwnames));
+  return StealOrThrow(PyObject_Vectorcall(f.st->fallback.ptr(), f.args, f.nargsf, f.kwnames));
 }
 
 // ContextMiss(*args, **kwargs): the copy being called in this thread cannot
@@ -148,9 +149,7 @@ nb::object ContextMiss(nb::args args, nb::kwargs kwargs) {
       BuildSignature(st.spec, f->args, PyVectorcall_NARGS(f->nargsf), f->kwnames, full);
     } catch (const NeedsFallback&) {
       f->counted = true;
-      nb::object out = CallFallback(*f);
-      if (!out.is_valid()) throw nb::python_error();
-      return nb::make_tuple(out, nb::none(), true);
+      return nb::make_tuple(CallFallback(*f), nb::none(), true);
     }
     if (full.AdoptContext()) break;
     full.Clear();  // its context died meanwhile: build it again
@@ -163,7 +162,7 @@ nb::object ContextMiss(nb::args args, nb::kwargs kwargs) {
       st.store->CountHit(&target, f->shard);
       f->counted = true;
     }
-    return nb::steal(PyObject_Call(target.payload.own_miss.ptr(), args.ptr(), kwargs.ptr()));
+    return StealOrThrow(PyObject_Call(target.payload.own_miss.ptr(), args.ptr(), kwargs.ptr()));
   }
   // Another context: its entry, through compile-once (counted there).
   f->counted = true;
@@ -195,9 +194,8 @@ nb::object ContextMiss(nb::args args, nb::kwargs kwargs) {
     }
     CallFrame inner{&st, f->args, f->nargsf, f->kwnames, f->leaves, f->head, &e, f->shard, true, nullptr};
     FrameScope scope(inner);
-    out = nb::steal(PyObject_Call(copy.ptr(), args.ptr(), kwargs.ptr()));
+    out = StealOrThrow(PyObject_Call(copy.ptr(), args.ptr(), kwargs.ptr()));
   }
-  if (!out.is_valid()) throw nb::python_error();
   return nb::make_tuple(out, nb::none(), true);
 }
 
@@ -210,9 +208,7 @@ nb::object Eager(nb::args, nb::kwargs) {
                                      "the jitted function");
   }
   f->counted = true;
-  nb::object out = CallFallback(*f);
-  if (!out.is_valid()) throw nb::python_error();
-  return out;
+  return CallFallback(*f);
 }
 
 // The call of `target`'s copy (this thread's own, or the redirect's) as the
@@ -231,17 +227,18 @@ nb::object CallCopy(JitState& st, Entry& head, Entry& target, const ThreadCtx& t
   }
   CallFrame frame{&st, args, nargsf, kwnames, &leaves, &head, &target, t.shard, counted, nullptr};
   nb::object out;
-  {
+  try {
     FrameScope scope(frame);
     out = CallExecutable(st, exe, target.payload.takes_leaves, args, nargsf, kwnames, leaves);
-  }
-  // A hit, as on the other hit path, whether the program then raised or not.
-  if (!frame.counted) st.store->CountHit(frame.target, t.shard);
-  if (!out.is_valid()) {
-    nb::python_error error;  // the program's error, kept while the copies go
+  } catch (nb::python_error&) {
+    // A hit still (the program raised); the error, held by the exception,
+    // waits while the copies go.
+    if (!frame.counted) st.store->CountHit(frame.target, t.shard);
     ResetLocal(head, t.shard);
-    throw error;
+    throw;
   }
+  // A hit, as on the other hit path.
+  if (!frame.counted) st.store->CountHit(frame.target, t.shard);
   return out;
 }
 
@@ -250,8 +247,7 @@ nb::object CallCopy(JitState& st, Entry& head, Entry& target, const ThreadCtx& t
 bool UsesCopies(const Entry& e) { return e.payload.make_local.is_valid(); }
 
 nb::object MakeCopy(const nb::object& make_local) {
-  nb::object exe = nb::steal(PyObject_CallFunctionObjArgs(make_local.ptr(), g_miss, g_eager, nullptr));
-  if (!exe.is_valid()) throw nb::python_error();
+  nb::object exe = StealOrThrow(PyObject_CallFunctionObjArgs(make_local.ptr(), g_miss, g_eager, nullptr));
   if (!PyCallable_Check(exe.ptr())) {
     RaiseMessage(PyExc_TypeError, std::string("ThreadExecutables.make returned an object that is not callable: ") +
                                       Py_TYPE(exe.ptr())->tp_name);
@@ -262,10 +258,7 @@ nb::object MakeCopy(const nb::object& make_local) {
 nb::object CallEntry(JitState& st, Entry& e, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
                      PyObject* kwnames, const LeafObjects& leaves) {
   if (!UsesCopies(e)) {
-    nb::object out = CallExecutable(st, e.payload.executable.ptr(), e.payload.takes_leaves, args, nargsf,
-                                    kwnames, leaves);
-    if (!out.is_valid()) throw nb::python_error();
-    return out;
+    return CallExecutable(st, e.payload.executable.ptr(), e.payload.takes_leaves, args, nargsf, kwnames, leaves);
   }
   return CallCopy(st, e, e, t, args, nargsf, kwnames, leaves, /*counted=*/true);
 }

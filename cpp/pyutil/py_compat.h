@@ -48,4 +48,20 @@ inline int GetOptionalAttr(PyObject* obj, PyObject* name, PyObject** out) {
 #endif
 }
 
+// Whether this thread has its thread state attached, so that it may touch
+// Python objects. A thread that CPython ends at interpreter shutdown (it
+// took the GIL back: pthread_exit, a forced unwind) unwinds with none.
+inline bool ThreadIsAttached() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyThreadState_GetUnchecked() != nullptr;  // thread-local: null when detached
+#elif PY_VERSION_HEX >= 0x030C0000
+  return _PyThreadState_UncheckedGet() != nullptr;  // the same, under its 3.12 name
+#else
+  // 3.11's "current thread state" is the GIL holder's, process-wide: it is
+  // this thread's own exactly when this thread holds the GIL.
+  PyThreadState* mine = PyGILState_GetThisThreadState();
+  return mine != nullptr && mine == _PyThreadState_UncheckedGet();
+#endif
+}
+
 }  // namespace ftjit

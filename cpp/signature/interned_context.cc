@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "pyutil/errors.h"
 #include "pyutil/leaf_mutex.h"
 #include "primitives/small_vector.h"
 
@@ -37,14 +38,13 @@ std::vector<InternedContext*>& TableLockHeld() FTJIT_REQUIRES(g_contexts_mu) {
 }
 
 // a == b for two context objects, with a raised error taken as "not equal"
-// (see Isolation in the header). A KeyboardInterrupt is kept pending.
+// (see Isolation in the header; a KeyboardInterrupt as pyutil/errors.h's
+// policy says).
 bool EqualOrNot(PyObject* a, PyObject* b) {
   if (a == b) return true;
   int r = PyObject_RichCompareBool(a, b, Py_EQ);
   if (r < 0) {
-    bool interrupt = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
-    PyErr_Clear();
-    if (interrupt) PyErr_SetInterrupt();
+    ClearErrorKeepingInterrupt();
     return false;
   }
   return r == 1;

@@ -34,6 +34,7 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <exception>
 #include <new>
 #include <string>
 #include <vector>
@@ -185,8 +186,11 @@ struct CallSignature {
 // contexts by identity, other objects with __eq__ (may run Python, throw).
 bool SameContextAndPlacements(const CallSignature& a, const CallSignature& b);
 
-// Thrown by BuildSignature when the call must take the compiler's fallback.
-struct NeedsFallback {};
+// Thrown by BuildSignature when the call must take the compiler's fallback
+// (caught by the call path; should one escape, the boundary raises its what()).
+struct NeedsFallback : std::exception {
+  const char* what() const noexcept override { return "ftjit: the call needs the compiler's fallback path"; }
+};
 
 // The context hook (see "context_fn" below) unpacked once per jitted
 // function. Pointers are borrowed from the spec's context_fn, an immutable

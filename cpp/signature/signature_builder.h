@@ -27,9 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#ifdef __GLIBCXX__
-#include <cxxabi.h>  // abi::__forced_unwind
-#endif
+#include <exception>
 
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
@@ -60,15 +58,11 @@ class Builder {
     // Not a destructor: a thread ended by CPython at interpreter shutdown
     // (pthread_exit when it takes the GIL back inside Python code run from
     // here) unwinds through this frame with no thread state, where
-    // Py_LeaveRecursiveCall would crash (3.12+). Such an unwind is rethrown
-    // untouched.
+    // Py_LeaveRecursiveCall would crash (3.12+). Such an unwind is not a
+    // std::exception, so it passes untouched.
     try {
       FlattenNode(obj);
-#ifdef __GLIBCXX__
-    } catch (abi::__forced_unwind&) {
-      throw;
-#endif
-    } catch (...) {
+    } catch (const std::exception&) {
       Py_LeaveRecursiveCall();
       throw;
     }

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "pyutil/errors.h"
-#include "pyutil/imported.h"
+#include "signature/imports.h"
 #include "pyutil/py_compat.h"
 #include "signature/signature.h"
 #include "signature/signature_builder.h"
@@ -148,8 +148,7 @@ void Builder::Unsupported(PyObject* obj) {
           "problematic value is of type " + Py_TYPE(obj)->tp_name + " and was passed to the "
           "function at path " + path + ". (ftjit: " + msg + ")";
   }
-  PyObject* type = kUnsupportedArgumentError.Get();
-  if (type) PyErr_SetString(type, msg.c_str());
+  PyErr_SetString(kUnsupportedArgumentError.Get(), msg.c_str());
   throw nb::python_error();
 }
 
@@ -161,9 +160,7 @@ void UnhashableStatic(const SignatureSpec& spec, PyObject* value, const std::str
                     "Pass a hashable value (e.g. a tuple instead of a list), or make "
                     "the argument dynamic by removing it from static_argnums/"
                     "static_argnames.";
-  PyObject* type = kUnhashableStaticArgumentError.Get();
-  if (!type) throw nb::python_error();
-  ThrowWithCause(type, msg);
+  ThrowWithCause(kUnhashableStaticArgumentError.Get(), msg);
 }
 
 // Raises jax.jit's report of a static argument whose __eq__ raised, as jax
@@ -183,22 +180,11 @@ void RaiseStaticComparisonError(nb::python_error& err, PyObject* a, PyObject* b)
 }
 
 void ThrowWithCause(PyObject* type, const std::string& message) {
-  PyObject *et = nullptr, *ev = nullptr, *tb = nullptr;
-  PyErr_Fetch(&et, &ev, &tb);
-  if (et) {
-    PyErr_NormalizeException(&et, &ev, &tb);
-    if (tb && ev) PyException_SetTraceback(ev, tb);
-  }
-  PyObject* exc = PyObject_CallFunction(type, "s", message.c_str());
-  if (exc) {
-    if (ev) PyException_SetCause(exc, Py_NewRef(ev));  // steals the new ref
-    PyErr_SetObject(type, exc);
-    Py_DECREF(exc);
-  }
-  Py_XDECREF(et);
-  Py_XDECREF(ev);
-  Py_XDECREF(tb);
-  throw nb::python_error();
+  nb::object cause = nb::steal(TakeError());
+  nb::object exc = nb::steal(PyObject_CallFunction(type, "s", message.c_str()));
+  if (!exc.is_valid()) throw nb::python_error();
+  if (cause.is_valid()) PyException_SetCause(exc.ptr(), cause.release().ptr());  // steals
+  ThrowError(std::move(exc));
 }
 
 }  // namespace ftjit

@@ -9,24 +9,13 @@
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
-#include "pyutil/imported.h"
+#include "signature/imports.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
 
 namespace ftjit {
 
 namespace {
-
-Imported kLeaf{"ftjit._signature", "Leaf"};
-Imported kNode{"ftjit._signature", "Node"};
-Imported kStatic{"ftjit._signature", "Static"};
-Imported kSignature{"ftjit._signature", "Signature"};
-
-PyObject* Type(Imported& imported) {
-  PyObject* t = imported.Get();
-  if (!t) throw nb::python_error();
-  return t;
-}
 
 // Walks the tree tokens in preorder, consuming aux objects, leaves, dims and
 // statics in the order the builder recorded them (as the printer does).
@@ -41,7 +30,7 @@ class Exporter {
       case NodeKind::kNone:
         return Make("none", nb::none(), 0);
       case NodeKind::kStatic:
-        return nb::handle(Type(kStatic))(s_.statics[st_++]);
+        return nb::handle(kStatic.Get())(s_.statics[st_++]);
       case NodeKind::kLeaf:
         return Leaf();
       case NodeKind::kTuple:
@@ -79,7 +68,7 @@ class Exporter {
     for (size_t i = 0; i < n; ++i) {
       PyTuple_SET_ITEM(children.ptr(), static_cast<Py_ssize_t>(i), Node().release().ptr());
     }
-    return nb::handle(Type(kNode))(kind, key, children);
+    return nb::handle(kNode.Get())(kind, key, children);
   }
 
   nb::object Leaf() {
@@ -101,7 +90,7 @@ class Exporter {
     }
     nb::handle dtype = l.dtype.is_valid() ? nb::handle(l.dtype.ptr()) : nb::none();
     nb::handle sharding = l.sharding.is_valid() ? nb::handle(l.sharding) : nb::none();
-    return nb::handle(Type(kLeaf))(kind, dtype, shape, nb::bool_(l.weak_type), sharding);
+    return nb::handle(kLeaf.Get())(kind, dtype, shape, nb::bool_(l.weak_type), sharding);
   }
 
   const CallSignature& s_;
@@ -118,7 +107,7 @@ nb::object ExportSignature(const CallSignature& sig) {
   nb::dict kwargs;
   for (const nb::object& name : sig.kwnames) kwargs[name] = e.Node();
   nb::handle context = sig.context.is_valid() ? nb::handle(sig.context.ptr()) : nb::none();
-  return nb::handle(Type(kSignature))(args, kwargs, context);
+  return nb::handle(kSignature.Get())(args, kwargs, context);
 }
 
 }  // namespace ftjit

@@ -76,11 +76,8 @@ std::string Str(PyObject* o);
 // restored afterwards.
 template <class Build>
 std::string WithErrorAside(Build&& build) {
-  PyObject *type, *exc, *tb;
-  PyErr_Fetch(&type, &exc, &tb);
-  std::string out = build();
-  PyErr_Restore(type, exc, tb);
-  return out;
+  SavedError aside;
+  return build();
 }
 
 // Errors raised outside the builder (signature_errors.cc).

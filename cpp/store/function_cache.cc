@@ -19,7 +19,8 @@
 // AllStores().mu.
 #include "store/function_cache.h"
 
-#include "pyutil/imported.h"
+#include "store/imports.h"
+#include "pyutil/py_compat.h"
 
 #include <limits>
 
@@ -106,24 +107,6 @@ class FunctionCache {
   std::shared_ptr<Cache> cache;  // fixed after construction
 };
 
-}  // namespace
-
-namespace {
-// Whether this thread may run the epoch domain's deleters, which drop Python
-// objects: only with a thread state attached. A thread being unwound at
-// interpreter shutdown (pthread_exit when it took the GIL back) has none.
-bool ThreadIsAttached() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return PyThreadState_GetUnchecked() != nullptr;  // thread-local: null when detached
-#elif PY_VERSION_HEX >= 0x030C0000
-  return _PyThreadState_UncheckedGet() != nullptr;  // the same, under its 3.12 name
-#else
-  // 3.11's "current thread state" is the GIL holder's, process-wide: it is
-  // this thread's own exactly when this thread holds the GIL.
-  PyThreadState* mine = PyGILState_GetThisThreadState();
-  return mine != nullptr && mine == _PyThreadState_UncheckedGet();
-#endif
-}
 }  // namespace
 
 void InitCaches() {
@@ -265,7 +248,6 @@ nb::object MakeCacheInfo(FunctionStore& fe) {
   Counters& c = fe.counters();
   auto r = std::memory_order_relaxed;
   PyObject* cache_info = kCacheInfo.Get();
-  if (!cache_info) throw nb::python_error();
   PyObject* info = PyObject_CallFunction(
       cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.hits.Load()),
       static_cast<unsigned long long>(c.misses.load(r)),

@@ -1,0 +1,10 @@
+// ftjit: the Python objects the store floor builds (see pyutil/imported.h).
+#pragma once
+
+#include "pyutil/imported.h"
+
+namespace ftjit {
+
+inline Imported kCacheInfo{"ftjit._jit", "CacheInfo"};
+
+}  // namespace ftjit
