@@ -8,7 +8,7 @@ every method of a jitted function. Below: the records the core returns
 _rebuild, which unpickles a jitted function.
 
 Shared state: _DEFAULT_CACHE (a FunctionCache: its own locks, see
-cpp/function_cache.h) and _jax_integration, written once under _jax_lock
+the core's FunctionCache) and _jax_integration, written once under _jax_lock
 (the only lock taken here, and never while calling into the core or JAX
 beyond the one-time integration). Everything else is per call.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -49,7 +50,7 @@ R = TypeVar("R")
 from ._core import FunctionCache, JitFunction  # noqa: E402 - classes (types for checkers), not variables
 
 # In a forked child, compiles that the parent's other threads had in flight
-# are compiled afresh instead of waited for forever (see cpp/compile_latch.h).
+# are compiled afresh instead of waited for forever (see the core's CompileLatch).
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
@@ -276,27 +277,15 @@ def jit(
     if "fun" in jax_options:
         # `fun` is positional-only, as in jax.jit (whose message this is).
         raise TypeError("jit() got some positional-only arguments passed as keyword arguments: 'fun'")
+    given = {name: value for name, value in locals().items() if name in _KEYWORDS}  # jit's keywords, as passed
     # Plain tuples at once (None stays "not given"): an iterator must not be
     # used up by a check, by a decorator factory's first use, or by pickling.
     if static_argnums is not None:
-        static_argnums = as_tuple(static_argnums, int, "static_argnums")
+        given["static_argnums"] = static_argnums = as_tuple(static_argnums, int, "static_argnums")
     if static_argnames is not None:
-        static_argnames = as_tuple(static_argnames, str, "static_argnames")
+        given["static_argnames"] = static_argnames = as_tuple(static_argnames, str, "static_argnames")
     if fun is _NOT_GIVEN:
-        return functools.partial(
-            jit,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            compiler=compiler,
-            cache=cache,
-            donate_argnums=donate_argnums,
-            donate_argnames=donate_argnames,
-            compile_timeout=compile_timeout,
-            max_signatures=max_signatures,
-            on_excess=on_excess,
-            explain_misses=explain_misses,
-            **jax_options,
-        )
+        return functools.partial(jit, **given, **jax_options)
     check_callable(fun)
     max_signatures = check_guard_options(compile_timeout, max_signatures, on_excess, explain_misses)
     user_compiler = compiler
@@ -312,19 +301,24 @@ def jit(
         raise TypeError(f"cache must be an ftjit.FunctionCache, got {type(cache).__name__}")
     donate = {"donate_argnums": donate_argnums, "donate_argnames": donate_argnames}
     compiler, jitted = _choose_compiler(fun, compiler, static, donate, jax_options, sys._getframe(1))
+    # What unpickling passes to jit() again (the default cache's, not this one).
     pickle_options = {
+        **given,
         "static_argnums": static.given_argnums,
         "static_argnames": static.given_argnames,
         "compiler": user_compiler,
+        "cache": None,
         **donate,
-        "compile_timeout": compile_timeout,
         "max_signatures": max_signatures,
-        "on_excess": on_excess,
-        "explain_misses": explain_misses,
         **jax_options,
     }
     return _construct(fun, compiler, jitted, cache, static, compile_timeout, max_signatures, on_excess,
                       explain_misses, pickle_options)
+
+
+# jit()'s own keywords (the rest are jax.jit's), from its one definition.
+_KEYWORDS = frozenset(
+    p.name for p in inspect.signature(jit).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def _choose_compiler(

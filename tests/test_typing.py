@@ -132,3 +132,26 @@ def test_the_package_itself_type_checks(tmp_path):
     # ftjit's sources against its own stub (jax not followed: its types are
     # jax's business); the stub declares the private core functions too.
     assert _mypy(tmp_path, None) == []
+
+
+def test_jit_overloads_list_exactly_the_keywords_of_its_definition():
+    """jit()'s keywords are defined once, by its def (the partial of its
+    decorator form and the pickled options are built from that); the two
+    overloads a type checker reads must list the same names and types."""
+    import inspect
+    from typing import get_overloads
+
+    from ftjit import _jit
+
+    def keywords(fn):
+        return [
+            (p.name, p.annotation)
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD)
+        ]
+
+    overloads = get_overloads(_jit.jit)
+    assert len(overloads) == 2
+    for overload in overloads:
+        assert keywords(overload) == keywords(_jit.jit)
+    assert _jit._KEYWORDS == {name for name, _ in keywords(_jit.jit)} - {"jax_options"}

@@ -451,15 +451,26 @@ bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* k
   }
 }
 
-bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
-  CallSignature sig;
-  LeafObjects leaves;
+namespace {
+
+// BuildAdopted for a compile asked for ahead of traffic, which a call that
+// would take the fallback path cannot be.
+void BuildToPrecompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig,
+                       LeafObjects& leaves) {
   if (!BuildAdopted(st, args, nargs, kwnames, sig, st.executable_for.is_valid() ? &leaves : nullptr)) {
     RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
                                       "() here: the call would take the compiler's fallback "
                                       "path, which is not cached (e.g. tracers among the "
                                       "arguments, a JAX trace active, or jax.disable_jit() on)");
   }
+}
+
+}  // namespace
+
+bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
+  CallSignature sig;
+  LeafObjects leaves;
+  BuildToPrecompile(st, args, nargs, kwnames, sig, leaves);
   Resolved r = Resolve(st, sig);
   if (!r.inserted) return false;
   Compile(st, r.entry, args, nargs, kwnames, leaves, r.adopted.get());
@@ -469,12 +480,7 @@ bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwn
 PrecompileSaved PrecompileSavedSpec(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames) {
   CallSignature sig;
   LeafObjects leaves;
-  if (!BuildAdopted(st, args, nargs, kwnames, sig, st.executable_for.is_valid() ? &leaves : nullptr)) {
-    RaiseMessage(PyExc_TypeError, "cannot precompile " + st.spec.fun_name +
-                                      "() here: the call would take the compiler's fallback "
-                                      "path, which is not cached (e.g. tracers among the "
-                                      "arguments, a JAX trace active, or jax.disable_jit() on)");
-  }
+  BuildToPrecompile(st, args, nargs, kwnames, sig, leaves);
   // Only into the room max_signatures leaves beside the counted signatures
   // and the other provisional ones (a reservation, exact among warm-ups;
   // traffic counted meanwhile is counted as usual).

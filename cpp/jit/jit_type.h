@@ -2,7 +2,7 @@
 // descriptor, GC support and pickling) and the module-level switches.
 //
 // Declares no shared state and takes no locks; the type's state, guards and
-// lock order: jit_function.cc.
+// lock order: JitState (jit_state.h) and the call path (Call).
 #pragma once
 
 #include <nanobind/nanobind.h>

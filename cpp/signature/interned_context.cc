@@ -1,41 +1,31 @@
 // ftjit: canonical compiler contexts, counted by their users (see interned_context.h).
 //
-// Shared state: the table of interned contexts (TableLockHeld()), guarded by
+// Shared state: the table of interned contexts (g_contexts.items()), guarded by
 // g_contexts_mu; each InternedContext's `users`, an atomic counted by
 // lookups under that lock (so a releaser re-checks it there), and its
 // `weak`, an atomic. The header's table has them all.
 //
-// Lock order: g_contexts_mu is a leaf: no Python code runs under it (only
-// user counts are written and pointers moved), and no other lock is taken
-// while it is held.
+// Lock order: g_contexts.mu is a leaf (pyutil/leaf_table.h): only user
+// counts are written and pointers moved under it.
 #include "signature/interned_context.h"
 
-#include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
 
 #include "pyutil/errors.h"
-#include "pyutil/leaf_mutex.h"
+#include "pyutil/leaf_table.h"
 #include "primitives/small_vector.h"
 
 namespace ftjit {
 
 namespace {
 
-// Bounded: past kMaxContexts live contexts a new one is used as is,
-// uninterned (its calls then compare it with == on the slow path).
-constexpr size_t kMaxContexts = 256;
-
-// A leaf lock, taken with the thread attached; no Python code runs under it
-// (only user counts are written and pointers moved).
-LeafMutex g_contexts_mu;
-// The table itself (process lifetime), reached only with g_contexts_mu held.
-std::vector<InternedContext*>& TableLockHeld() FTJIT_REQUIRES(g_contexts_mu) {
-  g_contexts_mu.AssertHeld();
-  static auto* table = new std::vector<InternedContext*>();
-  return *table;
-}
+// The interned contexts. Bounded: past 256 live contexts a new one is used
+// as is, uninterned (its calls then compare it with == on the slow path).
+// Under its leaf lock only user counts are written and pointers moved.
+// Never destroyed.
+LeafTable<InternedContext*>& g_contexts = *new LeafTable<InternedContext*>(256);
 
 // a == b for two context objects, with a raised error taken as "not equal"
 // (see Isolation in the header; a KeyboardInterrupt as pyutil/errors.h's
@@ -136,9 +126,9 @@ void ReleaseContext(InternedContext* c) {
   {
     // Re-checked under the lock: a lookup may have taken it up meanwhile
     // (lookups count their candidates under this lock).
-    LockGuard<LeafMutex> lock(g_contexts_mu);
+    LockGuard<LeafMutex> lock(g_contexts.mu);
     if (c->users.load(std::memory_order_acquire) == 0) {
-      auto& table = TableLockHeld();
+      auto& table = g_contexts.items();
       for (auto it = table.begin(); it != table.end(); ++it) {
         if (*it == c) {
           table.erase(it);
@@ -158,8 +148,8 @@ void ReleaseContext(InternedContext* c) {
 ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h) {
   SmallVector<InternedContext*, 4> candidates;  // each counted for this lookup
   {
-    LockGuard<LeafMutex> lock(g_contexts_mu);
-    auto& table = TableLockHeld();
+    LockGuard<LeafMutex> lock(g_contexts.mu);
+    auto& table = g_contexts.items();
     for (InternedContext* c : table) {
       if (c->hash == h) {
         c->users.fetch_add(1, std::memory_order_relaxed);
@@ -176,8 +166,8 @@ ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h) {
     }
   }
   if (found) return ContextRef::Counted(found);
-  LockGuard<LeafMutex> lock(g_contexts_mu);
-  auto& table = TableLockHeld();
+  LockGuard<LeafMutex> lock(g_contexts.mu);
+  auto& table = g_contexts.items();
   // Another thread may have interned this very object meanwhile (identity
   // only, under the lock: no Python here); an equal duplicate is harmless,
   // just slower to match.
@@ -187,25 +177,19 @@ ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h) {
       return ContextRef::Counted(c);
     }
   }
-  if (table.size() >= kMaxContexts) return ContextRef::Owned(Py_NewRef(ctx));
+  if (g_contexts.full()) return ContextRef::Owned(Py_NewRef(ctx));
   auto* c = new InternedContext{Py_NewRef(ctx), h};  // users == 1: the caller's
   table.push_back(c);
   return ContextRef::Counted(c);
 }
 
 size_t InternedContextCount() {
-  LockGuard<LeafMutex> lock(g_contexts_mu);
-  return TableLockHeld().size();
+  LockGuard<LeafMutex> lock(g_contexts.mu);
+  return g_contexts.items().size();
 }
 
-void ReinitContextLockInChild() { ReinitInChild(g_contexts_mu); }
+void ReinitContextLockInChild() { g_contexts.ReinitLockInChild(); }
 
-void LockContextsForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {  // takes or releases by its argument
-  if (lock) {
-    g_contexts_mu.lock();
-  } else {
-    g_contexts_mu.unlock();
-  }
-}
+void LockContextsForTest(bool lock) { g_contexts.HoldForTest(lock); }
 
 }  // namespace ftjit

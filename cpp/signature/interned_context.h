@@ -42,17 +42,17 @@
 //   | member                      | protection                                  |
 //   |-----------------------------|---------------------------------------------|
 //   | InternedContext::obj, hash  | fixed after construction                    |
-//   | InternedContext::users      | atomic; incremented under g_contexts_mu by  |
+//   | InternedContext::users      | atomic; incremented under g_contexts.mu by  |
 //   |                             | lookups (so a releaser re-checks under it), |
 //   |                             | by Adopt only while above 0 (a CAS)         |
 //   | InternedContext::weak       | atomic (memos' references, plus one)        |
-//   | the table (interned_context.cc) | guarded by g_contexts_mu, a leaf lock   |
+//   | the table (interned_context.cc) | guarded by g_contexts.mu, a leaf lock   |
 //
-// Lock order: g_contexts_mu is a leaf, held only around Python-free steps
+// Lock order: g_contexts.mu is a leaf, held only around Python-free steps
 // (counting users, editing the table): candidates' __eq__ and the drop of a
 // dead context's object run after it is released, and no other lock is
 // taken under it. Only the test hook LockSignatureLocksForTest (signature.cc)
-// holds it together with another lock, g_dtypes_mu, taken first.
+// holds it together with another lock, g_dtypes.mu, taken first.
 #pragma once
 
 #include <Python.h>

@@ -8,23 +8,20 @@
 //   | g_names (declared in    | made here at module init (InitSignatures),      |
 //   |   signature_internal.h),| fixed afterwards                                |
 //   |   Numpy()               |                                                 |
-//   | the dtype table         | guarded by g_dtypes_mu; entries are strong      |
-//   |   (InternDtype)         | references, never removed (process lifetime)    |
+//   | g_dtypes (InternDtype)  | a LeafTable: guarded by its leaf lock; strong   |
+//   |                         | references, never removed (process lifetime)    |
 //
-// Lock order: g_dtypes_mu is a leaf: taken with the thread attached, no
-// Python code runs under it (Py_NewRef only), and no other lock is taken
-// while it is held. On GIL builds it is a no-op (leaf_mutex.h) and the GIL
-// serialises it. Only the test hook LockSignatureLocksForTest holds it
-// together with another lock: it takes g_dtypes_mu, then g_contexts_mu.
+// Lock order: g_dtypes.mu is a leaf (pyutil/leaf_table.h). Only the test
+// hook LockSignatureLocksForTest holds it together with another lock: it
+// takes g_dtypes.mu, then the contexts table's.
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
 #include <cstddef>
-#include <mutex>
 #include <vector>
 
 #include "signature/interned_context.h"
-#include "pyutil/leaf_mutex.h"
+#include "pyutil/leaf_table.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
 
@@ -41,31 +38,19 @@ PyObject* Interned(const char* s) {
 // Process-wide interned dtypes: the few dtype objects a program's arrays
 // use, kept alive until the process exits, so that signatures may pin them
 // (PinnedRef) instead of counting references. Identity only (Python-free);
-// bounded: past kMaxDtypes a dtype is simply not interned. Guarded by
-// g_dtypes_mu, a leaf LeafMutex taken with the thread attached, under which
-// no Python code runs (Py_NewRef only); a no-op on GIL builds, where the GIL
-// serialises it.
-constexpr size_t kMaxDtypes = 256;
-LeafMutex g_dtypes_mu;
+// bounded: past 256 a dtype is simply not interned. Never destroyed.
+LeafTable<PyObject*>& g_dtypes = *new LeafTable<PyObject*>(256);
 
 }  // namespace
 
-// The interned dtypes (strong references, process lifetime), reached only
-// with g_dtypes_mu held.
-std::vector<PyObject*>& DtypesLockHeld() FTJIT_REQUIRES(g_dtypes_mu) {
-  g_dtypes_mu.AssertHeld();
-  static auto* table = new std::vector<PyObject*>();
-  return *table;
-}
-
 bool InternDtype(PyObject* dtype) {
-  LockGuard<LeafMutex> lock(g_dtypes_mu);
-  std::vector<PyObject*>& table = DtypesLockHeld();
+  LockGuard<LeafMutex> lock(g_dtypes.mu);
+  std::vector<PyObject*>& table = g_dtypes.items();
   for (PyObject* d : table) {
     if (d == dtype) return true;
   }
-  if (table.size() >= kMaxDtypes) return false;
-  table.push_back(Py_NewRef(dtype));
+  if (g_dtypes.full()) return false;
+  table.push_back(Py_NewRef(dtype));  // a strong reference, kept for the process's life
   return true;
 }
 
@@ -103,17 +88,17 @@ void InitSignatures() {
 }
 
 void ReinitSignatureLocksInChild() {
-  ReinitInChild(g_dtypes_mu);
+  g_dtypes.ReinitLockInChild();
   ReinitContextLockInChild();
 }
 
-void LockSignatureLocksForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {  // takes or releases by its argument
+void LockSignatureLocksForTest(bool lock) {
   if (lock) {
-    g_dtypes_mu.lock();
+    g_dtypes.HoldForTest(true);
     LockContextsForTest(true);
   } else {
     LockContextsForTest(false);
-    g_dtypes_mu.unlock();
+    g_dtypes.HoldForTest(false);
   }
 }
 

@@ -25,8 +25,8 @@
 //   | interned names, dtypes  | signature.cc                                 |
 //
 // Lock order: building takes two leaf locks, each briefly and never both at
-// once: g_dtypes_mu (signature.cc) when an aval is remembered, and
-// g_contexts_mu (interned_context.h) when a context is canonicalised or let
+// once: g_dtypes.mu (signature.cc) when an aval is remembered, and
+// g_contexts.mu (interned_context.h) when a context is canonicalised or let
 // go (also when a signature holding one is destroyed). Comparing and
 // printing take none.
 #pragma once
@@ -445,7 +445,7 @@ struct SignatureSpec {
 //   aval_types: exact types whose dtype/shape/weak_type are read from
 //       `obj.aval` (one attribute lookup instead of three properties).
 // Throws nb::python_error; invalid leaves raise UnsupportedArgumentError and
-// unhashable statics UnhashableStaticArgumentError (see errors.h).
+// unhashable statics UnhashableStaticArgumentError (ftjit.errors).
 // `allow_specs`: leaves of the hook's spec_types (jax.ShapeDtypeStruct)
 // stand for arrays of that shape (precompile, warmup); otherwise such a leaf
 // is a TypeError (a call cannot execute with one), as in jax.jit.

@@ -11,8 +11,8 @@
 // signature being built is the caller's own, on its stack.
 //
 // Lock order: takes no lock itself. The context's canonical object comes
-// from CanonicalContext (interned_context.h), which takes g_contexts_mu, a
-// leaf, around Python-free steps only; array leaves may take g_dtypes_mu
+// from CanonicalContext (interned_context.h), which takes g_contexts.mu, a
+// leaf, around Python-free steps only; array leaves may take g_dtypes.mu
 // (signature_leaf.h), also a leaf. Everything else may run Python (hooks,
 // __hash__), so BuildSignature must never run under a C++ lock.
 #include <Python.h>

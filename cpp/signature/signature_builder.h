@@ -10,7 +10,7 @@
 // own (thread_memos.h).
 //
 // Lock order: a Builder holds no lock. Recording an aval (StoreAval) takes
-// g_dtypes_mu (InternDtype), a leaf, briefly; everything else it does may run
+// g_dtypes.mu (InternDtype), a leaf, briefly; everything else it does may run
 // Python (properties, __hash__, __lt__ of dict keys, the pytree hooks), so it
 // must never run under a C++ lock.
 //

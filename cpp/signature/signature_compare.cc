@@ -112,15 +112,36 @@ const char* DebugFastEqualsAtRecursionLimit(PyObject* a, PyObject* b, bool* erro
   return r == FastEq::kEqual ? "equal" : r == FastEq::kNotEqual ? "not equal" : "unknown";
 }
 
+namespace {
+
+// The Python-free parts both comparisons check first. `whole`: a partial
+// probe (see CallSignature::partial) leaves out the context and placements.
+inline bool SameHeader(const CallSignature& a, const CallSignature& b, bool whole) noexcept {
+  return a.num_positional == b.num_positional && a.tree == b.tree && a.dims == b.dims &&
+         a.leaves.size() == b.leaves.size() && a.statics.size() == b.statics.size() &&
+         a.kwnames.size() == b.kwnames.size() && a.aux.size() == b.aux.size() &&
+         (!whole || a.context.is_valid() == b.context.is_valid());
+}
+
+inline bool SameLeafShape(const LeafSignature& a, const LeafSignature& b, bool whole) noexcept {
+  return a.kind == b.kind && a.weak_type == b.weak_type && a.ndim == b.ndim &&
+         (!whole || a.sharding.is_valid() == b.sharding.is_valid());
+}
+
+// Keyword names by content (no user code runs); the counts are equal.
+inline bool SameNames(const CallSignature& a, const CallSignature& b) noexcept {
+  for (size_t i = 0; i < a.kwnames.size(); ++i) {
+    if (CompareNames(a.kwnames[i].ptr(), b.kwnames[i].ptr()) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const noexcept {
   // A partial probe compares the arguments only: see the declaration.
   const bool whole = !o.partial;
-  if (table_hash != o.table_hash || num_positional != o.num_positional || !(tree == o.tree) ||
-      !(dims == o.dims) || leaves.size() != o.leaves.size() ||
-      statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
-      aux.size() != o.aux.size() || (whole && context.is_valid() != o.context.is_valid())) {
-    return FastEq::kNotEqual;
-  }
+  if (table_hash != o.table_hash || !SameHeader(*this, o, whole)) return FastEq::kNotEqual;
   FastEq result = FastEq::kEqual;
   auto meet = [&result](FastEq part) {
     if (part == FastEq::kUnknown) result = FastEq::kUnknown;
@@ -129,18 +150,13 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
   for (size_t i = 0; i < leaves.size(); ++i) {
     const LeafSignature& a = leaves[i];
     const LeafSignature& b = o.leaves[i];
-    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim ||
-        (whole && a.sharding.is_valid() != b.sharding.is_valid())) {
-      return FastEq::kNotEqual;
-    }
+    if (!SameLeafShape(a, b, whole)) return FastEq::kNotEqual;
     if (a.kind == LeafKind::kArray) {
       meet(FastIdentity(a.dtype.ptr(), b.dtype.ptr()));
       if (whole && a.sharding.is_valid()) meet(FastIdentity(a.sharding.ptr(), b.sharding.ptr()));
     }
   }
-  for (size_t i = 0; i < kwnames.size(); ++i) {
-    if (CompareNames(kwnames[i].ptr(), o.kwnames[i].ptr()) != 0) return FastEq::kNotEqual;
-  }
+  if (!SameNames(*this, o)) return FastEq::kNotEqual;
   for (size_t i = 0; i < aux.size(); ++i) {
     if (!meet(FastObjectEquals(aux[i].ptr(), o.aux[i].ptr()))) return FastEq::kNotEqual;
   }
@@ -161,23 +177,11 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
 
 bool CallSignature::Equals(const CallSignature& o) const {
   // Cheap, Python-free parts first.
-  if (hash != o.hash || num_positional != o.num_positional || !(tree == o.tree) ||
-      !(dims == o.dims) || leaves.size() != o.leaves.size() ||
-      statics.size() != o.statics.size() || kwnames.size() != o.kwnames.size() ||
-      aux.size() != o.aux.size() || context.is_valid() != o.context.is_valid()) {
-    return false;
-  }
+  if (hash != o.hash || !SameHeader(*this, o, /*whole=*/true)) return false;
   for (size_t i = 0; i < leaves.size(); ++i) {
-    const LeafSignature& a = leaves[i];
-    const LeafSignature& b = o.leaves[i];
-    if (a.kind != b.kind || a.weak_type != b.weak_type || a.ndim != b.ndim ||
-        a.sharding.is_valid() != b.sharding.is_valid()) {
-      return false;
-    }
+    if (!SameLeafShape(leaves[i], o.leaves[i], /*whole=*/true)) return false;
   }
-  for (size_t i = 0; i < kwnames.size(); ++i) {
-    if (CompareNames(kwnames[i].ptr(), o.kwnames[i].ptr()) != 0) return false;
-  }
+  if (!SameNames(*this, o)) return false;
   // Then the parts whose comparison may run Python code.
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (leaves[i].kind == LeafKind::kArray &&

@@ -4,7 +4,7 @@
 // by InitSignatures (signature.cc) and fixed afterwards: read without a
 // lock. The dtype table behind InternDtype is signature.cc's.
 //
-// Lock order: InternDtype takes g_dtypes_mu (signature.cc), a leaf; nothing
+// Lock order: InternDtype takes g_dtypes.mu (signature.cc), a leaf; nothing
 // else declared here takes a lock. Repr, Str and the error raisers run
 // Python: never under a C++ lock.
 #pragma once
@@ -56,7 +56,7 @@ inline const Names& N() { return *g_names; }
 
 // Interns `dtype` in the process-wide table (signature.cc), so signatures
 // may pin it (PinnedRef); false past the table's bound. Identity only,
-// Python-free; takes g_dtypes_mu.
+// Python-free; takes g_dtypes.mu.
 bool InternDtype(PyObject* dtype);
 
 // Keyword names compared by content (no user code runs).

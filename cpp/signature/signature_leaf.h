@@ -10,7 +10,7 @@
 // thread's (thread_memos.h); the spec and hook are fixed after the jitted
 // function's construction; Numpy() and N() are fixed after module init.
 //
-// Lock order: StoreAval takes g_dtypes_mu (InternDtype), a leaf; nothing
+// Lock order: StoreAval takes g_dtypes.mu (InternDtype), a leaf; nothing
 // else here takes a lock. Reading attributes runs Python (properties,
 // __hash__ of dtypes and shardings): never call these under a C++ lock.
 #pragma once

@@ -5,7 +5,7 @@
 // released through a capsule in its thread-state dict): see the header.
 //
 // Lock order: takes no lock of its own (releasing a context may take
-// g_contexts_mu, a leaf: interned_context.h).
+// g_contexts.mu, a leaf: interned_context.h).
 #include "signature/thread_memos.h"
 
 #include <memory>

@@ -109,7 +109,7 @@ struct Ledger {
   const bool strict;
 };
 
-// One call of key `key`, as jit_function.cc's Call makes it: the lock-free
+// One call of key `key`, as the core's Call makes it: the lock-free
 // hit path, else find-or-insert; the inserting thread "compiles" (the
 // result is key * 2), publishes and lists it; others wait on the latch.
 // Returns the value the call used (-1: a compile it waited for was
