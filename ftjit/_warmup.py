@@ -186,9 +186,9 @@ def _progress_stream(progress: Any) -> TextIO | None:
 def warmup(
     fn: Any,
     specs: Iterable[Any],
-    workers: int = 1,
-    strict: bool = False,
-    progress: bool | None | TextIO = None,
+    workers: int,
+    strict: bool,
+    progress: bool | None | TextIO,
 ) -> WarmupReport:
     """Compiles each spec's signature into ``fn``'s cache, ``workers`` at a time.
 
@@ -204,7 +204,8 @@ def warmup(
     draw on. A KeyboardInterrupt in the calling thread ends the warm-up at
     once, even while a worker is stuck in a compile (which finishes in its
     daemon thread, and serves later calls). Thread-safe, and compile-once
-    holds against concurrent calls of ``fn``.
+    holds against concurrent calls of ``fn``. The body of JitFunction.warmup,
+    which declares the parameters and their defaults and passes each one.
     """
     if not isinstance(workers, int) or isinstance(workers, bool):
         raise TypeError(f"workers must be a positive int, got {workers!r}")
@@ -244,7 +245,7 @@ def warmup(
             "jax config such as jax.enable_x64(), which worker threads do not inherit) differs from a new "
             f"thread's, so the specs are compiled in this thread, one at a time (workers={workers} ignored)",
             RuntimeWarning,
-            stacklevel=2,  # the caller of JitFunction.warmup (a C method: no frame of its own)
+            stacklevel=2,  # the caller of JitFunction.warmup (a nanobind method: no frame of its own)
         )
         workers = 1
     t0 = time.perf_counter()

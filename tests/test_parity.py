@@ -916,7 +916,7 @@ def test_ftjit_is_hooked_into_jax_once_per_process():
     other = ftjit.jit(lambda x: x, compiler=CountingCompiler())
     boundary_code = traceback_util.api_boundary(len).__code__
     for method in ("lower", "trace", "eval_shape"):
-        assert type(getattr(ftjit.JitFunction, method)).__name__ == "method_descriptor"
+        assert type(vars(ftjit.JitFunction)[method]).__name__ == "nb_method"
         assert getattr(jfs[0]._hooks, method) == getattr(jfs[0]._hooks.fallback, method)
         assert getattr(other._hooks, method) is None
     assert jfs[0]._compiler.__code__ is boundary_code
@@ -1026,7 +1026,7 @@ def test_ftjit_works_without_jaxs_private_hooks():
             "after clear_cache 0 3.0 2",
             "lower [3.0, 3.0]",
             "frames ['__call__', 'bad', 'meth']",  # BoundJaxCompiler (no boundary hides it), the function
-            "frames ['bad', 'meth', '_reshape']",  # lower: jax.jit's own, reached from a C method (no frame)
+            "frames ['bad', 'meth', '_reshape']",  # lower: jax.jit's own, reached from a nanobind method (no frame)
         ],
     ), proc.stderr[-3000:]
 

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from helpers import child_env
 
 SCRIPT = textwrap.dedent(
@@ -79,3 +81,50 @@ def test_exit_while_threads_hold_the_last_reference_to_a_cleared_entry():
         assert proc.stdout.strip() == "waits 3 size 0", proc.stdout + proc.stderr
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr == "", proc.stderr
+
+
+METHOD_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, time, ftjit
+    gate = threading.Event()
+    started = threading.Event()
+    def compiler(fun, args, kwargs):
+        started.set()
+        while not gate.wait(0.01):  # wakes, re-taking the GIL: finalization ends the thread here
+            pass
+        return fun
+    jf = ftjit.jit(lambda x: x, compiler=compiler, cache=ftjit.FunctionCache(8))
+    if sys.argv[1] == "precompile":  # one thread compiles, two wait on it
+        for _ in range(3):
+            threading.Thread(target=jf.precompile, args=(1.0,), daemon=True).start()
+    else:  # a warm-up in a background thread, its three workers in precompile
+        threading.Thread(target=jf.warmup, args=([(1.0,)] * 3,), kwargs={"workers": 3, "progress": False},
+                         daemon=True).start()
+    started.wait(10)
+    deadline = time.monotonic() + 10
+    while jf.cache_info().waits < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("waits", jf.cache_info().waits)
+
+    class SlowFinalizer:
+        # Deleted while the interpreter finalizes, after daemon threads are
+        # told to end: gives them time to wake and be ended there.
+        def __del__(self, sleep=time.sleep):
+            sleep(0.3)
+    slow = SlowFinalizer()
+    """
+)
+
+
+@pytest.mark.parametrize("method", ["precompile", "warmup"])
+def test_exit_while_daemon_threads_are_inside_a_method(method):
+    # As the warm-up's daemon workers are when Ctrl-C ends the program: each
+    # thread is ended by CPython inside a method (a nanobind function), one in
+    # the compile, the others waiting on it (and, for a warm-up, its own
+    # thread in its wait). A forced unwind into nanobind's noexcept dispatch
+    # would abort the exit; the thread is parked instead.
+    proc = subprocess.run([sys.executable, "-c", METHOD_SCRIPT, method], capture_output=True, text=True, timeout=60,
+                          env=child_env())
+    assert proc.stdout.strip() == "waits 2", proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr

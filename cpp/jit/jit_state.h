@@ -8,7 +8,8 @@
 //   |------------------------|-------------------------------------------------|
 //   | JitState (one per      | fixed after construction, except that the GC's  |
 //   |   JitFunction)         | tp_clear empties an unreachable one (every entry|
-//   |                        | point checks Cleared() first); freed by dealloc |
+//   |                        | point checks CheckNotCleared first); freed by   |
+//   |                        | dealloc                                         |
 //   | its store and counters | store/function_cache.h, store/entry_store.h     |
 //
 // Lock order: declares no lock.
@@ -78,15 +79,14 @@ struct JitFunctionObject {
 
 inline JitState& StateOf(PyObject* self) { return *reinterpret_cast<JitFunctionObject*>(self)->state; }
 
-// RuntimeError (and true) when the GC's tp_clear already emptied this function.
-inline bool Cleared(const JitState& st) {
-  if (st.fun.is_valid()) return false;
-  PyErr_SetString(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
-  return true;
-}
-
 // Raises type(msg), as a C++ throw of the Python error.
 [[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg);
+
+// Throws RuntimeError once the GC's tp_clear has emptied this function
+// (every entry point checks first).
+inline void CheckNotCleared(const JitState& st) {
+  if (!st.fun.is_valid()) RaiseMessage(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
+}
 
 // Calls an observability hook (ftjit._observe.on_compile / on_wait); its
 // exceptions are reported as unraisable, never allowed to replace the

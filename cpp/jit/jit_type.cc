@@ -1,10 +1,13 @@
-// ftjit: the JitFunction type: a hand-built heap type (vectorcall, a
-// descriptor, GC support, pickling) with every method of a jitted function,
+// ftjit: the JitFunction type: a hand-built heap type whose call, GC
+// support, descriptor and repr are C slots, and whose every method and
+// property is a nanobind function set on it (one declaration gives the
+// parser, the docstring and the stub's signature, as jaxlib's PjitFunction);
 // and its construction from ftjit.jit()'s resolved options and the
 // compiler's CompilerHooks (ftjit/_hooks.py).
 //
-// Errors cross from C++ into Python in one place: every C-API entry point
-// of the type runs its body through Translate().
+// Errors cross from C++ into Python at the boundary (pyutil/errors.h): a
+// slot runs its body through Translated(), nanobind translates what a
+// method throws, alike.
 //
 //   | state      | protection                                               |
 //   |------------|----------------------------------------------------------|
@@ -19,6 +22,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/typing.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,20 +43,74 @@ namespace {
 
 PyObject* g_jit_type = nullptr;  // set once at module init
 
-// Runs an entry point's body: the one place where C++ exceptions become
-// Python errors (Translated, pyutil/errors.h). `failed` is what the entry
-// point returns with an error set.
-template <class Body>
-auto Translate(Body&& body, decltype(body()) failed) -> decltype(body()) {
-  return Translated(std::forward<Body>(body), failed);
+// A JitFunction, as a method's `self`: nanobind checks the type before the
+// body runs (JitFunction.cache_info(42) is a TypeError), as CPython's method
+// descriptors do.
+bool IsJitFunction(PyObject* o) { return PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(g_jit_type)); }
+class JitSelf : public nb::object {
+  NB_OBJECT_DEFAULT(JitSelf, nb::object, "JitFunction", IsJitFunction)
+};
+
+// A parameter or result that nanobind passes on unchecked (the Python code
+// it goes to checks it), named `kType` in the method's signature and so in
+// the stub.
+bool AnyObject(PyObject*) { return true; }
+template <const auto& kType>
+class Annotated : public nb::object {
+  NB_OBJECT_DEFAULT(Annotated, nb::object, kType, AnyObject)
+};
+
+// A thread that CPython ends at interpreter shutdown (3.11-3.13: pthread_exit
+// when it takes the GIL back, a forced unwind) while in a method, e.g. a
+// daemon warm-up worker waiting on a compile in precompile(), must not
+// unwind into nanobind, whose dispatch is noexcept: std::terminate would
+// abort the exiting process. It is parked instead, as CPython 3.14 parks
+// such threads itself (PyThread_hang_thread); the process exits around it.
+// The frames below (call.cc's waits, compile.cc) have unwound already,
+// releasing what they held.
+[[noreturn]] NB_NOINLINE void ParkThreadEndedAtShutdown() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
 
-// A method body returning an nb::object, as a new reference (or null).
-template <class Body>
-PyObject* Method(PyObject* self, Body&& body) {
-  if (Cleared(StateOf(self))) return nullptr;
-  return Translate([&]() -> PyObject* { return body(StateOf(self)).release().ptr(); }, nullptr);
+// A method's body on the state of `self` (RuntimeError once the GC cleared
+// it); nanobind translates what it throws.
+template <class Result = nb::object, class Body>
+Result Method(const JitSelf& self, Body&& body) {
+  return LeakingOnForcedUnwind(
+      [&] {
+        JitState& st = StateOf(self.ptr());
+        CheckNotCleared(st);
+        return nb::steal<Result>(nb::object(body(st)).release());
+      },
+      [] { ParkThreadEndedAtShutdown(); });
 }
+
+// A call's arguments as nanobind hands them to a method (*args, **kwargs),
+// laid out as a vectorcall's, which the signature builder reads: the
+// positional ones, then the keyword values, their names in kwnames() (null:
+// none). Borrowed from `args` and `kwargs`, which only this call holds.
+class VectorcallArgs {
+ public:
+  VectorcallArgs(const nb::args& args, const nb::kwargs& kwargs) : nargs_(args.size()) {
+    items_.reserve(nargs_ + kwargs.size());
+    for (nb::handle a : args) items_.push_back(a.ptr());
+    if (kwargs.size() == 0) return;
+    nb::list names;
+    for (auto [name, value] : kwargs) {
+      names.append(name);
+      items_.push_back(value.ptr());
+    }
+    kwnames_ = nb::tuple(names);
+  }
+  PyObject* const* args() const { return items_.data(); }
+  size_t nargs() const { return nargs_; }
+  PyObject* kwnames() const { return kwnames_.is_valid() ? kwnames_.ptr() : nullptr; }
+
+ private:
+  size_t nargs_;
+  std::vector<PyObject*> items_;
+  nb::object kwnames_;
+};
 
 // The attribute of a hook in the function's CompilerHooks, or null (None).
 nb::object HookOf(const JitState& st, const char* name) {
@@ -65,8 +123,6 @@ nb::object HookOf(const JitState& st, const char* name) {
 extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                                             PyObject* kwnames) {
   JitState& st = StateOf(self);
-  if (Cleared(st)) return nullptr;
-  if (JitDisabledDepth() > 0) return PyObject_Vectorcall(st.fun.ptr(), args, nargsf, kwnames);
   // A jitted function calling itself (or another) recurses through this C
   // frame, which takes far more C stack than a Python-to-Python call: count
   // it, so that deep recursion is a RecursionError, not a stack overflow
@@ -74,10 +130,15 @@ extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* arg
   // Left explicitly, not by a destructor: a thread ended by CPython at
   // interpreter shutdown (pthread_exit when a waiter or the executable takes
   // the GIL back) unwinds through here with no thread state, where
-  // Py_LeaveRecursiveCall would crash (3.12+); Translate does not catch it.
+  // Py_LeaveRecursiveCall would crash (3.12+); Translated does not catch it.
   if (Py_EnterRecursiveCall(" while calling a jitted function")) return nullptr;
-  PyObject* out = Translate([&]() -> PyObject* { return Call(st, args, nargsf, kwnames).release().ptr(); },
-                            static_cast<PyObject*>(nullptr));
+  PyObject* out = Translated(
+      [&]() -> PyObject* {
+        CheckNotCleared(st);
+        if (JitDisabledDepth() > 0) return StealOrThrow(PyObject_Vectorcall(st.fun.ptr(), args, nargsf, kwnames)).release().ptr();
+        return Call(st, args, nargsf, kwnames).release().ptr();
+      },
+      static_cast<PyObject*>(nullptr));
   Py_LeaveRecursiveCall();
   return out;
 }
@@ -146,25 +207,6 @@ extern "C" PyObject* JitFunction_repr(PyObject* self) {
 
 // --- methods -----------------------------------------------------------------------
 
-extern "C" PyObject* JitFunction_cache_info(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) { return MakeCacheInfo(*st.store); });
-}
-
-extern "C" PyObject* JitFunction_cache_size(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) { return nb::int_(st.store->size()); });
-}
-
-extern "C" PyObject* JitFunction_clear_cache(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) {
-    // The compiler's own caches of this function first (JAX: its trace
-    // caches): a compile racing with this call then either finds its entry
-    // dropped below or traces afresh, never re-caches a stale trace.
-    if (nb::object hook = HookOf(st, "clear_cache"); hook.is_valid()) hook();
-    st.store->Clear();
-    return nb::none();
-  });
-}
-
 // The entries whose compile finished, newest compile first (the payload is
 // read after the latch's acquire).
 std::vector<EntryPtr> ReadyNewestFirst(const JitState& st) {
@@ -178,180 +220,26 @@ std::vector<EntryPtr> ReadyNewestFirst(const JitState& st) {
   return entries;
 }
 
-extern "C" PyObject* JitFunction_signatures(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) {
-    PyObject* info = kSignatureInfo.Get();
-    nb::list out;
-    for (const EntryPtr& e : ReadyNewestFirst(st)) {
-      out.append(nb::handle(info)(e->sig->ToString(st.spec), e->Hits(), e->payload.compile_seconds,
-                                  e->payload.takes_leaves));
-    }
-    return nb::object(out);
-  });
-}
-
-extern "C" PyObject* JitFunction_precompile(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
-                                            PyObject* kwnames) {
-  return Method(self, [&](JitState& st) {
-    AheadOfTraffic ahead;  // not a miss to explain (ftjit/_observe.py)
-    return nb::bool_(Precompile(st, args, static_cast<size_t>(nargs), kwnames));
-  });
-}
-
-extern "C" PyObject* JitFunction_precompile_saved(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
-                                                  PyObject* kwnames) {
-  return Method(self, [&](JitState& st) {
-    AheadOfTraffic ahead;
-    return nb::int_(static_cast<int>(PrecompileSavedSpec(st, args, static_cast<size_t>(nargs), kwnames)));
-  });
-}
-
-extern "C" PyObject* JitFunction_signature_record_of(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
-                                                     PyObject* kwnames) {
-  return Method(self, [&](JitState& st) -> nb::object {
-    CallSignature sig;
-    if (!BuildAdopted(st, args, static_cast<size_t>(nargs), kwnames, sig)) return nb::none();
-    return ExportSignature(sig);
-  });
-}
-
-extern "C" PyObject* JitFunction_signature_of(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
-                                              PyObject* kwnames) {
-  return Method(self, [&](JitState& st) {
-    return nb::str(SignatureOf(st, args, static_cast<size_t>(nargs), kwnames).c_str());
-  });
-}
-
-// lower/trace/eval_shape: the compiler's hook of that name, with the call's
-// arguments (the JAX compiler's: the function's jax.jit method).
-template <const char* kName>
-PyObject* ThroughHook(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return Method(self, [&](JitState& st) {
-    nb::object hook = HookOf(st, kName);
-    if (!hook.is_valid()) {
-      RaiseMessage(PyExc_TypeError, std::string(kName) + "() needs a compiler with a '" + kName +
-                                        "' hook, as the JAX compiler has; the compiler of " +
-                                        st.spec.fun_name + "() has none");
-    }
-    return nb::steal(PyObject_Vectorcall(hook.ptr(), args, static_cast<size_t>(nargs), kwnames));
-  });
-}
-constexpr char kLower[] = "lower";
-constexpr char kTrace[] = "trace";
-constexpr char kEvalShape[] = "eval_shape";
-
-// Binds a method's arguments to `names` (positionally in that order, or by
-// keyword) and checks them as CPython checks a function's, in its words
-// ("JitFunction.warmup() got an unexpected keyword argument 'worker'").
-// out[i] is the argument bound to names[i] (borrowed), or null.
-void BindArguments(const char* method, PyObject* const* args, size_t nargs, PyObject* kwnames,
-                   const std::vector<const char*>& names, size_t required, std::vector<PyObject*>& out) {
-  std::string where = std::string("JitFunction.") + method + "()";
-  out.assign(names.size(), nullptr);
-  if (nargs > names.size()) {
-    RaiseMessage(PyExc_TypeError, where + " takes from " + std::to_string(required) + " to " +
-                                      std::to_string(names.size()) + " positional arguments but " +
-                                      std::to_string(nargs) + " were given");
-  }
-  for (size_t i = 0; i < nargs; ++i) out[i] = args[i];
-  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-  for (Py_ssize_t k = 0; k < nkw; ++k) {
-    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
-    size_t i = 0;
-    while (i < names.size() && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) ++i;
-    if (i == names.size()) {
-      RaiseMessage(PyExc_TypeError, where + " got an unexpected keyword argument '" +
-                                        nb::cast<std::string>(nb::str(key)) + "'");
-    }
-    if (out[i]) RaiseMessage(PyExc_TypeError, where + " got multiple values for argument '" + names[i] + "'");
-    out[i] = args[nargs + k];
-  }
-  for (size_t i = 0; i < required; ++i) {
-    if (!out[i]) {
-      RaiseMessage(PyExc_TypeError, where + " missing required argument '" + names[i] + "'");
-    }
-  }
-}
-
-extern "C" PyObject* JitFunction_warmup(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
-                                        PyObject* kwnames) {
-  return Method(self, [&](JitState&) {
-    // ftjit._warmup.warmup(self, specs, workers=..., strict=..., progress=...):
-    // the warm-up's thread pool and report are Python.
-    static const std::vector<const char*> kNames{"specs", "workers", "strict", "progress"};
-    std::vector<PyObject*> bound;
-    BindArguments("warmup", args, static_cast<size_t>(nargs), kwnames, kNames, 1, bound);
-    PyObject* warmup = kWarmup.Get();
-    nb::object call_args = nb::make_tuple(nb::handle(self), nb::handle(bound[0]));
-    nb::dict call_kwargs;
-    for (size_t i = 1; i < kNames.size(); ++i) {
-      if (bound[i]) call_kwargs[kNames[i]] = nb::handle(bound[i]);
-    }
-    return nb::steal(PyObject_Call(warmup, call_args.ptr(), call_kwargs.ptr()));
-  });
-}
-
-extern "C" PyObject* JitFunction_warmup_specs(PyObject* self, PyObject*) {
-  return Method(self, [&](JitState&) {
-    // ftjit._specs.warmup_specs(self): rebuilt from the core's records (_signatures).
-    PyObject* warmup_specs = kWarmupSpecs.Get();
-    return nb::steal(PyObject_CallOneArg(warmup_specs, self));
-  });
-}
-
-extern "C" PyObject* JitFunction_store_forgetter(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) { return Forgetter(st.store); });
-}
-
-// _signatures(): the cached, compiled signatures as the core holds them
-// (ftjit/_signature.py records), newest compile first.
-extern "C" PyObject* JitFunction_structured_signatures(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) {
-    nb::list out;
-    for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig));
-    return nb::object(out);
-  });
-}
-
-// _current_context(): the compiler's context as the core would key this
-// thread's next call on it (None without one, or when the call would take
-// the fallback).
-extern "C" PyObject* JitFunction_current_context(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) {
-    CallSignature sig;
-    if (!BuildAdopted(st, nullptr, 0, nullptr, sig) || !sig.context.is_valid()) return nb::object(nb::none());
-    return nb::borrow(sig.context.ptr());
-  });
-}
-
 // Pickling by reference when this very object is reachable by its module
 // and qualified name (the decorated form, @ftjit.jit on a module-level
 // function), as functools.lru_cache wrappers are; otherwise by value: the
 // wrapped function (itself by reference) and the options, rebuilt by
 // ftjit.jit on unpickling.
-extern "C" PyObject* JitFunction_reduce(PyObject* self, PyObject*) {
-  JitState& st = StateOf(self);
-  if (!st.fun.is_valid()) {
-    PyErr_SetString(PyExc_TypeError, "cannot pickle a cleared jitted function");
-    return nullptr;
-  }
-  return Translate([&]() -> PyObject* {
-    nb::handle me(self);
-    nb::object name = nb::getattr(me, "__qualname__", nb::none());
-    nb::object module_name = nb::getattr(me, "__module__", nb::none());
-    nb::object modules = nb::module_::import_("sys").attr("modules");
-    nb::object module = module_name.is_none() ? nb::none() : modules.attr("get")(module_name);
-    if (nb::isinstance<nb::str>(name) && !module.is_none() &&
-        nb::cast<std::string>(name).find("<locals>") == std::string::npos) {
-      nb::object found = module;
-      for (nb::handle part : name.attr("split")(".")) {
-        found = nb::getattr(found, part, nb::none());
-      }
-      if (found.is(me)) return name.release().ptr();
+nb::object Reduce(nb::handle me, const JitState& st) {
+  nb::object name = nb::getattr(me, "__qualname__", nb::none());
+  nb::object module_name = nb::getattr(me, "__module__", nb::none());
+  nb::object modules = nb::module_::import_("sys").attr("modules");
+  nb::object module = module_name.is_none() ? nb::none() : modules.attr("get")(module_name);
+  if (nb::isinstance<nb::str>(name) && !module.is_none() &&
+      nb::cast<std::string>(name).find("<locals>") == std::string::npos) {
+    nb::object found = module;
+    for (nb::handle part : name.attr("split")(".")) {
+      found = nb::getattr(found, part, nb::none());
     }
-    PyObject* rebuild = kRebuild.Get();
-    return Py_BuildValue("O(OO)", rebuild, st.fun.ptr(), st.pickle_options.ptr());
-  }, nullptr);
+    if (found.is(me)) return name;
+  }
+  PyObject* rebuild = kRebuild.Get();
+  return nb::make_tuple(nb::handle(rebuild), nb::make_tuple(st.fun, st.pickle_options));
 }
 
 nb::object FunctionName(nb::handle name) {
@@ -362,128 +250,276 @@ nb::object FunctionName(nb::handle name) {
 
 // What jax.jit's __getstate__() reports of the function: its name, through
 // unnamed functools.partial layers.
-extern "C" PyObject* JitFunction_getstate(PyObject* self, PyObject*) {
-  return Method(self, [](JitState& st) {
-    nb::object fun = st.fun;
-    PyObject* partial = kPartial.Get();
-    for (;;) {
-      nb::object name = nb::getattr(fun, "__name__", nb::none());
-      if (nb::isinstance<nb::str>(name)) return FunctionName(name);
-      if (PyObject_IsInstance(fun.ptr(), partial) != 1) break;
-      fun = fun.attr("func");
-    }
-    PyErr_Clear();
-    return FunctionName(nb::str("<unnamed function>"));
-  });
+nb::object GetState(const JitState& st) {
+  nb::object fun = st.fun;
+  PyObject* partial = kPartial.Get();
+  for (;;) {
+    nb::object name = nb::getattr(fun, "__name__", nb::none());
+    if (nb::isinstance<nb::str>(name)) return FunctionName(name);
+    if (PyObject_IsInstance(fun.ptr(), partial) != 1) break;
+    fun = fun.attr("func");
+  }
+  PyErr_Clear();  // an isinstance that raised: unnamed, as any other
+  return FunctionName(nb::str("<unnamed function>"));
 }
 
-// A jitted function is immutable: copies are itself, as for Python functions.
-extern "C" PyObject* JitFunction_copy(PyObject* self, PyObject*) { return Py_NewRef(self); }
-extern "C" PyObject* JitFunction_deepcopy(PyObject* self, PyObject*) { return Py_NewRef(self); }
+// warmup()'s types, as the stub names them (the Python warm-up checks the values).
+constexpr char kSpecsType[] = "collections.abc.Iterable[typing.Any]";
+constexpr char kProgressType[] = "bool | typing.TextIO";
+constexpr char kWarmupReportType[] = "WarmupReport";
 
-// JitFunction[P, R] for type checkers (see _core.pyi); subscriptable at run time.
-extern "C" PyObject* JitFunction_class_getitem(PyObject* cls, PyObject* arg) { return Py_GenericAlias(cls, arg); }
+// Sets every method and property of JitFunction on `type`. The slots above
+// stay C; everything else is declared here once: nanobind parses its
+// arguments, and stubgen renders its signature and docstring into
+// _core.pyi. nb::sig spells what C++ types cannot (the ParamSpec _P, whose
+// `<module>._P.args` stubgen shortens to `_P.args`; JitFunction[_P, _R]) for
+// methods that parse no parameter by name; warmup's parameters are nb::arg.
+// The Python classes the signatures name (CacheInfo, ...) are imported by
+// the stub's pattern file (core_stub_patterns.txt): ftjit cannot be
+// imported where the stub is made.
+void DefineMethods(nb::handle type, const std::string& module) {
+  const std::string pargs = "*args: " + module + "._P.args, **kwargs: " + module + "._P.kwargs";
+  // nanobind names a function with a custom signature after it (`def
+  // name(...`), but gives it a __name__ and __qualname__ only when nb::name
+  // comes first (the signature then replaces its text).
+  auto name_in = [](const std::string& sig) { return sig.substr(4, sig.find('(') - 4); };
+  auto method = [&](auto&& fn, const std::string& sig, const char* doc) {
+    nb::cpp_function_def(std::forward<decltype(fn)>(fn), nb::scope(type), nb::name(name_in(sig).c_str()),
+                         nb::sig(sig.c_str()), nb::is_method(), doc);
+  };
+  auto property = [&](auto&& getter, const std::string& sig, const char* doc) {
+    std::string name = name_in(sig);
+    nb::object fget = nb::cpp_function(std::forward<decltype(getter)>(getter), nb::name(name.c_str()),
+                                       nb::sig(sig.c_str()), nb::is_method(), doc);
+    nb::setattr(type, name.c_str(), nb::handle(reinterpret_cast<PyObject*>(&PyProperty_Type))(fget));
+  };
 
-extern "C" PyObject* JitFunction_get_fun(PyObject* self, void*) {
-  JitState& st = StateOf(self);
-  return Py_NewRef(st.fun.is_valid() ? st.fun.ptr() : Py_None);
+  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return MakeCacheInfo(*st.store); }); },
+         "def cache_info(self) -> CacheInfo",
+         "A snapshot of this function's counters (shared by every wrapper of the\n"
+         "same function and options in the same cache). Each field is read\n"
+         "atomically, the tuple as a whole is not: under concurrent calls it may\n"
+         "be stale.");
+  method(
+      [](const JitSelf& self) {
+        return Method(self, [](JitState& st) {
+          // The compiler's own caches of this function first (JAX: its trace
+          // caches): a compile racing with this call then either finds its entry
+          // dropped below or traces afresh, never re-caches a stale trace.
+          if (nb::object hook = HookOf(st, "clear_cache"); hook.is_valid()) hook();
+          st.store->Clear();
+          return nb::none();
+        });
+      },
+      "def clear_cache(self) -> None",
+      "Drops this function's compiled entries; the next call of each\n"
+      "signature compiles again. With the JAX compiler, also clears what\n"
+      "jax.jit's clear_cache() clears (the function's trace caches).\n"
+      "Thread-safe; compiles in progress finish and serve their waiters, but\n"
+      "their entries are not kept.");
+  method(
+      [](const JitSelf& self) {
+        return Method(self, [](JitState& st) {
+          PyObject* info = kSignatureInfo.Get();
+          nb::list out;
+          for (const EntryPtr& e : ReadyNewestFirst(st)) {
+            out.append(nb::handle(info)(e->sig->ToString(st.spec), e->Hits(), e->payload.compile_seconds,
+                                        e->payload.takes_leaves));
+          }
+          return out;
+        });
+      },
+      "def signatures(self) -> list[SignatureInfo]",
+      "The compiled signatures now cached for this function, readable, with\n"
+      "hits and compile time; newest compile first (hits do not reorder\n"
+      "them). A snapshot; entries may be added or evicted concurrently.");
+  method(
+      [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
+        return Method(self, [&](JitState& st) {
+          AheadOfTraffic ahead;  // not a miss to explain (ftjit/_observe.py)
+          VectorcallArgs call(args, kwargs);
+          return nb::bool_(Precompile(st, call.args(), call.nargs(), call.kwnames()));
+        });
+      },
+      "def precompile(self, " + pargs + ") -> bool",
+      "Compiles the signature of these arguments into the cache, executing\n"
+      "nothing. Arguments may be concrete values or jax.ShapeDtypeStruct\n"
+      "(anything with .dtype/.shape). True if this call compiled it, False if\n"
+      "it was cached already (or compiled meanwhile by another thread, which\n"
+      "this call then waited for). Thread-safe; compile-once holds. A compile\n"
+      "asked for ahead of traffic is not logged as a miss.");
+  // lower/trace/eval_shape: the compiler's hook of that name, with the
+  // call's arguments (the JAX compiler's: the function's jax.jit method).
+  auto through_hook = [](const char* name) {
+    return [name](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
+      return Method(self, [&](JitState& st) {
+        nb::object hook = HookOf(st, name);
+        if (!hook.is_valid()) {
+          RaiseMessage(PyExc_TypeError, std::string(name) + "() needs a compiler with a '" + name +
+                                            "' hook, as the JAX compiler has; the compiler of " +
+                                            st.spec.fun_name + "() has none");
+        }
+        return hook(*args, **kwargs);
+      });
+    };
+  };
+  method(through_hook("lower"), "def lower(self, " + pargs + ") -> typing.Any",
+         "jax.stages.Lowered for these arguments (the compiler's 'lower' hook:\n"
+         "the JAX compiler's). Thread-safe; does not touch the cache.");
+  method(through_hook("trace"), "def trace(self, " + pargs + ") -> typing.Any",
+         "jax.stages.Traced for these arguments (the compiler's 'trace' hook).\n"
+         "Does not touch the cache.");
+  method(through_hook("eval_shape"), "def eval_shape(self, " + pargs + ") -> typing.Any",
+         "Output shapes and dtypes (a jax.ShapeDtypeStruct pytree) without\n"
+         "compiling (the compiler's 'eval_shape' hook).");
+  nb::cpp_function_def(
+      [](const JitSelf& self, Annotated<kSpecsType> specs, nb::typed<nb::object, int> workers,
+         nb::typed<nb::object, bool> strict, Annotated<kProgressType> progress) {
+        return Method<Annotated<kWarmupReportType>>(self, [&](JitState&) {
+          // The warm-up's thread pool and report are Python (ftjit._warmup.warmup).
+          PyObject* warmup = kWarmup.Get();
+          return nb::handle(warmup)(self, specs, workers, strict, progress);
+        });
+      },
+      nb::scope(type), nb::name("warmup"), nb::is_method(), nb::arg("specs"), nb::arg("workers") = 1,
+      nb::arg("strict") = false, nb::arg("progress").none() = nb::none(),
+      "Compiles each spec's signature into this function's cache, `workers`\n"
+      "at a time (specs: tuples of positional arguments, ftjit.Spec or\n"
+      "ftjit.SavedSpec; see ftjit._warmup.warmup). Errors are collected in the\n"
+      "WarmupReport; with strict=True the first is raised once all specs ran.\n"
+      "`progress` draws a bar (None: on stderr when it is a terminal).\n"
+      "Thread-safe; compile-once holds against concurrent calls.");
+  method(
+      [](const JitSelf& self) {
+        return Method(self, [&](JitState&) {
+          // ftjit._specs.warmup_specs(self): rebuilt from the core's records (_signatures).
+          PyObject* warmup_specs = kWarmupSpecs.Get();
+          return nb::handle(warmup_specs)(self);
+        });
+      },
+      "def warmup_specs(self) -> SpecList",
+      "The specs of the signatures now cached, newest first, in the form\n"
+      "warmup() takes (JAX: jax.ShapeDtypeStruct leaves with dtype, shape,\n"
+      "weak type and placement; static values as they are). Warming up from\n"
+      "them makes exactly these signatures. One that cannot be rebuilt (a node\n"
+      "no hook rebuilds, another context than this thread's) is left out and\n"
+      "listed in the result's left_out. A snapshot (see ftjit._specs).");
+  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return nb::int_(st.store->size()); }); },
+         "def _cache_size(self) -> int",
+         "Number of signatures of this function in the cache now (jax.jit's\n"
+         "_cache_size). A snapshot.");
+  method(
+      [](const JitSelf& self) {
+        return Method(self, [](JitState& st) {
+          nb::list out;
+          for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig));
+          return out;
+        });
+      },
+      "def _signatures(self) -> list[typing.Any]",
+      "The cached, compiled signatures as ftjit._signature.Signature records,\n"
+      "newest compile first. A snapshot.");
+  method(
+      [](const JitSelf& self) {
+        return Method(self, [](JitState& st) -> nb::object {
+          CallSignature sig;
+          if (!BuildAdopted(st, nullptr, 0, nullptr, sig) || !sig.context.is_valid()) return nb::none();
+          return nb::borrow(sig.context.ptr());
+        });
+      },
+      "def _current_context(self) -> typing.Any",
+      "The compiler's context as the core would key this thread's next call\n"
+      "on it (None without one, or when the call would take the fallback).");
+  method(
+      [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
+        return Method(self, [&](JitState& st) {
+          AheadOfTraffic ahead;
+          VectorcallArgs call(args, kwargs);
+          return nb::int_(static_cast<int>(PrecompileSavedSpec(st, call.args(), call.nargs(), call.kwnames())));
+        });
+      },
+      "def _precompile_saved(self, *args: typing.Any, **kwargs: typing.Any) -> int",
+      "A saved spec's warm-up (ftjit.SavedSpec): compiles this signature\n"
+      "provisionally, not counted against max_signatures until a call or\n"
+      "precompile uses it, and only while the counted and provisional\n"
+      "signatures leave room under max_signatures. 1: compiled; 0: cached\n"
+      "already; -1: no room.");
+  method(
+      [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
+        return Method(self, [&](JitState& st) -> nb::object {
+          VectorcallArgs call(args, kwargs);
+          CallSignature sig;
+          if (!BuildAdopted(st, call.args(), call.nargs(), call.kwnames(), sig)) return nb::none();
+          return ExportSignature(sig);
+        });
+      },
+      "def _signature_record_of(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any",
+      "The signature these arguments (or specs) would have, as an\n"
+      "ftjit._signature.Signature record (None: the call would take the\n"
+      "compiler's fallback).");
+  method(
+      [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
+        return Method(self, [&](JitState& st) {
+          VectorcallArgs call(args, kwargs);
+          return nb::str(SignatureOf(st, call.args(), call.nargs(), call.kwnames()).c_str());
+        });
+      },
+      "def _signature_of(self, *args: typing.Any, **kwargs: typing.Any) -> str",
+      "The readable signature these arguments would have.");
+  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return Forgetter(st.store); }); },
+         "def _store_forgetter(self) -> typing.Any",
+         "A callable (any arguments) that drops this function's entries from its\n"
+         "cache, as when the function dies; holds them only weakly.");
+  method(
+      [](const JitSelf& self) {
+        if (!StateOf(self.ptr()).fun.is_valid()) throw nb::type_error("cannot pickle a cleared jitted function");
+        return Method(self, [&](JitState& st) { return Reduce(self, st); });
+      },
+      "def __reduce__(self) -> str | tuple[typing.Any, ...]",
+      "Pickles by reference when this object is reachable by its module and\n"
+      "qualified name (@ftjit.jit on a module-level function), else by value:\n"
+      "the wrapped function and the options, which ftjit.jit rebuilds.");
+  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return GetState(st); }); },
+         "def __getstate__(self) -> dict[str, str]",
+         "What jax.jit's __getstate__() reports of the function (its name).");
+  // Copies are the function itself, as for Python functions.
+  method([](const JitSelf& self) { return self; }, "def __copy__(self) -> JitFunction[_P, _R]",
+         "Itself: a jitted function is immutable.");
+  method([](const JitSelf& self, nb::handle) { return self; },
+         "def __deepcopy__(self, memo: dict[int, typing.Any], /) -> JitFunction[_P, _R]",
+         "Itself: a jitted function is immutable.");
+  // JitFunction[P, R] for type checkers (the stub's Generic[_P, _R]);
+  // subscriptable at run time, as a Python generic class is.
+  nb::setattr(type, "__class_getitem__",
+              nb::handle(reinterpret_cast<PyObject*>(&PyClassMethod_Type))(
+                  nb::handle(reinterpret_cast<PyObject*>(&Py_GenericAliasType))));
+
+  // Properties, fixed once made (None once the GC cleared the function).
+  auto field = [](nb::object JitState::*member) {
+    return [member](const JitSelf& self) -> nb::object {
+      const nb::object& value = StateOf(self.ptr()).*member;
+      return value.is_valid() ? value : nb::none();
+    };
+  };
+  property(field(&JitState::fun), "def _fun(self) -> collections.abc.Callable[_P, _R]",
+           "The wrapped function (fixed).");
+  property(field(&JitState::compile), "def _compiler(self) -> collections.abc.Callable[..., typing.Any]",
+           "compile(fun, args, kwargs), as the core calls it (fixed).");
+  property(field(&JitState::hooks), "def _hooks(self) -> typing.Any",
+           "The compiler's ftjit.CompilerHooks (fixed).");
+  property(field(&JitState::cache), "def _cache(self) -> FunctionCache", "The FunctionCache (fixed).");
+  // A jitted function's __globals__: the namespace of the module that
+  // defines ftjit's Python API (ftjit._jit), as a Python wrapper function of
+  // that module would have. Tools that recognise JAX-wrapped functions by
+  // the api_boundary their wrappers are defined with (chex's is_traceable)
+  // then see a jitted function for what it is.
+  property(
+      [](const JitSelf&) {
+        PyObject* globals = kJitModule.Get();
+        return nb::borrow<nb::dict>(globals);
+      },
+      "def __globals__(self) -> dict[str, typing.Any]", "The namespace of ftjit's Python API module.");
 }
-
-extern "C" PyObject* JitFunction_get_compiler(PyObject* self, void*) {
-  JitState& st = StateOf(self);
-  return Py_NewRef(st.compile.is_valid() ? st.compile.ptr() : Py_None);
-}
-
-extern "C" PyObject* JitFunction_get_hooks(PyObject* self, void*) {
-  JitState& st = StateOf(self);
-  return Py_NewRef(st.hooks.is_valid() ? st.hooks.ptr() : Py_None);
-}
-
-extern "C" PyObject* JitFunction_get_cache(PyObject* self, void*) {
-  JitState& st = StateOf(self);
-  return Py_NewRef(st.cache.is_valid() ? st.cache.ptr() : Py_None);
-}
-
-// A jitted function's __globals__: the namespace of the module that defines
-// ftjit's Python API (ftjit._jit), as a Python wrapper function of that
-// module would have. Tools that recognise JAX-wrapped functions by the
-// api_boundary their wrappers are defined with (chex's is_traceable) then
-// see a jitted function for what it is.
-extern "C" PyObject* JitFunction_get_globals(PyObject*, void*) {
-  return Translated([] { return Py_NewRef(kJitModule.Get()); }, static_cast<PyObject*>(nullptr));
-}
-
-template <auto Fn>
-PyCFunction Fast() {
-  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Fn));
-}
-
-PyMethodDef kMethods[] = {
-    {"cache_info", JitFunction_cache_info, METH_NOARGS,
-     "cache_info() -> CacheInfo\n\nA snapshot of this function's counters (shared by every\n"
-     "wrapper of the same function and options in the same cache). Each\nfield is read "
-     "atomically, the tuple as a whole is not: under\nconcurrent calls it may be stale."},
-    {"clear_cache", JitFunction_clear_cache, METH_NOARGS,
-     "clear_cache() -> None\n\nDrops this function's compiled entries; the next call of each\n"
-     "signature compiles again. With the JAX compiler, also clears what jax.jit's\n"
-     "clear_cache() clears (the function's trace caches). Thread-safe; compiles in\n"
-     "progress finish and serve their waiters, but their entries are not kept."},
-    {"signatures", JitFunction_signatures, METH_NOARGS,
-     "signatures() -> list[SignatureInfo]\n\nThe compiled signatures now cached for this function, "
-     "readable, with\nhits and compile time; newest compile first (hits do not reorder\nthem). "
-     "A snapshot; entries may be added or evicted concurrently."},
-    {"precompile", Fast<JitFunction_precompile>(), METH_FASTCALL | METH_KEYWORDS,
-     "precompile(*args, **kwargs) -> bool\n\nCompiles the signature of these arguments into the "
-     "cache, executing\nnothing. Arguments may be concrete values or jax.ShapeDtypeStruct\n"
-     "(anything with .dtype/.shape). True if this call compiled it, False\nif it was cached "
-     "already (or compiled meanwhile by another thread,\nwhich this call then waited for). "
-     "Thread-safe; compile-once holds. A\ncompile asked for ahead of traffic is not logged as a "
-     "miss."},
-    {"lower", Fast<ThroughHook<kLower>>(), METH_FASTCALL | METH_KEYWORDS,
-     "lower(*args, **kwargs) -> jax.stages.Lowered for these arguments\n(the compiler's 'lower' "
-     "hook: the JAX compiler's). Thread-safe; does\nnot touch the cache."},
-    {"trace", Fast<ThroughHook<kTrace>>(), METH_FASTCALL | METH_KEYWORDS,
-     "trace(*args, **kwargs) -> jax.stages.Traced for these arguments (the\ncompiler's 'trace' "
-     "hook). Does not touch the cache."},
-    {"eval_shape", Fast<ThroughHook<kEvalShape>>(), METH_FASTCALL | METH_KEYWORDS,
-     "eval_shape(*args, **kwargs) -> output shapes and dtypes\n(jax.ShapeDtypeStruct pytree) "
-     "without compiling (the compiler's\n'eval_shape' hook)."},
-    {"warmup", Fast<JitFunction_warmup>(), METH_FASTCALL | METH_KEYWORDS,
-     "warmup(specs, workers=1, strict=False, progress=None) -> WarmupReport\n\nCompiles a list "
-     "of signatures in `workers` threads (see ftjit._warmup)."},
-    {"warmup_specs", JitFunction_warmup_specs, METH_NOARGS,
-     "warmup_specs() -> SpecList\n\nThe specs of the signatures now cached, newest first, in the form\n"
-     "warmup() takes (JAX: jax.ShapeDtypeStruct leaves with dtype, shape, weak\ntype and placement; static "
-     "values as they are). Warming up from them\nmakes exactly these signatures. One that cannot be rebuilt (a "
-     "node no hook\nrebuilds, another context than this thread's) is left out and listed in\nthe "
-     "result's left_out. A snapshot (see ftjit._specs)."},
-    {"_cache_size", JitFunction_cache_size, METH_NOARGS,
-     "Number of signatures of this function in the cache now (jax.jit's _cache_size)."},
-    {"_signatures", JitFunction_structured_signatures, METH_NOARGS,
-     "The cached, compiled signatures as ftjit._signature.Signature records, newest compile first."},
-    {"_current_context", JitFunction_current_context, METH_NOARGS,
-     "The compiler's context as the core would key this thread's next call (None without one)."},
-    {"_precompile_saved", Fast<JitFunction_precompile_saved>(), METH_FASTCALL | METH_KEYWORDS,
-     "_precompile_saved(*args, **kwargs) -> int\n\nA saved spec's warm-up (ftjit.SavedSpec): compiles this "
-     "signature provisionally, not counted against max_signatures until a call or precompile uses it, and only "
-     "while the counted and provisional signatures leave room under max_signatures. 1: compiled; 0: cached "
-     "already; -1: no room."},
-    {"_signature_record_of", Fast<JitFunction_signature_record_of>(), METH_FASTCALL | METH_KEYWORDS,
-     "The signature these arguments (or specs) would have, as an ftjit._signature.Signature record (None: "
-     "the call would take the compiler's fallback)."},
-    {"_signature_of", Fast<JitFunction_signature_of>(), METH_FASTCALL | METH_KEYWORDS,
-     "_signature_of(*args, **kwargs) -> str: the readable signature these arguments have."},
-    {"_store_forgetter", JitFunction_store_forgetter, METH_NOARGS,
-     "A callable (any arguments) that drops this function's entries from its cache, as when\n"
-     "the function dies; holds them only weakly."},
-    {"__reduce__", JitFunction_reduce, METH_NOARGS, nullptr},
-    {"__getstate__", JitFunction_getstate, METH_NOARGS,
-     "What jax.jit's __getstate__() reports of the function (its name)."},
-    {"__copy__", JitFunction_copy, METH_NOARGS, nullptr},
-    {"__deepcopy__", JitFunction_deepcopy, METH_O, nullptr},
-    {"__class_getitem__", JitFunction_class_getitem, METH_O | METH_CLASS, nullptr},
-    {nullptr, nullptr, 0, nullptr},
-};
 
 PyMemberDef kMembers[] = {
     {"__vectorcalloffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)),
@@ -497,13 +533,6 @@ PyMemberDef kMembers[] = {
 
 PyGetSetDef kGetSet[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
-    {"__globals__", JitFunction_get_globals, nullptr, "The namespace of ftjit's Python API module.",
-     nullptr},
-    {"_fun", JitFunction_get_fun, nullptr, "The wrapped function (fixed).", nullptr},
-    {"_compiler", JitFunction_get_compiler, nullptr, "compile(fun, args, kwargs), as the core calls it (fixed).",
-     nullptr},
-    {"_hooks", JitFunction_get_hooks, nullptr, "The compiler's ftjit.CompilerHooks (fixed).", nullptr},
-    {"_cache", JitFunction_get_cache, nullptr, "The FunctionCache (fixed).", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -514,7 +543,6 @@ PyType_Slot kSlots[] = {
     {Py_tp_descr_get, reinterpret_cast<void*>(JitFunction_descr_get)},
     {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
     {Py_tp_repr, reinterpret_cast<void*>(JitFunction_repr)},
-    {Py_tp_methods, reinterpret_cast<void*>(kMethods)},
     {Py_tp_members, reinterpret_cast<void*>(kMembers)},
     {Py_tp_getset, reinterpret_cast<void*>(kGetSet)},
     {Py_tp_doc, const_cast<char*>("A jitted function: computes each call's signature, compiles it once\n"
@@ -547,9 +575,17 @@ void RegisterJitFunction(nb::module_& m) {
           Py_TPFLAGS_DISALLOW_INSTANTIATION,  // only ftjit.jit() makes them (a state-less one would crash)
       kSlots,
   };
+  // JitFunction is generic over the wrapped function's parameters and
+  // result (the stub's class JitFunction(Generic[_P, _R])), as nanobind
+  // declares type parameters: module attributes the stub renders.
+  m.attr("_P") = nb::param_spec("_P");
+  m.attr("_R") = nb::type_var("_R", nb::arg("covariant") = true);
   g_jit_type = PyType_FromSpec(&spec);
   if (!g_jit_type) throw nb::python_error();
-  m.attr("JitFunction") = nb::handle(g_jit_type);
+  nb::handle type(g_jit_type);
+  nb::setattr(type, "__nb_signature__", nb::str("class JitFunction(typing.Generic[_P, _R])"));
+  DefineMethods(type, nb::cast<std::string>(m.attr("__name__")));
+  m.attr("JitFunction") = type;
 
   RegisterConstruction(m);
   m.def("_after_fork_in_child", &AfterForkInChild,

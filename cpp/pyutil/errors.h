@@ -114,7 +114,8 @@ Result Translated(Body&& body, Result failed) {
 // Runs body(). Should CPython end this thread inside it at interpreter
 // shutdown (a forced unwind: there is no thread state), runs on_unwind()
 // first, which must not touch Python (it leaks what would be freed), and
-// lets the unwind go on.
+// lets the unwind go on; or on_unwind never returns (it parks the thread,
+// where the frames above must not be unwound).
 template <class Body, class OnUnwind>
 decltype(auto) LeakingOnForcedUnwind(Body&& body, OnUnwind&& on_unwind) {
 #ifdef __GLIBCXX__
