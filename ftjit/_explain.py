@@ -21,6 +21,7 @@ import logging
 import re
 from typing import Any, Iterable, Sequence
 
+from ._hooks import CompilerHooks, RegistryFlatten
 from ._signature import Leaf, Node, Signature, Static
 
 #: Miss explanations, at WARNING: asked for explicitly (explain_misses=True,
@@ -360,7 +361,7 @@ def explain(cached: Iterable[CallDescription], new: CallDescription, context_nam
 def on_miss(
     name: str,
     arg_names: Sequence[str],
-    hooks: Any,
+    hooks: CompilerHooks,
     cached: Sequence[Signature],
     new: Signature,
     log: bool,
@@ -377,8 +378,8 @@ def on_miss(
     why = None
     if cached:
         try:
-            jax_style = isinstance(getattr(hooks, "pytree_flatten", None), tuple)
-            names = getattr(hooks, "context_names", None)
+            jax_style = isinstance(hooks.pytree_flatten, RegistryFlatten)
+            names = hooks.context_names
             if callable(names):  # read when needed (see CompilerHooks.context_names)
                 names = names()
             why = explain([describe(s, arg_names, jax_style) for s in cached], describe(new, arg_names, jax_style),

@@ -317,7 +317,7 @@ class _ThroughJaxJit:
         jitted = self.jax_jit(fun)
         hooks = _jax_hooks()
         return CompilerHooks(
-            context=hooks["signature_hooks"],
+            context=hooks["context_hooks"],
             # Executables are jaxlib's C++ calls, which check JAX's configs
             # themselves (ThreadExecutables, or the function's jax.jit for a
             # hijax program); for any other the core reads the context.
