@@ -23,7 +23,7 @@ Shared state: none (the records are immutable).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable, NamedTuple
+from typing import Any, Callable, ClassVar, Hashable, NamedTuple
 
 __all__ = ["CompilerHooks", "ContextHooks", "ContextExtra", "ContextRequirement", "RegistryFlatten",
            "ThreadExecutables", "hooks_of"]
@@ -213,6 +213,9 @@ class CompilerHooks:
     context_in_executable: bool = False
     #: Errors in jax.jit's words (a static argument's failing ``__eq__``).
     jax_style_errors: bool = False
+    #: The fields that JitFunction's methods of the same names call: the core
+    #: reads each once, at ``jit()`` (``JitState::method_hooks``).
+    METHOD_HOOKS: ClassVar[tuple[str, ...]] = ("lower", "trace", "eval_shape", "clear_cache")
     #: ``(*args, **kwargs) -> object`` for ``JitFunction.lower``,
     #: ``.trace`` and ``.eval_shape`` (the JAX compiler's: jax.jit's own).
     lower: Callable[..., Any] | None = None
@@ -239,9 +242,8 @@ class CompilerHooks:
     restore_placement: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("custom_namedtuple", "fallback", "lower", "trace", "eval_shape", "clear_cache",
-                     "placement_label", "spec_leaf", "spec_node", "portable_placement", "restore_placement",
-                     "executable_for"):
+        for name in (*self.METHOD_HOOKS, "custom_namedtuple", "fallback", "placement_label", "spec_leaf",
+                     "spec_node", "portable_placement", "restore_placement", "executable_for"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"CompilerHooks.{name} must be callable or None, got {value!r}")

@@ -657,6 +657,29 @@ def test_registry_flatten_is_called_for_each_node_and_keys_it_by_type_and_data()
     ]
 
 
+def test_method_hooks_are_read_once_at_jit():
+    # lower/trace/eval_shape/clear_cache: read into the function's state when
+    # it is jitted (JitState::method_hooks), not looked up on every call.
+    seen = []
+
+    class Compiler(CountingCompiler):
+        def hooks(self, fun):
+            return ftjit.CompilerHooks(lower=lambda *a, **k: ("lowered", a, k),
+                                       clear_cache=lambda: seen.append("cleared"))
+
+    comp = Compiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    object.__setattr__(jf._hooks, "lower", None)
+    object.__setattr__(jf._hooks, "clear_cache", None)
+    assert jf.lower(1.0, y=2) == ("lowered", (1.0,), {"y": 2})
+    jf.clear_cache()
+    assert seen == ["cleared"]
+    with pytest.raises(TypeError) as info:
+        jf.trace(1.0)
+    assert str(info.value) == ("trace() needs a compiler with a 'trace' hook, as the JAX compiler has; the "
+                               "compiler of test_method_hooks_are_read_once_at_jit.<locals>.<lambda>() has none")
+
+
 def test_jit_function_cannot_be_instantiated_directly():
     # Only ftjit.jit() builds one; a state-less instance used to crash on repr().
     with pytest.raises(TypeError, match=r"^cannot create 'ftjit\._core\.JitFunction' instances$"):

@@ -129,6 +129,19 @@ void ReadHooks(JitState& st, nb::handle hooks) {
     if (!PyCallable_Check(exe_for.ptr())) throw nb::type_error("executable_for must be callable");
     st.executable_for = exe_for;
   }
+  // What JitFunction's methods of the same names call (through HookOf).
+  nb::object names = nb::steal(PySequence_Tuple(field("METHOD_HOOKS").ptr()));
+  if (!names.is_valid()) throw nb::python_error();
+  if (static_cast<size_t>(PyTuple_GET_SIZE(names.ptr())) > JitState::kMaxMethodHooks) {
+    throw nb::type_error("CompilerHooks.METHOD_HOOKS names more hooks than the core keeps (8)");
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names.ptr()); ++i) {
+    nb::handle name = PyTuple_GET_ITEM(names.ptr(), i);
+    const char* text = PyUnicode_Check(name.ptr()) ? PyUnicode_AsUTF8(name.ptr()) : nullptr;
+    if (!text) throw nb::type_error("CompilerHooks.METHOD_HOOKS must hold field names (str)");
+    st.method_hook_names[i] = nb::borrow(name);
+    st.method_hooks[i] = CallableField(hooks, text, text, true);
+  }
   spec.context_in_executable = nb::cast<bool>(field("context_in_executable"));
   if (spec.context_in_executable && !st.executable_for.is_valid()) {
     throw nb::type_error("context_in_executable needs executable_for");

@@ -66,11 +66,8 @@ PyObject* Method(PyObject* self, Body&& body) {
   return Translate([&]() -> PyObject* { return body(StateOf(self)).release().ptr(); }, nullptr);
 }
 
-// The attribute of a hook in the function's CompilerHooks, or null (None).
-nb::object HookOf(const JitState& st, const char* name) {
-  nb::object hook = nb::getattr(st.hooks, name, nb::none());
-  return hook.is_none() ? nb::object() : hook;
-}
+// The function's CompilerHooks hook of that name, read once at jit(), or null (None).
+nb::object HookOf(const JitState& st, const char* name) { return st.MethodHook(name); }
 
 // --- the type's slots ------------------------------------------------------------
 
