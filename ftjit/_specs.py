@@ -80,7 +80,8 @@ from ._warmup import BrokenSpec, SavedSpec, Spec
 
 __all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs", "register_static_dataclass"]
 
-#: Python scalars rebuilt as values of their type (a weak-typed leaf, as a call with one).
+#: Each kind of scalar leaf (ftjit._signature.LEAF_KINDS but "array") rebuilt
+#: as a value of its type (a weak-typed leaf, as a call with one).
 _SCALARS = {"bool": False, "int": 0, "float": 0.0, "complex": 0j}
 
 

@@ -195,6 +195,9 @@ nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks,
 }  // namespace
 
 void RegisterConstruction(nb::module_& m) {
+  // With the records' helpers that ftjit's Python side reads signatures with
+  // (RegisterSignatureRecords: _record_texts, _leaf_kinds).
+  RegisterSignatureRecords(m);
   m.def("_make_jit_function", &MakeJitFunction, nb::arg("fun"), nb::arg("compile"), nb::arg("hooks"),
         nb::arg("cache"), nb::arg("static_argnums"), nb::arg("static_argnames"), nb::arg("arg_names"),
         nb::arg("name"), nb::arg("options"), nb::arg("pickle_options"), nb::arg("compile_timeout") = 0.0,

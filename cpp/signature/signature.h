@@ -9,7 +9,8 @@
 // Where the code is: signature_spec.cc (a function's SignatureSpec, set up
 // once), signature_build.cc (BuildSignature), signature_flatten.cc and
 // signature_leaf.h (the pytree walk and leaf signatures),
-// signature_compare.cc (Equals, FastEquals), signature_print.cc (ToString),
+// signature_compare.cc (Equals, FastEquals), signature_print.cc (ToString,
+// and the texts of exported records), signature_export.cc (ExportSignature),
 // signature_errors.cc (what bad arguments raise), signature.cc (the
 // process-wide state). The few helpers defined in this header run per call
 // or per leaf: defined here, they inline into the builder (no LTO).
@@ -46,6 +47,16 @@ namespace ftjit {
 namespace nb = nanobind;
 
 enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex };
+// Each kind's name, indexed by LeafKind: the `kind` of an exported record
+// (ftjit._signature.Leaf; the core's _leaf_kinds(), which is
+// ftjit._signature.LEAF_KINDS), and how a scalar leaf prints. A new kind:
+// its enumerator above, its name here, where the builder makes it
+// (Builder::FlattenNode), and how a warm-up spec rebuilds it
+// (ftjit._specs._SCALARS).
+inline constexpr const char* kLeafKindNames[] = {"array", "bool", "int", "float", "complex"};
+static_assert(sizeof(kLeafKindNames) / sizeof(kLeafKindNames[0]) == static_cast<size_t>(LeafKind::kComplex) + 1,
+              "one name per LeafKind, in its order");
+inline const char* LeafKindName(LeafKind kind) { return kLeafKindNames[static_cast<size_t>(kind)]; }
 
 // A reference that is either owned (a strong reference) or pinned: borrowed
 // from an object that a process-wide intern table keeps alive until the
@@ -512,6 +523,16 @@ inline NumpyTypes& Numpy() {
 // Leaf and Static trees). `sig` must own or count its context (a stored
 // key, or one adopted). Runs Python.
 nb::object ExportSignature(const CallSignature& sig);
+
+// Miss explanations' texts (ftjit._explain.describe), from the one printer:
+// (text, leaf texts) of `tree`, a record of ExportSignature (a Leaf, Node or
+// Static), printed as ToString prints an argument but with each leaf shown
+// as "*", and each leaf's own text, in order. Placements print through
+// `placement_label` (None: str(sharding)). Runs Python; TypeError for what
+// is no record.
+nb::object RecordTexts(nb::handle tree, nb::handle placement_label);
+// Registers the core's _record_texts and _leaf_kinds (kLeafKindNames).
+void RegisterSignatureRecords(nb::module_& m);
 
 // Module init: makes the objects the builder uses (interned names) before
 // any call can need them. Runs Python; call once, from the module's init.
