@@ -46,7 +46,8 @@ namespace ftjit {
 
 namespace nb = nanobind;
 
-enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex };
+// kLast: the last kind (a new one goes before it, and kLast names it).
+enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex, kLast = kComplex };
 // Each kind's name, indexed by LeafKind: the `kind` of an exported record
 // (ftjit._signature.Leaf; the core's _leaf_kinds(), which is
 // ftjit._signature.LEAF_KINDS), and how a scalar leaf prints. A new kind:
@@ -54,7 +55,7 @@ enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex };
 // (Builder::FlattenNode), and how a warm-up spec rebuilds it
 // (ftjit._specs._SCALARS).
 inline constexpr const char* kLeafKindNames[] = {"array", "bool", "int", "float", "complex"};
-static_assert(sizeof(kLeafKindNames) / sizeof(kLeafKindNames[0]) == static_cast<size_t>(LeafKind::kComplex) + 1,
+static_assert(sizeof(kLeafKindNames) / sizeof(kLeafKindNames[0]) == static_cast<size_t>(LeafKind::kLast) + 1,
               "one name per LeafKind, in its order");
 inline const char* LeafKindName(LeafKind kind) { return kLeafKindNames[static_cast<size_t>(kind)]; }
 
