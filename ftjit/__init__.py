@@ -55,7 +55,7 @@ except ImportError as _error:
 del _, _core_not_loaded
 
 from . import errors
-from ._hooks import CompilerHooks, ThreadExecutables
+from ._hooks import CompilerHooks, ContextExtra, ContextHooks, ContextRequirement, RegistryFlatten, ThreadExecutables
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
 from ._observe import FunctionStats, Stats, set_explain_misses, stats
@@ -75,6 +75,10 @@ from ._version import __version__  # noqa: F401 - the package's version
 __all__ = [
     "jit",
     "CompilerHooks",
+    "ContextHooks",
+    "ContextExtra",
+    "ContextRequirement",
+    "RegistryFlatten",
     "ThreadExecutables",
     "JaxCompiler",
     "JitFunction",

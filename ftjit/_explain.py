@@ -6,10 +6,13 @@ When a call misses and the function explains its misses (or is past its
 the cached ones it is to be compared with (the newest of the same call
 structure, else the newest of any: at most 16, so a miss costs
 O(arguments), not O(cached signatures)). Each is described (leaves by
-path, statics by name, tree skeletons, how the arguments were passed, the
+path, statics by name, tree structures, how the arguments were passed, the
 context) and the closest cached one is diffed against the new one. The
-core owns the count and the once-only warning (cpp/jit/guard.cc); this
-module only writes text and logs it.
+core owns the count and the once-only warning (cpp/jit/guard.cc), and the
+text of leaves, trees and statics: its printer's, through
+``_record_texts``, so they read as ``signatures()`` prints them. This
+module compares the records' fields, picks the closest signature and logs
+the differences.
 
 Shared state: none (each call works on its own arguments).
 """
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from ._signature import Leaf, Node, Signature, Static
+from ._core import _record_texts
+from ._hooks import CompilerHooks
+from ._signature import Leaf, Signature, Static
 
 #: Miss explanations, at WARNING: asked for explicitly (explain_misses=True,
 #: set_explain_misses, FTJIT_EXPLAIN_MISSES=1), they show with Python's
@@ -39,22 +43,6 @@ def _safe_repr(x: Any) -> str:
         return f"<{type(x).__name__} object (repr failed)>"
 
 
-def _safe_str(x: Any) -> str:
-    try:
-        return str(x)
-    except Exception:  # noqa: BLE001
-        return _safe_repr(x)
-
-
-def placement_label(sharding: Any) -> str:
-    """How a committed array's placement prints in signatures and explanations:
-    the device ('cpu:1') of a single-device sharding, else str(sharding)."""
-    devices = getattr(sharding, "_device_assignment", None)
-    if type(sharding).__name__ == "SingleDeviceSharding" and devices and len(devices) == 1:
-        return _safe_str(devices[0])
-    return _safe_str(sharding)
-
-
 def _hash_key(value: Any) -> Any:
     """A value as a description keys it: (type, hash), or its repr when it
     has no hash. Never __eq__ (it may run anything)."""
@@ -69,10 +57,15 @@ def _hash_key(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class CallDescription:
-    """A call's signature as comparable parts: leaves by path, statics by name, tree skeletons."""
+    """A call's signature as comparable parts: leaves by path, statics by name,
+    tree structures by argument. Every text is the core printer's
+    (``_record_texts``: as ``signatures()`` prints it); what is compared is
+    the records' fields, by (type, hash) where a field is an object."""
 
+    #: (path, text) of each dynamic leaf
     leaves: tuple[tuple[str, str], ...]
     statics: tuple[tuple[str, str], ...]
+    #: (argument, its tree printed with each leaf as "*")
     trees: tuple[tuple[str, str], ...]
     #: how the call passed its arguments: ("f(x, y=)" style), so f(a) and f(x=a) differ
     layout: str = ""
@@ -83,80 +76,25 @@ class CallDescription:
     #: trees with their node keys by (type, hash): node data that prints the same
     #: but is unequal tells
     trees_key: tuple = ()
+    #: (path, the leaf's fields as _leaf_key keys them) of each dynamic leaf
+    leaves_key: tuple = ()
 
 
-def _leaf_text(leaf: Leaf) -> str:
-    if leaf.kind != "array":
-        return leaf.kind
-    weak = "{weak}" if leaf.weak_type else ""
-    placed = "" if leaf.sharding is None else f"@{placement_label(leaf.sharding)}"
-    return f"{leaf.dtype}[{','.join(str(d) for d in leaf.shape)}]{weak}{placed}"
+def _leaf_key(leaf: Leaf) -> tuple:
+    """The fields of a Leaf record that make its signature: kind, dtype,
+    shape, weak type and placement, the objects (dtype, placement) by
+    (type, hash)."""
+    return (leaf.kind, _hash_key(leaf.dtype), leaf.shape, leaf.weak_type, _hash_key(leaf.sharding))
 
 
-def _walk_builtin(tree: Any, path: str, leaves: list, skeleton: list, keys: list) -> None:
-    """Leaves as (path, text) and the skeleton of the containers, one token each."""
-    if isinstance(tree, Leaf):
-        skeleton.append("*")
-        keys.append("*")
-        leaves.append((path, _leaf_text(tree)))
-        return
-    kind, key, children = tree
-    if kind == "none":
-        skeleton.append("None")
-        keys.append("None")
-        return
-    if kind == "dict":
-        open_ = "{" + ",".join(_safe_repr(k) for k in key)
-        skeleton.append(open_)
-        keys.append((open_, tuple(_hash_key(k) for k in key)))
-        child_paths = [f"{path}[{_safe_repr(k)}]" for k in key]
-        close = "}"
-    else:
-        name = {"tuple": "tuple", "list": "list"}.get(kind) or _node_name(tree)
-        open_, close = ("[", "]") if kind == "list" else (f"{name}(", ")")
-        skeleton.append(f"{open_}{len(children)}")
-        keys.append((skeleton[-1], _hash_key(key) if kind in ("custom", "registered") else None))
-        child_paths = [f"{path}[{i}]" for i in range(len(children))]
-    for child, child_path in zip(children, child_paths):
-        _walk_builtin(child, child_path, leaves, skeleton, keys)
-    skeleton.append(close)
-    keys.append(close)
-
-
-def _node_name(node: Node) -> str:
-    if node.kind == "namedtuple":
-        return node.key.__name__
-    if node.kind == "registered":
-        return node.key[0].__name__
-    return _safe_repr(node.key)
-
-
-def _pytreedef_text(tree: Any) -> str:
-    """The argument's structure as JAX prints its PyTreeDef."""
-    if isinstance(tree, Leaf):
-        return "*"
-    kind, key, children = tree
-    inner = [_pytreedef_text(c) for c in children]
-    if kind == "none":
-        return "None"
-    if kind == "tuple":
-        return "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
-    if kind == "list":
-        return "[" + ", ".join(inner) + "]"
-    if kind == "dict":
-        return "{" + ", ".join(f"{_safe_repr(k)}: {v}" for k, v in zip(key, inner)) + "}"
-    if kind == "namedtuple":
-        return f"CustomNode(namedtuple[{key.__name__}], [{', '.join(inner)}])"
-    if kind == "registered":
-        return f"CustomNode({key[0].__name__}[{_safe_str(key[1])}], [{', '.join(inner)}])"
-    return f"CustomNode({_safe_repr(key)}, [{', '.join(inner)}])"
-
-
-def _walk_jax(tree: Any, path: str, leaves: list, keys: list) -> None:
-    """Leaves as (path, text) as JAX names key paths, and the node keys."""
+def _walk(tree: Any, path: str, paths: list, leaves: list, keys: list) -> None:
+    """The path and fields of each leaf, and the node keys, in preorder (the
+    order the core prints the leaves in). Paths as JAX names key paths:
+    ``x['a']``, ``x[0]``, ``x.field`` of a namedtuple."""
     if isinstance(tree, Leaf):
         keys.append("*")
-        leaves.append((path, _leaf_text(tree)))
+        paths.append(path)
+        leaves.append(_leaf_key(tree))
         return
     kind, key, children = tree
     if kind == "dict":
@@ -169,14 +107,15 @@ def _walk_jax(tree: Any, path: str, leaves: list, keys: list) -> None:
         keys.append((kind, _hash_key(key) if kind in ("custom", "registered") else None, len(children)))
         child_paths = [f"{path}[{i}]" for i in range(len(children))]
     for child, child_path in zip(children, child_paths):
-        _walk_jax(child, child_path, leaves, keys)
+        _walk(child, child_path, paths, leaves, keys)
 
 
-def describe(sig: Signature, arg_names: Sequence[str], jax_style: bool) -> CallDescription:
-    """The description of one signature; ``jax_style``: trees printed and
-    leaf paths named as JAX prints and names them (a compiler that flattens
-    with JAX's registry)."""
+def describe(sig: Signature, arg_names: Sequence[str], placement_label: Callable[[Any], str] | None = None
+             ) -> CallDescription:
+    """The description of one signature; placements print through
+    ``placement_label`` (the compiler's ``CompilerHooks.placement_label``)."""
     leaves: list[tuple[str, str]] = []
+    leaves_key: list[tuple[str, tuple]] = []
     statics: list[tuple[str, str]] = []
     statics_key: list[tuple[str, Any]] = []
     trees: list[tuple[str, str]] = []
@@ -184,23 +123,22 @@ def describe(sig: Signature, arg_names: Sequence[str], jax_style: bool) -> CallD
     labels = [f"'{arg_names[i]}'" if i < len(arg_names) else f"args[{i}]" for i in range(len(sig.args))]
     named = list(zip(labels, sig.args)) + [(f"'{k}'", v) for k, v in sig.kwargs.items()]
     for label, tree in named:
+        text, leaf_texts = _record_texts(tree, placement_label)
         if isinstance(tree, Static):
-            statics.append((label, _safe_repr(tree.value)))
+            statics.append((label, text))
             statics_key.append((label, _hash_key(tree.value)))
             continue
+        paths: list[str] = []
+        fields: list[tuple] = []
         keys: list[Any] = []
-        if jax_style:
-            _walk_jax(tree, label, leaves, keys)
-            text = f"PyTreeDef({_pytreedef_text(tree)})"
-        else:
-            skeleton: list[str] = []
-            _walk_builtin(tree, label, leaves, skeleton, keys)
-            text = " ".join(skeleton)
+        _walk(tree, label, paths, fields, keys)
+        leaves.extend(zip(paths, leaf_texts, strict=True))  # both in preorder
+        leaves_key.extend(zip(paths, fields))
         trees.append((label, text))
         trees_key.append((label, tuple(keys)))
     layout = ", ".join([label.strip("'") for label in labels] + [f"{k}=" for k in sig.kwargs])
     return CallDescription(tuple(leaves), tuple(statics), tuple(trees), f"({layout})", _context_key(sig.context),
-                           tuple(statics_key), tuple(trees_key))
+                           tuple(statics_key), tuple(trees_key), tuple(leaves_key))
 
 
 def _context_key(value: Any) -> Any:
@@ -295,9 +233,12 @@ def _differences(old: CallDescription, new: CallDescription, context_names: Any 
             out.append(f"argument {name}: tree structure {old_trees[name]} -> {new_trees[name]} "
                        "(unequal node data that prints the same)")
     old_leaves, new_leaves = dict(old.leaves), dict(new.leaves)
-    for path in [p for p, _ in new.leaves]:
-        if path in old_leaves and old_leaves[path] != new_leaves[path]:
-            out.append(f"argument {path}: {old_leaves[path]} -> {new_leaves[path]}")
+    old_leaf_keys = dict(old.leaves_key)
+    for path, key in new.leaves_key:
+        if path in old_leaf_keys and old_leaf_keys[path] != key:
+            before, after = old_leaves[path], new_leaves[path]
+            out.append(f"argument {path}: {before} -> {after}"
+                       + (" (unequal leaves that print the same)" if before == after else ""))
     old_statics, new_statics = dict(old.statics), dict(new.statics)
     old_keys, new_keys = dict(old.statics_key), dict(new.statics_key)
     for name in sorted(set(old_statics) | set(new_statics)):
@@ -310,20 +251,11 @@ def _differences(old: CallDescription, new: CallDescription, context_names: Any 
     return out
 
 
-_LEAF = re.compile(r"^(\w+)\[([^\]]*)\](\{weak\})?$")
-
-
-def _leaf_distance(old: str, new: str) -> int:
-    """How many of dtype, shape and weak type differ between two leaf descriptions (3 if not both arrays)."""
-    a, b = _LEAF.match(old), _LEAF.match(new)
-    if a is None or b is None:
-        return 0 if old == new else 3
-    return sum(x != y for x, y in zip(a.groups(), b.groups()))
-
-
 def _distance(old: CallDescription, new: CallDescription) -> int:
-    old_leaves = dict(old.leaves)
-    return sum(_leaf_distance(old_leaves[path], leaf) for path, leaf in new.leaves if path in old_leaves)
+    """How many leaf fields (_leaf_key's) differ between the leaves of one path."""
+    old_leaves = dict(old.leaves_key)
+    return sum(sum(a != b for a, b in zip(old_leaves[path], key)) for path, key in new.leaves_key
+               if path in old_leaves)
 
 
 def explain(cached: Iterable[CallDescription], new: CallDescription, context_names: Any = None) -> str | None:
@@ -331,9 +263,9 @@ def explain(cached: Iterable[CallDescription], new: CallDescription, context_nam
 
     Closest means fewest tree-structure differences first (a different tree is
     a different kind of call), then fewest differences overall, then fewest
-    differing dtypes, shapes and weak types among the leaves (so a weak-type
-    change is explained against the same dtype and shape); ties go to the
-    signature cached first.
+    differing leaf fields (kind, dtype, shape, weak type, placement: so a
+    weak-type change is explained against the same dtype and shape); ties go
+    to the signature cached first.
     """
     best: list[str] | None = None
     best_rank: tuple[int, int, int] | None = None
@@ -360,7 +292,7 @@ def explain(cached: Iterable[CallDescription], new: CallDescription, context_nam
 def on_miss(
     name: str,
     arg_names: Sequence[str],
-    hooks: Any,
+    hooks: CompilerHooks,
     cached: Sequence[Signature],
     new: Signature,
     log: bool,
@@ -377,12 +309,11 @@ def on_miss(
     why = None
     if cached:
         try:
-            jax_style = isinstance(getattr(hooks, "pytree_flatten", None), tuple)
-            names = getattr(hooks, "context_names", None)
+            names = hooks.context_names
             if callable(names):  # read when needed (see CompilerHooks.context_names)
                 names = names()
-            why = explain([describe(s, arg_names, jax_style) for s in cached], describe(new, arg_names, jax_style),
-                          names)
+            label = hooks.placement_label
+            why = explain([describe(s, arg_names, label) for s in cached], describe(new, arg_names, label), names)
         except Exception:  # noqa: BLE001 - explaining must never fail the compile it explains
             logging.getLogger("ftjit").debug("%s: could not explain a miss", name, exc_info=True)
     if logging_it and why is not None:

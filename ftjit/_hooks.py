@@ -13,17 +13,20 @@ may also have:
 
 ``jit()`` reads them once, here (``hooks_of``), and every hook is checked
 then: a wrong one is a ``TypeError`` naming it, at decoration, never a
-surprise at the first call.
+surprise at the first call. A hook made of several parts is a named record
+(``ContextHooks``, ``RegistryFlatten``), which the core reads by field name,
+once, at ``jit()``.
 
-Shared state: none (CompilerHooks instances are immutable).
+Shared state: none (the records are immutable).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar, Hashable, NamedTuple
 
-__all__ = ["CompilerHooks", "ThreadExecutables", "hooks_of"]
+__all__ = ["CompilerHooks", "ContextHooks", "ContextExtra", "ContextRequirement", "RegistryFlatten",
+           "ThreadExecutables", "hooks_of"]
 
 
 def _types(value: Any, field: str, base: type = object) -> tuple[type, ...]:
@@ -36,6 +39,87 @@ def _types(value: Any, field: str, base: type = object) -> tuple[type, ...]:
             kind = "exception types" if base is BaseException else "types"
             raise TypeError(f"CompilerHooks.{field} must hold {kind}, got {t!r}")
     return types
+
+
+class ContextRequirement(NamedTuple):
+    """``ContextHooks.requires``: the call defers (goes to
+    ``CompilerHooks.fallback``, uncached) unless the item at ``position`` of
+    ``context()`` is ``value`` (identity). JAX: jax_disable_jit is False."""
+
+    position: int
+    value: Any
+
+
+class ContextExtra(NamedTuple):
+    """``ContextHooks.extras``: ``getter(arg)``, read on every call right after
+    ``context()`` and keyed with it (JAX: configs of jax.jit's own key that
+    jaxlib's ``trace_context()`` leaves out, read by the C++ getter of
+    ``Config.value``: one C call each)."""
+
+    getter: Callable[[Any], Hashable]
+    arg: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextHooks:
+    """``CompilerHooks.context`` for a compiler that needs more than a
+    ``context()``: what the core reads of the compiler's state on every call,
+    and which leaves' placements it keys on (the JAX compiler's).
+
+    The core reads every field once, at ``jit()``, by name; a wrong one is a
+    TypeError naming it (``CompilerHooks.context.probe must be callable or
+    None, got 3``). On a call, only ``context()``, ``probe(probe_arg)`` and
+    the extras' getters run (JAX: C++ functions of jaxlib, on its fast path).
+    Every field is optional.
+    """
+
+    #: ``() -> hashable``: part of the signature, as ``CompilerHooks.context``
+    #: alone would be. None: no context (placements may still be keyed).
+    context: Callable[[], Hashable] | None = None
+    #: ``probe(probe_arg) is probe_ok`` (identity) unless the call must defer:
+    #: checked first, before the arguments are looked at (JAX: a trace is
+    #: active in this thread, so closed-over tracers could reach a cached
+    #: compile). None: never defers.
+    probe: Callable[[Any], Any] | None = None
+    probe_arg: Any = None
+    probe_ok: Any = None
+    #: Items ``context()`` must hold for the call to be cached (a tuple
+    #: context; at most 8). Needs ``context``.
+    requires: tuple[ContextRequirement, ...] = ()
+    #: Array types (subclasses included) whose placement counts: when
+    #: ``getattr(leaf, committed_attr)`` is true, ``getattr(leaf,
+    #: sharding_attr)`` is part of the leaf's signature (hashed, compared with
+    #: ``__eq__``), as jax.jit keys a committed array. Both names are needed
+    #: with types.
+    committed_types: tuple[type, ...] = ()
+    committed_attr: str | None = None
+    sharding_attr: str | None = None
+    #: Context parts read after ``context()`` (at most 8; needs ``context``):
+    #: the signature's context is then ``context()``'s items (or its value)
+    #: followed by each extra's value, one tuple.
+    extras: tuple[ContextExtra, ...] = ()
+    #: Exact types of argument specs (jax.ShapeDtypeStruct) whose ``sharding``,
+    #: when not None, is keyed as a committed array's placement, so that
+    #: ``precompile`` of a sharded spec makes the entry its arrays hit.
+    spec_types: tuple[type, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryFlatten:
+    """``CompilerHooks.pytree_flatten`` for a compiler whose pytree registry
+    flattens one level in C (JAX's ``default_registry.flatten_one_level``):
+    the core calls it directly for each node that is not a builtin container,
+    and keys the node on ``(type(obj), node data)``.
+
+    Read once, at ``jit()``, by name; a wrong field is a TypeError naming it.
+    """
+
+    #: ``obj -> None`` (a leaf) or ``(children, node data)``.
+    flatten_one_level: Callable[[Any], Any]
+    #: ``leaf -> bool``: true when a leaf that is no array must take
+    #: ``CompilerHooks.fallback`` (JAX: a hijax value, a token); asked only
+    #: before such a leaf is reported unsupported.
+    defer_leaf: Callable[[Any], bool]
 
 
 class ThreadExecutables(NamedTuple):
@@ -77,19 +161,18 @@ class CompilerHooks:
 
     #: ``() -> hashable``: read on every call, part of the signature (state
     #: outside the arguments that changes what the compiler makes: a mode, a
-    #: precision). Or the JAX compiler's context tuple (``_jax.SignatureHooks``:
-    #: the context plus a trace probe, jax_disable_jit, committed placements).
-    context: Any = None
+    #: precision). Or a ``ContextHooks``: the context plus a probe that defers
+    #: a call, required items, committed placements (the JAX compiler's).
+    context: ContextHooks | Callable[[], Hashable] | None = None
     #: How miss explanations name the context's items: shaped as ``context()``
     #: is (a str names a whole item, a tuple names a tuple item by item), or a
     #: callable returning that, read when an explanation is written.
     context_names: Any = None
     #: How pytree nodes other than tuple/list/dict/None/namedtuple flatten:
     #: ``obj -> None`` (a leaf), ``False`` (only the compiler can take it:
-    #: the call goes to ``fallback``), or ``(node_key, children)``. Or the
-    #: pair ``(flatten_one_level, defer_leaf)`` of a registry the core calls
-    #: in C (JAX's).
-    pytree_flatten: Any = None
+    #: the call goes to ``fallback``), or ``(node_key, children)``. Or a
+    #: ``RegistryFlatten``: a registry the core calls in C (JAX's).
+    pytree_flatten: RegistryFlatten | Callable[[Any], Any] | None = None
     #: ``type -> bool``: whether a namedtuple type is registered as a custom
     #: node of ``pytree_flatten``'s registry (flattened by it, not as a tuple).
     custom_namedtuple: Callable[[type], bool] | None = None
@@ -130,6 +213,9 @@ class CompilerHooks:
     context_in_executable: bool = False
     #: Errors in jax.jit's words (a static argument's failing ``__eq__``).
     jax_style_errors: bool = False
+    #: The fields that JitFunction's methods of the same names call: the core
+    #: reads each once, at ``jit()`` (``JitState::method_hooks``).
+    METHOD_HOOKS: ClassVar[tuple[str, ...]] = ("lower", "trace", "eval_shape", "clear_cache")
     #: ``(*args, **kwargs) -> object`` for ``JitFunction.lower``,
     #: ``.trace`` and ``.eval_shape`` (the JAX compiler's: jax.jit's own).
     lower: Callable[..., Any] | None = None
@@ -156,20 +242,19 @@ class CompilerHooks:
     restore_placement: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("custom_namedtuple", "fallback", "lower", "trace", "eval_shape", "clear_cache",
-                     "placement_label", "spec_leaf", "spec_node", "portable_placement", "restore_placement",
-                     "executable_for"):
+        for name in (*self.METHOD_HOOKS, "custom_namedtuple", "fallback", "placement_label", "spec_leaf",
+                     "spec_node", "portable_placement", "restore_placement", "executable_for"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"CompilerHooks.{name} must be callable or None, got {value!r}")
-        if self.context is not None and not (callable(self.context) or isinstance(self.context, tuple)):
-            raise TypeError("CompilerHooks.context must be a callable () -> hashable (or the JAX compiler's "
-                            f"context tuple), got {self.context!r}")
+        # The records' own fields are checked by the core when jit() reads them.
+        if self.context is not None and not (callable(self.context) or isinstance(self.context, ContextHooks)):
+            raise TypeError("CompilerHooks.context must be a callable () -> hashable or an ftjit.ContextHooks, "
+                            f"got {self.context!r}")
         flatten = self.pytree_flatten
-        if flatten is not None and not callable(flatten) and not (
-                isinstance(flatten, tuple) and len(flatten) == 2 and all(callable(f) for f in flatten)):
-            raise TypeError("CompilerHooks.pytree_flatten must be a callable or a pair (flatten_one_level, "
-                            f"defer_leaf), got {flatten!r}")
+        if flatten is not None and not (callable(flatten) or isinstance(flatten, RegistryFlatten)):
+            raise TypeError("CompilerHooks.pytree_flatten must be a callable or an ftjit.RegistryFlatten, "
+                            f"got {flatten!r}")
         if self.custom_namedtuple is not None and flatten is None:
             raise TypeError("CompilerHooks.custom_namedtuple needs pytree_flatten")
         for name in ("fallback_types", "plain_types", "aval_types"):

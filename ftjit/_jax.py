@@ -31,7 +31,8 @@ from typing import Any, Callable, NamedTuple
 from ._hooks import CompilerHooks, ThreadExecutables
 from ._jax_hooks import _jax_hooks
 
-__all__ = ["JaxCompiler", "fast_callable", "executable_for", "FAST_PATH", "FLAT_CALLS", "THREAD_COPIES"]
+__all__ = ["JaxCompiler", "fast_callable", "executable_for", "placement_label", "FAST_PATH", "FLAT_CALLS",
+           "THREAD_COPIES"]
 
 # Whether fast_callable() may use Compiled's private C++ callable. Tests turn
 # it off to prove the public fallback gives the same answers.
@@ -312,12 +313,10 @@ class _ThroughJaxJit:
         JAX's pytree registry, and ``fun``'s jax.jit for the calls ftjit must
         not cache (a JAX trace is active, or jax.disable_jit()) and for
         ``lower``, ``trace`` and ``eval_shape``."""
-        from ._explain import placement_label
-
         jitted = self.jax_jit(fun)
         hooks = _jax_hooks()
         return CompilerHooks(
-            context=hooks["signature_hooks"],
+            context=hooks["context_hooks"],
             # Executables are jaxlib's C++ calls, which check JAX's configs
             # themselves (ThreadExecutables, or the function's jax.jit for a
             # hijax program); for any other the core reads the context.
@@ -346,6 +345,27 @@ class _ThroughJaxJit:
 
     def _clear_cache_hook(self) -> Callable[[], None] | None:
         return None
+
+
+def placement_label(sharding: Any) -> str:
+    """The JAX compiler's ``CompilerHooks.placement_label``: how a committed
+    array's placement prints in signatures and miss explanations: the device
+    ('cpu:1') of a single-device sharding, else str(sharding) (repr when
+    str raises: printing a signature must not fail what it describes)."""
+    devices = getattr(sharding, "_device_assignment", None)
+    if type(sharding).__name__ == "SingleDeviceSharding" and devices and len(devices) == 1:
+        return _safe_str(devices[0])
+    return _safe_str(sharding)
+
+
+def _safe_str(x: Any) -> str:
+    try:
+        return str(x)
+    except Exception:  # noqa: BLE001
+        try:
+            return repr(x)
+        except Exception:  # noqa: BLE001
+            return f"<{type(x).__name__} object (repr failed)>"
 
 
 def _spec_leaf(leaf: Any) -> Any:

@@ -24,9 +24,11 @@ import inspect
 import operator
 import threading
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
+
+from ._hooks import ContextExtra, ContextHooks, ContextRequirement, RegistryFlatten
 
 # The configs that change tracing, read through the public jax.config when
 # jax's private trace_context() is missing (the ones this JAX lacks are
@@ -111,34 +113,6 @@ TRACE_CONTEXT_NOT_IN_JIT_KEY = (
 )
 
 
-class SignatureHooks(NamedTuple):
-    """The context hook handed to the core (see ``context_fn`` in cpp/signature.h).
-
-    Read by the core on every call, so its fields are plain objects: no
-    Python code runs on a hit except ``context()`` and ``probe(probe_arg)``,
-    both C++ functions of jaxlib on the private fast path.
-    """
-
-    #: () -> tuple of every config value that changes tracing
-    context: Callable[[], Any]
-    #: probe(probe_arg) is probe_ok unless a JAX trace is active in this thread
-    probe: Callable[[Any], Any]
-    probe_arg: Any
-    probe_ok: Any
-    #: ((index of jax_disable_jit in context(), False),): defer while jit is disabled
-    requires: tuple[tuple[int, Any], ...]
-    #: jax Array types (subclasses included) whose placement, when committed, is in the signature
-    committed_types: tuple[type, ...]
-    committed_attr: str
-    sharding_attr: str
-    #: ((getter, arg), ...): getter(arg) is keyed with context() (configs of
-    #: jax.jit's key that trace_context() leaves out, see JIT_KEY_EXTRA_CONFIGS)
-    extras: tuple[tuple[Callable[[Any], Any], Any], ...] = ()
-    #: exact types of argument specs (jax.ShapeDtypeStruct) whose ``sharding``,
-    #: when not None, is keyed as a committed array's placement (precompile)
-    spec_types: tuple[type, ...] = ()
-
-
 _hooks_lock = threading.Lock()
 _hooks: dict[str, Any] | None = None  # guarded by _hooks_lock; built once
 
@@ -206,18 +180,28 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     aval = array_type is not None and "aval" in fast and _has_aval(array_type)
     extras = (_private_context_extras() if "context" in fast else None) or _public_context_extras()
 
+    probe_fn, probe_arg, probe_ok = probe
+    committed_attr, sharding_attr = placement
     return {
         # Shaped as the core keys the context (its items, then the extras), for miss explanations.
-        "context_names": _context_names_fn(names if found is None else None, tuple(_extra_name(a) for _, a in extras)),
-        "signature_hooks": SignatureHooks(
-            context,
-            *probe,
-            ((names.index("jax_disable_jit"), False),),
+        "context_names": _context_names_fn(names if found is None else None, tuple(_extra_name(e.arg) for e in extras)),
+        # Read by the core on every call, so its fields are plain objects: no
+        # Python code runs on a hit but context() and probe(probe_arg), both
+        # C++ functions of jaxlib on the private fast path.
+        "context_hooks": ContextHooks(
+            context=context,
+            probe=probe_fn,
+            probe_arg=probe_arg,
+            probe_ok=probe_ok,
+            # Defer while jit is disabled (jax.jit then runs the function eagerly).
+            requires=(ContextRequirement(names.index("jax_disable_jit"), False),),
             # Without the concrete class, its public base (a subclass check).
-            (array_type,) if array_type is not None else (jax.Array,) if isinstance(jax.Array, type) else (),
-            *placement,
-            extras,
-            (jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
+            committed_types=(array_type,) if array_type is not None else (jax.Array,)
+            if isinstance(jax.Array, type) else (),
+            committed_attr=committed_attr,
+            sharding_attr=sharding_attr,
+            extras=extras,
+            spec_types=(jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
         ),
         # With the registry's own one-level flatten (C++, called directly by
         # the core), a custom node costs what it costs jax.jit; the hook above
@@ -375,7 +359,7 @@ def _private_context() -> tuple[Callable[[], Any], tuple[str, ...]] | None:
         return None
 
 
-def _private_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...] | None:
+def _private_context_extras() -> tuple[ContextExtra, ...] | None:
     """Feature check: the configs of JIT_KEY_EXTRA_CONFIGS as jaxlib Config
     objects, each read by the C++ getter of ``Config.value`` (one C call)."""
     try:
@@ -393,13 +377,13 @@ def _private_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...] | 
         for name in JIT_KEY_EXTRA_CONFIGS:
             config = next((c for m in modules if isinstance(c := getattr(m, name, None), base)), None)
             if config is not None and fget(config) is config.value:
-                extras.append((fget, config))
+                extras.append(ContextExtra(fget, config))
         return tuple(extras) if len(extras) == len(JIT_KEY_EXTRA_CONFIGS) else None
     except Exception:  # noqa: BLE001 - a JAX without them: the public fallback
         return None
 
 
-def _public_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...]:
+def _public_context_extras() -> tuple[ContextExtra, ...]:
     """The concrete mesh through the public ``jax.sharding.get_mesh()`` (the
     two compiler options are in PUBLIC_CONTEXT_NAMES). ``get_mesh`` refuses to
     run inside a trace, where the probe has already deferred the call; without
@@ -421,7 +405,7 @@ def _public_context_extras() -> tuple[tuple[Callable[[Any], Any], Any], ...]:
         except Exception:  # noqa: BLE001 - ValueError inside a trace (the call defers anyway); a JAX whose get_mesh fails otherwise: no mesh key, as before
             return None
 
-    return ((concrete_mesh, None),)
+    return (ContextExtra(concrete_mesh, None),)
 
 
 def _public_context() -> tuple[Callable[[], Any], tuple[str, ...]]:
@@ -519,12 +503,12 @@ def _has_aval(array_type: type) -> bool:
 
 
 def _pytree_hook(fast: frozenset[str], public: Callable[[Any], Any], is_hijax: Callable[[Any], bool],
-                 token_type: type | None) -> Any:
-    """The core's pytree hook: with the "registry" fast path, the pair
-    (JAX's ``default_registry.flatten_one_level``, which the core calls in C
-    for each node that is not a builtin container, and a predicate for leaves
-    that only jax.jit takes: hijax values and tokens); else the public
-    Python hook ``public``."""
+                 token_type: type | None) -> RegistryFlatten | Callable[[Any], Any]:
+    """The core's pytree hook: with the "registry" fast path, a
+    RegistryFlatten (JAX's ``default_registry.flatten_one_level``, which the
+    core calls in C for each node that is not a builtin container, and a
+    predicate for leaves that only jax.jit takes: hijax values and tokens);
+    else the public Python hook ``public``."""
     if "registry" in fast:
         try:
             from jax import tree_util
@@ -534,7 +518,7 @@ def _pytree_hook(fast: frozenset[str], public: Callable[[Any], Any], is_hijax: C
                 def defer(leaf: Any) -> bool:
                     return is_hijax(leaf) or (token_type is not None and type(leaf) is token_type)
 
-                return flatten_one_level, defer
+                return RegistryFlatten(flatten_one_level, defer)
         except Exception:  # noqa: BLE001 - a JAX without it: the public hook
             pass
     return public

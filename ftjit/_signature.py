@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Leaf", "Node", "Static", "Signature"]
+from ._core import _leaf_kinds
+
+__all__ = ["LEAF_KINDS", "Leaf", "Node", "Static", "Signature"]
+
+#: Every ``Leaf.kind``, as the core names them (its ``kLeafKindNames``):
+#: "array", then the Python scalars.
+LEAF_KINDS: tuple[str, ...] = _leaf_kinds()
 
 
 class Leaf(NamedTuple):
@@ -21,7 +27,7 @@ class Leaf(NamedTuple):
     of a committed one) or a Python scalar (kind "bool", "int", "float",
     "complex": weak-typed, no dtype or shape)."""
 
-    kind: str  #: "array", "bool", "int", "float" or "complex"
+    kind: str  #: one of LEAF_KINDS: "array", or a Python scalar's type name
     dtype: Any  #: the array's dtype object (None for Python scalars)
     shape: tuple[int, ...]
     weak_type: bool

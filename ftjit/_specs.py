@@ -60,6 +60,7 @@ import threading
 from typing import Any, Iterable, NamedTuple
 
 from ._core import JitFunction
+from ._hooks import CompilerHooks
 from ._signature import Leaf, Node, Signature, Static
 from ._specs_format import (
     FORMAT,
@@ -79,7 +80,8 @@ from ._warmup import BrokenSpec, SavedSpec, Spec
 
 __all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs", "register_static_dataclass"]
 
-#: Python scalars rebuilt as values of their type (a weak-typed leaf, as a call with one).
+#: Each kind of scalar leaf (ftjit._signature.LEAF_KINDS but "array") rebuilt
+#: as a value of its type (a weak-typed leaf, as a call with one).
 _SCALARS = {"bool": False, "int": 0, "float": 0.0, "complex": 0j}
 
 
@@ -115,17 +117,16 @@ def _describe_object(obj: Any) -> str:
     return f"{shown(obj)} (a {name})"
 
 
-def _rebuild(tree: Any, hooks: Any) -> Any:
+def _rebuild(tree: Any, hooks: CompilerHooks) -> Any:
     """A record tree as arguments warmup() takes."""
     if isinstance(tree, Static):
         return tree.value
     if isinstance(tree, Leaf):
         if tree.kind in _SCALARS:
             return _SCALARS[tree.kind]
-        make = getattr(hooks, "spec_leaf", None)
-        if make is None:
+        if hooks.spec_leaf is None:
             return ArraySpec(tree.shape, tree.dtype, tree.weak_type)
-        return make(tree)
+        return hooks.spec_leaf(tree)
     kind, key, children = tree
     values = [_rebuild(c, hooks) for c in children]
     if kind == "none":
@@ -139,14 +140,13 @@ def _rebuild(tree: Any, hooks: Any) -> Any:
     if kind == "namedtuple":
         return key(*values)
     if kind == "registered":
-        make = getattr(hooks, "spec_node", None)
-        if make is None:
+        if hooks.spec_node is None:
             raise _Unbuildable(f"a {key[0].__name__} node, which this compiler cannot rebuild")
-        return make(key, values)
+        return hooks.spec_node(key, values)
     raise _Unbuildable(f"a node of the compiler's pytree hook ({key!r}), which cannot be rebuilt")
 
 
-def _spec_of(sig: Signature, hooks: Any) -> Spec:
+def _spec_of(sig: Signature, hooks: CompilerHooks) -> Spec:
     return Spec(tuple(_rebuild(a, hooks) for a in sig.args), {k: _rebuild(v, hooks) for k, v in sig.kwargs.items()})
 
 
@@ -158,7 +158,7 @@ def _cached(fn: Any) -> Iterable[tuple[Signature, str, Spec | None, str | None]]
     """(record, readable signature, spec, None) for each cached signature
     that rebuilds exactly, newest first; (record, readable, None, why) for
     each that does not."""
-    hooks = fn._hooks
+    hooks: CompilerHooks = fn._hooks
     current = fn._current_context()
     for sig, info in zip(fn._signatures(), fn.signatures()):
         try:
@@ -231,13 +231,13 @@ def _key(fn: Any) -> str:
     return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or fn.__name__}"
 
 
-def _portable(tree: Any, hooks: Any) -> Any:
+def _portable(tree: Any, hooks: CompilerHooks) -> Any:
     """A record tree as the file holds it: placements as the compiler's
     portable description (JAX: platform and device id)."""
     if isinstance(tree, Leaf):
         if tree.sharding is None:
             return tree
-        save = getattr(hooks, "portable_placement", None)
+        save = hooks.portable_placement
         portable = save(tree.sharding) if save is not None else None
         if portable is None:
             raise _Unbuildable(f"its placement {tree.sharding!r} cannot be saved")
@@ -247,14 +247,13 @@ def _portable(tree: Any, hooks: Any) -> Any:
     return tree
 
 
-def _restored(tree: Any, hooks: Any) -> Any:
+def _restored(tree: Any, hooks: CompilerHooks) -> Any:
     if isinstance(tree, Leaf):
         if tree.sharding is None:
             return tree
-        load = getattr(hooks, "restore_placement", None)
-        if load is None:
+        if hooks.restore_placement is None:
             raise _Unbuildable("it has a placement, which this compiler cannot restore")
-        return tree._replace(sharding=load(tree.sharding))
+        return tree._replace(sharding=hooks.restore_placement(tree.sharding))
     if isinstance(tree, Node):
         return tree._replace(children=tuple(_restored(c, hooks) for c in tree.children))
     return tree
@@ -308,7 +307,7 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
     functions: dict[str, list[str]] = {}
     summary: dict[str, tuple[int, tuple[LeftOut, ...]]] = {}
     for key, fn in named.items():
-        hooks = fn._hooks
+        hooks: CompilerHooks = fn._hooks
         entries, left_out = [], []
         for sig, signature, spec, why in _cached(fn):
             if spec is None:
@@ -330,7 +329,7 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
     return summary
 
 
-def _entry_of(sig: Signature, signature: str, hooks: Any) -> str:
+def _entry_of(sig: Signature, signature: str, hooks: CompilerHooks) -> str:
     """A cached signature as the file's entry (JSON text), checked to read
     back as the same record by the values' own equality (_Unbuildable,
     CannotHold: why not)."""
@@ -416,7 +415,7 @@ class SavedSpecs:
             error = ValueError(f"{self.path} was written by {_describe(self.versions)}; this is {_describe(now)}: "
                                "save the specs again with this version")
             return [BrokenSpec(entry.signature, error) for entry in entries]
-        hooks = fn._hooks
+        hooks: CompilerHooks = fn._hooks
         out: list[SavedSpec | BrokenSpec] = []
         for entry in entries:
             if entry.record is None:

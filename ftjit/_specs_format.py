@@ -63,7 +63,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._signature import Leaf, Node, Signature, Static
+from ._signature import LEAF_KINDS, Leaf, Node, Signature, Static
 
 __all__ = ["register_static_dataclass"]
 
@@ -77,7 +77,6 @@ MAX_NESTING = 200
 
 T = TypeVar("T", bound=type)
 
-LEAF_KINDS = ("array", "bool", "int", "float", "complex")
 DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 MAX_DIM = 2**63 - 1  # the core keeps dims as signed 64-bit ints
 

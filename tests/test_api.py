@@ -507,31 +507,106 @@ def _with_context(context):
     return Compiler()
 
 
-def test_malformed_context_tuples_are_rejected_at_decoration():
-    # The compiler protocol's context tuple is unpacked once, when the
-    # function is jitted, not on every call: a malformed one fails jit().
-    with pytest.raises(TypeError, match=r"a tuple context hook must be \(context, probe"):
-        ftjit.jit(lambda x: x, compiler=_with_context((None, None, None)), cache=ftjit.FunctionCache())
+@pytest.mark.parametrize("hooks, message", [
+    (ftjit.ContextHooks(probe=3), "CompilerHooks.context.probe must be callable or None, got 3"),
+    (ftjit.ContextHooks(context="ctx"), "CompilerHooks.context.context must be callable or None, got 'ctx'"),
+    (ftjit.ContextHooks(committed_types=(int, 3), committed_attr="a", sharding_attr="b"),
+     "CompilerHooks.context.committed_types must be a tuple of types, got (<class 'int'>, 3)"),
+    (ftjit.ContextHooks(committed_types=(int,), sharding_attr="b"),
+     "CompilerHooks.context.committed_attr must be a str with committed_types, got None"),
+    (ftjit.ContextHooks(committed_types=(int,), committed_attr=b"a", sharding_attr="b"),
+     "CompilerHooks.context.committed_attr must be a str or None, got b'a'"),
+    (ftjit.ContextHooks(context=tuple, requires=((0, False),)),
+     "CompilerHooks.context.requires[0] must be an ftjit.ContextRequirement(position, value), got (0, False)"),
+    (ftjit.ContextHooks(context=tuple, requires=(ftjit.ContextRequirement(-1, False),)),
+     "CompilerHooks.context.requires[0].position must be an int >= 0, got -1"),
+    (ftjit.ContextHooks(requires=(ftjit.ContextRequirement(0, False),)),
+     "CompilerHooks.context.requires must be empty without a context, got (ContextRequirement(position=0, "
+     "value=False),)"),
+    (ftjit.ContextHooks(context=tuple, extras="not a tuple"),
+     "CompilerHooks.context.extras must be a tuple of at most 8 ftjit.ContextExtra(getter, arg), got "
+     "'not a tuple'"),
+    (ftjit.ContextHooks(context=tuple, extras=((len, ()),)),
+     "CompilerHooks.context.extras[0] must be an ftjit.ContextExtra(getter, arg), got (<built-in function len>, ())"),
+    (ftjit.ContextHooks(context=tuple, extras=None),
+     "CompilerHooks.context.extras must be a tuple of at most 8 ftjit.ContextExtra(getter, arg), got None"),
+    (ftjit.ContextHooks(context=tuple, extras=(ftjit.ContextExtra(1, 2),)),
+     "CompilerHooks.context.extras[0].getter must be callable, got 1"),
+    (ftjit.ContextHooks(context=tuple, extras=tuple(ftjit.ContextExtra(len, ()) for _ in range(9))),
+     "CompilerHooks.context.extras must be a tuple of at most 8 ftjit.ContextExtra(getter, arg), got "
+     + repr(tuple(ftjit.ContextExtra(len, ()) for _ in range(9)))),
+    (ftjit.ContextHooks(spec_types=[dict, "x"]), "CompilerHooks.context.spec_types must be a tuple of types, "
+                                                 "got [<class 'dict'>, 'x']"),
+])
+def test_a_wrong_context_hooks_field_is_a_typeerror_naming_it_at_decoration(hooks, message):
+    # Read once, when the function is jitted, by field name: never on a call.
+    with pytest.raises(TypeError) as info:
+        ftjit.jit(lambda x: x, compiler=_with_context(hooks), cache=ftjit.FunctionCache())
+    assert str(info.value) == message
 
+
+def test_a_context_that_is_neither_callable_nor_context_hooks_is_refused_by_compiler_hooks():
+    with pytest.raises(TypeError) as info:
+        ftjit.CompilerHooks(context=(lambda: 1, None))
+    assert str(info.value).startswith("CompilerHooks.context must be a callable () -> hashable or an "
+                                      "ftjit.ContextHooks, got (<function ")
+
+
+def test_context_hooks_with_a_context_alone_key_on_it():
     # context() folded into the signature; no probe, requires or placement.
-    comp = _with_context((lambda: ("ctx",), None, None, None, None, None, None, None))
+    comp = _with_context(ftjit.ContextHooks(context=lambda: ("ctx",)))
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
     assert jf(1.0) == 2.0 and jf(2.0) == 3.0
     assert comp.calls == 1
 
-    for extras in ("not a tuple", ((len,),), ((1, 2),), tuple((len, ()) for _ in range(9))):
-        bad = _with_context((lambda: ("ctx",), None, None, None, None, None, None, None, extras))
-        with pytest.raises(TypeError, match=r"extras a tuple of at most 8 \(getter, arg\) pairs"):
-            ftjit.jit(lambda x: x, compiler=bad, cache=ftjit.FunctionCache())
+
+def test_context_hooks_read_once_at_jit_whatever_the_record_becomes():
+    # The core keeps its own references to what it read: a record changed
+    # afterwards (a frozen dataclass can be, through object.__setattr__)
+    # changes nothing, and frees nothing the core still uses.
+    state = {"ctx": "a"}
+    hooks = ftjit.ContextHooks(context=lambda: state["ctx"])
+    comp = _with_context(hooks)
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+    object.__setattr__(hooks, "context", lambda: "other")
+    import gc
+
+    gc.collect()
+    assert jf(1.0) == 2.0
+    state["ctx"] = "b"
+    assert jf(1.0) == 2.0
+    assert comp.calls == 2
 
 
-def test_context_tuple_extras_are_keyed_with_the_context():
-    # A 9th item of the context tuple: (getter, arg) pairs read on every call
-    # and keyed with context() (JAX uses it for configs of jax.jit's key that
-    # trace_context() leaves out).
+def test_context_hooks_requires_defers_the_call_to_the_fallback():
+    state = {"ctx": ("on", False)}
+    fallen = []
+
+    class Compiler(CountingCompiler):
+        def hooks(self, fun):
+            return ftjit.CompilerHooks(context=ftjit.ContextHooks(
+                context=lambda: state["ctx"], requires=(ftjit.ContextRequirement(1, False),)),
+                fallback=lambda x: fallen.append(x) or -x)
+
+    comp = Compiler()
+    jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+    assert jf(1.0) == 2.0
+    state["ctx"] = ("on", True)
+    assert jf(1.0) == -1.0
+    assert (comp.calls, fallen) == (1, [1.0])
+    state["ctx"] = "not a tuple"
+    with pytest.raises(TypeError) as info:
+        jf(1.0)
+    assert str(info.value) == "CompilerHooks.context.requires needs context() to return a tuple, got a str"
+
+
+def test_context_hooks_extras_are_keyed_with_the_context():
+    # ContextHooks.extras: read on every call and keyed with context() (JAX
+    # uses them for configs of jax.jit's key that trace_context() leaves out).
     mode = {"level": "O0"}
 
-    comp = _with_context((lambda: ("ctx",), None, None, None, None, None, None, None, ((lambda d: d["level"], mode),)))
+    comp = _with_context(ftjit.ContextHooks(context=lambda: ("ctx",),
+                                            extras=(ftjit.ContextExtra(lambda d: d["level"], mode),)))
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
     assert jf(1.0) == 2.0 and jf(2.0) == 3.0
     mode["level"] = "O1"
@@ -541,6 +616,68 @@ def test_context_tuple_extras_are_keyed_with_the_context():
     assert comp.calls == 2
     info = jf.cache_info()
     assert (info.hits, info.misses) == (2, 2)
+
+
+@pytest.mark.parametrize("flatten, message", [
+    (ftjit.RegistryFlatten(3, lambda leaf: False),
+     "CompilerHooks.pytree_flatten.flatten_one_level must be callable, got 3"),
+    (ftjit.RegistryFlatten(lambda obj: None, None), "CompilerHooks.pytree_flatten.defer_leaf must be callable, got None"),
+])
+def test_a_wrong_registry_flatten_field_is_a_typeerror_naming_it_at_decoration(flatten, message):
+    class Compiler(CountingCompiler):
+        def hooks(self, fun):
+            return ftjit.CompilerHooks(pytree_flatten=flatten)
+
+    with pytest.raises(TypeError) as info:
+        ftjit.jit(lambda x: x, compiler=Compiler(), cache=ftjit.FunctionCache())
+    assert str(info.value) == message
+
+
+def test_registry_flatten_is_called_for_each_node_and_keys_it_by_type_and_data():
+    class Pair:
+        def __init__(self, a, b, tag):
+            self.a, self.b, self.tag = a, b, tag
+
+    def flatten_one_level(obj):
+        return ((obj.a, obj.b), obj.tag) if type(obj) is Pair else None
+
+    class Compiler(CountingCompiler):
+        def hooks(self, fun):
+            return ftjit.CompilerHooks(pytree_flatten=ftjit.RegistryFlatten(flatten_one_level, lambda leaf: False))
+
+    comp = Compiler()
+    jf = ftjit.jit(lambda p: p, compiler=comp, cache=ftjit.FunctionCache())
+    jf(Pair(1.0, 2.0, "t"))
+    jf(Pair(3.0, 4.0, "t"))
+    jf(Pair(3.0, 4.0, "u"))
+    assert comp.calls == 2
+    assert sorted(s.signature.split(".<locals>.")[-1] for s in jf.signatures()) == [
+        "<lambda>(PyTreeDef(CustomNode(Pair[t], [*, *]))(float, float))",
+        "<lambda>(PyTreeDef(CustomNode(Pair[u], [*, *]))(float, float))",
+    ]
+
+
+def test_method_hooks_are_read_once_at_jit():
+    # lower/trace/eval_shape/clear_cache: read into the function's state when
+    # it is jitted (JitState::method_hooks), not looked up on every call.
+    seen = []
+
+    class Compiler(CountingCompiler):
+        def hooks(self, fun):
+            return ftjit.CompilerHooks(lower=lambda *a, **k: ("lowered", a, k),
+                                       clear_cache=lambda: seen.append("cleared"))
+
+    comp = Compiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    object.__setattr__(jf._hooks, "lower", None)
+    object.__setattr__(jf._hooks, "clear_cache", None)
+    assert jf.lower(1.0, y=2) == ("lowered", (1.0,), {"y": 2})
+    jf.clear_cache()
+    assert seen == ["cleared"]
+    with pytest.raises(TypeError) as info:
+        jf.trace(1.0)
+    assert str(info.value) == ("trace() needs a compiler with a 'trace' hook, as the JAX compiler has; the "
+                               "compiler of test_method_hooks_are_read_once_at_jit.<locals>.<lambda>() has none")
 
 
 def test_jit_function_cannot_be_instantiated_directly():

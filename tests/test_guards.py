@@ -362,7 +362,7 @@ def test_a_static_whose_repr_raises_never_fails_the_call(options):
     assert jf.cache_info().compiles == 2
     if options.get("explain_misses"):
         assert explanations(cap, name) == [
-            "static 's': <_UnprintableStatic object (repr failed)> -> <_UnprintableStatic object (repr failed)>"
+            "static 's': <unprintable _UnprintableStatic> -> <unprintable _UnprintableStatic>"
             " (unequal values with the same repr)"
         ]
 

@@ -483,11 +483,11 @@ def test_compiler_option_configs_recompile_like_jax_jit():
     assert fj.tracer.count == ff.tracer.count
     info = jf.cache_info()
     assert (info.compiles, info.hits) == (3, 2)
-    sig = ftjit._jax_hooks._jax_hooks()["signature_hooks"]
+    sig = ftjit._jax_hooks._jax_hooks()["context_hooks"]
     import importlib
 
     modules = [importlib.import_module(m) for m in ftjit._jax_hooks._EXTRA_CONFIG_MODULES]
-    assert [arg for _, arg in sig.extras] == [
+    assert [extra.arg for extra in sig.extras] == [
         next(getattr(m, name) for m in modules if hasattr(m, name)) for name in ftjit._jax_hooks.JIT_KEY_EXTRA_CONFIGS]
 
 
@@ -1014,7 +1014,7 @@ HOOKS_BUILT_IN_A_TRACE = """
     assert not issubclass(array_type, jax.core.Tracer)
     assert hooks["plain_types"] == (array_type, np.ndarray), hooks["plain_types"]
     assert hooks["aval_types"] == (array_type,), hooks["aval_types"]
-    assert hooks["signature_hooks"].committed_types == (array_type,)
+    assert hooks["context_hooks"].committed_types == (array_type,)
 
     inner = ftjit.jit(lambda x: x + 1)
     jinner = jax.jit(lambda x: x + 1)
@@ -1078,15 +1078,15 @@ FEATURES = sorted(ftjit._jax_hooks.FAST_PATHS)
 
 
 def _fallback_in_use(hooks, missing):
-    sig = hooks["signature_hooks"]
+    sig = hooks["context_hooks"]
     fast = ftjit._jax_hooks._jax_hooks()
     return {
         "array_type": hooks["plain_types"] == (np.ndarray,) and sig.committed_types == (jax.Array,),
         "aval": hooks["aval_types"] == () and fast["aval_types"] != (),
-        "context": isinstance(sig.context, functools.partial) and sig.context is not fast["signature_hooks"].context
-        and sig.extras != fast["signature_hooks"].extras,
+        "context": isinstance(sig.context, functools.partial) and sig.context is not fast["context_hooks"].context
+        and sig.extras != fast["context_hooks"].extras,
         "placement": (sig.committed_attr, sig.sharding_attr) == ("committed", "sharding"),
-        "probe": sig.probe is not fast["signature_hooks"].probe and sig.probe_ok is True,
+        "probe": sig.probe is not fast["context_hooks"].probe and sig.probe_ok is True,
         "registry": hooks["custom_namedtuple"] is ftjit._jax_hooks._every_namedtuple
         and fast["custom_namedtuple"] is not ftjit._jax_hooks._every_namedtuple,
     }[missing]
@@ -1158,7 +1158,7 @@ def test_public_fallback_keys_on_jax_random_seed_offset():
     from jax._src import config as jax_config
 
     hooks = ftjit._jax_hooks.build_hooks(frozenset())
-    context = hooks["signature_hooks"].context
+    context = hooks["context_hooks"].context
     before = context()
     with jax_config.random_seed_offset(7):  # the thread-local override
         assert context() != before
@@ -1168,17 +1168,17 @@ def test_public_fallback_keys_on_jax_random_seed_offset():
 def test_public_fallback_hooks_built_inside_a_trace_still_key_the_mesh():
     # The hooks are built once per process, possibly by a jit() created inside
     # a trace (where get_mesh() raises): the mesh getter must still be there.
-    outside = ftjit._jax_hooks.build_hooks(frozenset())["signature_hooks"].extras
+    outside = ftjit._jax_hooks.build_hooks(frozenset())["context_hooks"].extras
     seen = []
 
     def body(x):
-        seen.append(ftjit._jax_hooks.build_hooks(frozenset())["signature_hooks"].extras)
+        seen.append(ftjit._jax_hooks.build_hooks(frozenset())["context_hooks"].extras)
         return x
 
     jax.make_jaxpr(body)(1.0)
     assert len(outside) == 1 and len(seen) == 1 and len(seen[0]) == 1
-    getter, arg = seen[0][0]
-    assert getter(arg) == outside[0][0](outside[0][1])
+    extra = seen[0][0]
+    assert extra.getter(extra.arg) == outside[0].getter(outside[0].arg)
 
 
 @pytest.mark.thread_unsafe(reason="swaps the process-wide JAX hooks")

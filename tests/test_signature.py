@@ -825,10 +825,11 @@ class _AvalCompiler(CountingCompiler):
     def __init__(self, array_type):
         super().__init__()
         self.aval_types = (array_type,)
-        self.signature_hooks = (None, None, None, None, None, (array_type,), "placed", "where")
+        self.context_hooks = ftjit.ContextHooks(committed_types=(array_type,), committed_attr="placed",
+                                                sharding_attr="where")
 
     def hooks(self, fun):
-        return ftjit.CompilerHooks(context=self.signature_hooks, aval_types=self.aval_types)
+        return ftjit.CompilerHooks(context=self.context_hooks, aval_types=self.aval_types)
 
 
 def _make_aval_array_type():
@@ -941,7 +942,7 @@ def test_more_contexts_than_the_intern_table_holds():
 
     class CtxCompiler(CountingCompiler):
         def hooks(self, fun):
-            return ftjit.CompilerHooks(context=(lambda: state["ctx"], None, None, None, None, None, None, None))
+            return ftjit.CompilerHooks(context=ftjit.ContextHooks(context=lambda: state["ctx"]))
 
     comp = CtxCompiler()
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache(capacity=1000))
@@ -954,7 +955,7 @@ def test_more_contexts_than_the_intern_table_holds():
     assert (info.hits, info.misses) == (300, 300)
 
 
-@pytest.mark.parametrize("hook", ["context", "context tuple"])
+@pytest.mark.parametrize("hook", ["context", "ContextHooks"])
 def test_unhashable_context_is_a_typeerror_naming_the_context(hook):
     """A compiler's context is part of every signature: an unhashable one is a
     TypeError that says so (the hash's own error as its cause), not cached."""
@@ -966,7 +967,7 @@ def test_unhashable_context_is_a_typeerror_naming_the_context(hook):
         ListContext.context = lambda self: ["mode", 1]
     else:
         ListContext.hooks = lambda self, fun: ftjit.CompilerHooks(
-            context=(lambda: ["mode", 1], None, None, None, None, None, None, None))
+            context=ftjit.ContextHooks(context=lambda: ["mode", 1]))
     comp = ListContext()
     jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
     for _ in range(2):

@@ -324,6 +324,29 @@ def test_a_custom_compiler_without_spec_hooks_gets_array_specs_and_a_file(tmp_pa
     assert comp.calls == 2
 
 
+def test_every_leaf_kind_of_the_core_is_rebuilt_saved_and_read_back(tmp_path):
+    """The core's leaf kinds (its exporter's names, kLeafKindNames) are the
+    Python records' (ftjit._signature.LEAF_KINDS,
+    which a specs file's reader checks against) and the ones warm-up specs
+    rebuild ("array", then ftjit._specs._SCALARS): a kind added to the core
+    alone fails here."""
+    tmp_path = _private(tmp_path)
+    kinds = ftjit._core._leaf_kinds()
+    assert ftjit._signature.LEAF_KINDS == kinds
+    assert ("array", *ftjit._specs._SCALARS) == kinds
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda *leaves: leaves[0], compiler=comp, cache=ftjit.FunctionCache())
+    jf(np.ones(2, np.float32), *ftjit._specs._SCALARS.values())
+    [record] = jf._signatures()
+    assert tuple(leaf.kind for leaf in record.args) == kinds
+    path = tmp_path / "specs.json"
+    assert ftjit.save_specs(path, jf) == {f"{jf.__module__}:{jf.__qualname__}": (1, ())}
+    jf.clear_cache()
+    assert jf.warmup(ftjit.load_specs(path).for_function(jf)).ok and comp.calls == 2
+    jf(np.zeros(2, np.float32), True, 3, 4.0, 5j)
+    assert comp.calls == 2
+
+
 def _nested(n, innermost):
     for _ in range(n):
         innermost = (innermost,)

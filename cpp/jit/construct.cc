@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "jit/jit_state.h"
+#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -49,23 +50,45 @@ nb::object OwnTypes(nb::handle types, const char* what) {
   return copy;
 }
 
-// The spec's hooks, read once from the CompilerHooks (ftjit/_hooks.py
-// validates them; what the core relies on for memory safety is checked
-// again here).
+// A callable field of `record`, or null for None: "CompilerHooks.<what>
+// must be callable[ or None], got ..." otherwise.
+nb::object CallableField(nb::handle record, const char* name, const std::string& what, bool none_ok) {
+  nb::object o = record.attr(name);
+  if (none_ok && o.is_none()) return nb::object();
+  if (!PyCallable_Check(o.ptr())) {
+    throw nb::type_error(("CompilerHooks." + what + " must be callable" + (none_ok ? " or None" : "") + ", got " +
+                          nb::cast<std::string>(nb::repr(o)))
+                             .c_str());
+  }
+  return o;
+}
+
+// CompilerHooks.pytree_flatten: a Python hook, or an ftjit.RegistryFlatten
+// read by field name.
+void ReadPytreeFlatten(SignatureSpec& spec, nb::handle flatten) {
+  if (flatten.is_none()) return;
+  int is_record = PyObject_IsInstance(flatten.ptr(), kRegistryFlatten.Get());
+  if (is_record < 0) throw nb::python_error();
+  if (is_record) {
+    spec.registry_flatten = CallableField(flatten, "flatten_one_level", "pytree_flatten.flatten_one_level", false);
+    spec.defer_leaf = CallableField(flatten, "defer_leaf", "pytree_flatten.defer_leaf", false);
+  } else if (PyCallable_Check(flatten.ptr())) {
+    spec.pytree_flatten = nb::borrow(flatten);
+  } else {
+    throw nb::type_error(("CompilerHooks.pytree_flatten must be a callable or an ftjit.RegistryFlatten, got " +
+                          nb::cast<std::string>(nb::repr(flatten)))
+                             .c_str());
+  }
+}
+
+// The spec's hooks, read once from the CompilerHooks by field name
+// (ftjit/_hooks.py validates them; what the core relies on for memory
+// safety is checked again here).
 void ReadHooks(JitState& st, nb::handle hooks) {
   SignatureSpec& spec = st.spec;
   auto field = [&](const char* name) { return nb::object(hooks.attr(name)); };
   nb::object pytree_flatten = field("pytree_flatten");
-  if (PyTuple_Check(pytree_flatten.ptr())) {
-    if (PyTuple_GET_SIZE(pytree_flatten.ptr()) != 2 || !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0)) ||
-        !PyCallable_Check(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1))) {
-      throw nb::type_error("pytree_flatten must be a callable or a pair (flatten_one_level, defer_leaf)");
-    }
-    spec.registry_flatten = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 0));
-    spec.defer_leaf = nb::borrow(PyTuple_GET_ITEM(pytree_flatten.ptr(), 1));
-  } else if (!pytree_flatten.is_none()) {
-    spec.pytree_flatten = pytree_flatten;
-  }
+  ReadPytreeFlatten(spec, pytree_flatten);
   nb::object custom_namedtuple = field("custom_namedtuple");
   if (!custom_namedtuple.is_none()) {
     if (!PyCallable_Check(custom_namedtuple.ptr())) throw nb::type_error("custom_namedtuple must be callable");
@@ -81,7 +104,7 @@ void ReadHooks(JitState& st, nb::handle hooks) {
       }
     }
   }
-  if (nb::object context = field("context"); !context.is_none()) spec.SetContextFn(context);
+  spec.SetContext(field("context"));
   if (nb::object fallback_types = field("fallback_types"); nb::len(fallback_types) > 0) {
     spec.fallback_types = OwnTypes(fallback_types, "fallback_types");
   }
@@ -101,6 +124,19 @@ void ReadHooks(JitState& st, nb::handle hooks) {
   if (nb::object exe_for = field("executable_for"); !exe_for.is_none()) {
     if (!PyCallable_Check(exe_for.ptr())) throw nb::type_error("executable_for must be callable");
     st.executable_for = exe_for;
+  }
+  // What JitFunction's methods of the same names call (through HookOf).
+  nb::object names = nb::steal(PySequence_Tuple(field("METHOD_HOOKS").ptr()));
+  if (!names.is_valid()) throw nb::python_error();
+  if (static_cast<size_t>(PyTuple_GET_SIZE(names.ptr())) > JitState::kMaxMethodHooks) {
+    throw nb::type_error("CompilerHooks.METHOD_HOOKS names more hooks than the core keeps (8)");
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names.ptr()); ++i) {
+    nb::handle name = PyTuple_GET_ITEM(names.ptr(), i);
+    const char* text = PyUnicode_Check(name.ptr()) ? PyUnicode_AsUTF8(name.ptr()) : nullptr;
+    if (!text) throw nb::type_error("CompilerHooks.METHOD_HOOKS must hold field names (str)");
+    st.method_hook_names[i] = nb::borrow(name);
+    st.method_hooks[i] = CallableField(hooks, text, text, true);
   }
   spec.context_in_executable = nb::cast<bool>(field("context_in_executable"));
   if (spec.context_in_executable && !st.executable_for.is_valid()) {
@@ -147,9 +183,7 @@ nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks,
   // The limit is part of `options`: every wrapper sharing the store gives the same.
   st->store = StoreFor(cache, fun, options, name, SignatureLimit{max_signatures, raise_on_excess});
 
-  PyObject* self = NewJitFunction(std::move(st));
-  if (!self) throw nb::python_error();
-  return nb::steal(self);
+  return NewJitFunction(std::move(st));
 }
 
 }  // namespace

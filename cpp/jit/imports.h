@@ -12,6 +12,7 @@ inline Imported kCompileCycleError{"ftjit.errors", "CompileCycleError"};
 inline Imported kCompileTimeoutError{"ftjit.errors", "CompileTimeoutError"};
 inline Imported kRecompileLimitError{"ftjit.errors", "RecompileLimitError"};
 // Records and helpers of ftjit's Python API.
+inline Imported kRegistryFlatten{"ftjit._hooks", "RegistryFlatten"};
 inline Imported kSignatureInfo{"ftjit._jit", "SignatureInfo"};
 inline Imported kRebuild{"ftjit._jit", "_rebuild"};
 inline Imported kJitModule{"ftjit._jit", "__dict__"};

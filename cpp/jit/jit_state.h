@@ -51,11 +51,28 @@ struct JitState {
   // (executable, takes_leaves), asked once per compile; may be null. When
   // set, every call keeps its leaves (BuildSignature's leaf_objects).
   nb::object executable_for;
+  // The compiler's hooks that JitFunction's methods of the same names call
+  // (CompilerHooks.METHOD_HOOKS: lower, trace and eval_shape with the
+  // method's arguments, clear_cache first thing), read once at jit()
+  // (ReadHooks) with their names (str); a hook is null where the compiler
+  // has none.
+  static constexpr size_t kMaxMethodHooks = 8;
+  nb::object method_hook_names[kMaxMethodHooks];
+  nb::object method_hooks[kMaxMethodHooks];
   SignatureSpec spec;
   std::shared_ptr<FunctionStore> store;
   bool strip_static = false;   // call executables with dynamic arguments only
   double compile_timeout = 0;  // seconds a waiter waits at most; <= 0: forever
   int explain_misses = -1;     // log why each miss missed: 1, 0, or -1 (ExplainMisses())
+
+  // The method hook named `name`, or null: a comparison of C strings over
+  // the names read at jit(), no attribute lookup.
+  nb::object MethodHook(const char* name) const {
+    for (size_t i = 0; i < kMaxMethodHooks && method_hook_names[i].is_valid(); ++i) {
+      if (PyUnicode_CompareWithASCIIString(method_hook_names[i].ptr(), name) == 0) return method_hooks[i];
+    }
+    return nb::object();
+  }
 
   // Every Python object the state holds, each once: for the GC's traverse
   // and clear (jit_type.cc), so that no list of fields is kept twice.
@@ -65,6 +82,8 @@ struct JitState {
          {&fun, &compile, &hooks, &cache, &options, &pickle_options, &fallback, &redo_types, &executable_for}) {
       f(*o);
     }
+    for (nb::object& o : method_hook_names) f(o);
+    for (nb::object& o : method_hooks) f(o);
     spec.ForEachObject(f);
   }
 };
@@ -111,8 +130,8 @@ nb::object ErrorForWaiters(const nb::object& original);
 
 // --- jit_type.cc and construct.cc: the type, and a function of it -------------
 
-// A new JitFunction owning `st` (a new reference, or null with an error set).
-PyObject* NewJitFunction(std::unique_ptr<JitState> st);
+// A new JitFunction owning `st`.
+nb::object NewJitFunction(std::unique_ptr<JitState> st);
 // Registers _make_jit_function (construct.cc).
 void RegisterConstruction(nb::module_& m);
 

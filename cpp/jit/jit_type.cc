@@ -112,11 +112,8 @@ class VectorcallArgs {
   nb::object kwnames_;
 };
 
-// The attribute of a hook in the function's CompilerHooks, or null (None).
-nb::object HookOf(const JitState& st, const char* name) {
-  nb::object hook = nb::getattr(st.hooks, name, nb::none());
-  return hook.is_none() ? nb::object() : hook;
-}
+// The function's CompilerHooks hook of that name, read once at jit(), or null (None).
+nb::object HookOf(const JitState& st, const char* name) { return st.MethodHook(name); }
 
 // --- the type's slots ------------------------------------------------------------
 
@@ -553,11 +550,10 @@ PyType_Slot kSlots[] = {
 
 }  // namespace
 
-PyObject* NewJitFunction(std::unique_ptr<JitState> st) {
+nb::object NewJitFunction(std::unique_ptr<JitState> st) {
   PyTypeObject* type = reinterpret_cast<PyTypeObject*>(g_jit_type);
-  PyObject* self = type->tp_alloc(type, 0);
-  if (!self) return nullptr;
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  nb::object self = StealOrThrow(type->tp_alloc(type, 0));
+  auto* o = reinterpret_cast<JitFunctionObject*>(self.ptr());
   o->vectorcall = JitFunction_vectorcall;
   o->dict = nullptr;
   o->weaklist = nullptr;

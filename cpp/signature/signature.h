@@ -9,7 +9,8 @@
 // Where the code is: signature_spec.cc (a function's SignatureSpec, set up
 // once), signature_build.cc (BuildSignature), signature_flatten.cc and
 // signature_leaf.h (the pytree walk and leaf signatures),
-// signature_compare.cc (Equals, FastEquals), signature_print.cc (ToString),
+// signature_compare.cc (Equals, FastEquals), signature_print.cc (ToString,
+// and the texts of exported records), signature_export.cc (ExportSignature),
 // signature_errors.cc (what bad arguments raise), signature.cc (the
 // process-wide state). The few helpers defined in this header run per call
 // or per leaf: defined here, they inline into the builder (no LTO).
@@ -46,7 +47,18 @@ namespace ftjit {
 
 namespace nb = nanobind;
 
-enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex };
+// kLast: the last kind (a new one goes before it, and kLast names it).
+enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex, kLast = kComplex };
+// Each kind's name, indexed by LeafKind: the `kind` of an exported record
+// (ftjit._signature.Leaf; the core's _leaf_kinds(), which is
+// ftjit._signature.LEAF_KINDS), and how a scalar leaf prints. A new kind:
+// its enumerator above, its name here, where the builder makes it
+// (Builder::FlattenNode), and how a warm-up spec rebuilds it
+// (ftjit._specs._SCALARS).
+inline constexpr const char* kLeafKindNames[] = {"array", "bool", "int", "float", "complex"};
+static_assert(sizeof(kLeafKindNames) / sizeof(kLeafKindNames[0]) == static_cast<size_t>(LeafKind::kLast) + 1,
+              "one name per LeafKind, in its order");
+inline const char* LeafKindName(LeafKind kind) { return kLeafKindNames[static_cast<size_t>(kind)]; }
 
 // A reference that is either owned (a strong reference) or pinned: borrowed
 // from an object that a process-wide intern table keeps alive until the
@@ -98,7 +110,7 @@ struct LeafSignature {
   bool weak_type;
   uint32_t ndim;     // the dims live in CallSignature::dims, in leaf order
   PinnedRef dtype;      // null for Python scalars
-  nb::object sharding;  // a committed array's placement (see context_fn); else null
+  nb::object sharding;  // a committed array's placement (see ContextHook); else null
 };
 
 // Tree tokens, in preorder: low 8 bits the NodeKind, the rest the arity.
@@ -192,33 +204,41 @@ struct NeedsFallback : std::exception {
   const char* what() const noexcept override { return "ftjit: the call needs the compiler's fallback path"; }
 };
 
-// The context hook (see "context_fn" below) unpacked once per jitted
-// function. Pointers are borrowed from the spec's context_fn, an immutable
-// object the spec owns; fixed after SignatureSpec::SetContextFn.
+// CompilerHooks.context, read once per jitted function (SignatureSpec::
+// SetContext): a plain context() callable, or an ftjit.ContextHooks record
+// (whose docstrings document each field), read by field name. Pointers are
+// borrowed from SignatureSpec::context_objects, a tuple the spec owns that
+// holds every object read (not from the record: a frozen dataclass can still
+// be changed with object.__setattr__); fixed afterwards.
 struct ContextHook {
   PyObject* context = nullptr;          // context() -> hashable, or null
   PyObject* probe = nullptr;            // probe(probe_arg) is probe_ok, or null
   PyObject* probe_arg = nullptr;
   PyObject* probe_ok = nullptr;
-  PyObject* requires = nullptr;         // tuple of (index, value), or null
-  PyObject* committed_types = nullptr;  // tuple of types, or null
-  PyObject* committed_attr = nullptr;   // str
-  PyObject* sharding_attr = nullptr;    // str
-  // Extra context parts: getter(arg) for each (getter, arg) pair, read after
-  // context() and keyed with it (e.g. JAX configs in jax.jit's key but not
-  // in trace_context()). Borrowed from the hook tuple's 9th item.
+  // ContextHooks.requires: context()[require_index[i]] is require_value[i].
+  static constexpr size_t kMaxRequires = 8;
+  Py_ssize_t require_index[kMaxRequires] = {};
+  PyObject* require_value[kMaxRequires] = {};
+  size_t num_requires = 0;
+  PyObject* committed_types = nullptr;  // tuple of types, or null (none)
+  PyObject* committed_attr = nullptr;   // str, with committed_types
+  PyObject* sharding_attr = nullptr;    // str, with committed_types
+  // ContextHooks.extras: getter(arg) for each, read after context() and
+  // keyed with it (e.g. JAX configs in jax.jit's key but not in
+  // trace_context()).
   static constexpr size_t kMaxExtras = 8;
   PyObject* extra_getters[kMaxExtras] = {};
   PyObject* extra_args[kMaxExtras] = {};
   size_t num_extras = 0;
   // Types of argument specs (jax.ShapeDtypeStruct) whose `sharding`, when not
-  // None, is their placement, keyed as a committed array's is. Borrowed from
-  // the hook tuple's 10th item; null if none.
+  // None, is their placement, keyed as a committed array's is; null if none.
   PyObject* spec_types = nullptr;
 
-  // Validates and unpacks a context_fn (callable, 8-, 9- or 10-tuple, or null);
-  // throws TypeError for a malformed tuple.
-  static ContextHook Unpack(const nb::object& hook_obj);
+  // Reads `context` (None, a callable, or a ContextHooks) and puts every
+  // object the hook borrows into `objects` (a new tuple). A wrong field is a
+  // TypeError naming it ("CompilerHooks.context.probe must be callable or
+  // None, got 3"). Runs Python.
+  static ContextHook Read(nb::handle context, nb::object& objects);
   // Throws NeedsFallback when the call must not be cached: the probe says so
   // (e.g. a JAX trace is active in this thread). Runs Python (the probe).
   // Per call: inline (as are the per-leaf checks below).
@@ -231,7 +251,8 @@ struct ContextHook {
     if (!ok) throw NeedsFallback{};
   }
   // Throws NeedsFallback when an item of `ctx` named in `requires` is not the
-  // required object (e.g. jax_disable_jit is on).
+  // required object (e.g. jax_disable_jit is on); TypeError when `ctx` is no
+  // tuple.
   void CheckRequires(PyObject* ctx) const;
   // Whether a call now must defer (the probe or `requires` says so). Runs
   // Python; throws what the hooks raise. For a call whose arguments failed
@@ -308,8 +329,8 @@ struct SignatureSpec {
   nb::object defer_leaf;                     // optional: defer_leaf(leaf) -> the call takes the fallback
   nb::object custom_namedtuple;              // optional hook, see below
   nb::object custom_namedtuple_dict;         // the dict when that hook is a dict's __contains__
-  nb::object context_fn;                     // optional hook, see below; set by SetContextFn
-  ContextHook hook;                          // context_fn unpacked (borrows from it)
+  ContextHook hook;                          // CompilerHooks.context, read by SetContext
+  nb::object context_objects;                // what `hook` borrows (a tuple), or null
   nb::object fallback_types;                 // optional tuple of types, see below
   std::vector<PyTypeObject*> plain_types;    // exact types never in fallback_types
   std::vector<AvalType> aval_types;          // exact types read through .aval
@@ -336,7 +357,7 @@ struct SignatureSpec {
   void ForEachObject(F&& f) {
     for (nb::object& o : static_argnames) f(o);
     for (nb::object* o : {&arg_names, &pytree_flatten, &registry_flatten, &defer_leaf, &custom_namedtuple,
-                          &custom_namedtuple_dict, &context_fn, &fallback_types, &plain_types_owner,
+                          &custom_namedtuple_dict, &context_objects, &fallback_types, &plain_types_owner,
                           &aval_types_owner, &placement_label}) {
       f(*o);
     }
@@ -354,9 +375,10 @@ struct SignatureSpec {
     aval_types.clear();
   }
 
-  // Sets context_fn and unpacks it into `hook` (once, not per call).
-  void SetContextFn(nb::object fn);
-  // Adds an exact aval type and resolves its getters (after SetContextFn,
+  // Reads CompilerHooks.context into `hook` (once, not per call); see
+  // ContextHook::Read.
+  void SetContext(nb::handle context);
+  // Adds an exact aval type and resolves its getters (after SetContext,
   // which names the committed attribute). The caller keeps `type` alive
   // through aval_types_owner.
   void AddAvalType(PyTypeObject* type);
@@ -389,47 +411,34 @@ struct SignatureSpec {
 //       a value the compiler alone can handle: the call throws
 //       NeedsFallback, as for fallback_types), or (node_key, children):
 //       node_key hashable, children a tuple or list.
-//     pytree_flatten may instead be a pair (flatten_one_level, defer_leaf)
-//       (the JAX compiler's): flatten_one_level(obj) -> None (a leaf) or
-//       (children, node data), a registry's C++ method called directly, each
-//       node keyed by (type(obj), node data); defer_leaf(leaf) -> true when a
-//       leaf that is no array (a hijax value, a token) must take the
-//       fallback (asked only before reporting it unsupported).
+//     pytree_flatten may instead be an ftjit.RegistryFlatten (the JAX
+//       compiler's; registry_flatten and defer_leaf, read by field name at
+//       jit()): flatten_one_level(obj) -> None (a leaf) or (children, node
+//       data), a registry's C++ method called directly, each node keyed by
+//       (type(obj), node data); defer_leaf(leaf) -> true when a leaf that is
+//       no array (a hijax value, a token) must take the fallback (asked
+//       only before reporting it unsupported).
 //       Consulted for objects that are not None/tuple/list/dict/namedtuple,
 //       exact Python scalars, numpy arrays and scalars, or of an exact type
 //       in plain_types/aval_types, before duck-typed arrays (objects with
 //       .dtype/.shape) and int/float/complex subclasses (leaves of the base
 //       kind): a registered node wins even if it also has .dtype/.shape.
-//   context_fn() -> hashable object folded into the signature. When it
-//       returns a tuple whose items are the very objects of this thread's
-//       previous context, the previous hash is reused (no re-hashing).
-//       It is called before the arguments are flattened.
-//     context_fn may instead be a tuple of 8 to 10 items (the JAX compiler's
-//       SignatureHooks), unpacked once (ContextHook), used on every call:
-//       (context, probe, probe_arg, probe_ok, requires,
-//        committed_types, committed_attr, sharding_attr[, extras[, spec_types]])
-//       context: the callable above, or None.
-//       probe: None, or a callable; when probe(probe_arg) is not probe_ok
-//         (identity), the call throws NeedsFallback before anything else is
-//         looked at (e.g. a JAX trace is active in this thread: closed-over
-//         tracers must never be compiled into a cached entry).
-//       requires: None, or a tuple of (index, value): when context()[index]
-//         is not value, NeedsFallback (e.g. jax_disable_jit is on).
-//       committed_types: None, or a tuple of array types (subclasses
-//         included) whose placement counts: when getattr(leaf,
-//         committed_attr) is true, the object getattr(leaf, sharding_attr)
-//         is part of the leaf signature (hashed, compared with __eq__), as
-//         jax.jit keys on it.
-//       extras: None, or a tuple of at most 8 (getter, arg) pairs (context
-//         required): getter(arg) is read on every call, after context(), and
-//         keyed with it: the context part of the signature is then one tuple
-//         of context()'s items (or context() itself) followed by the extras
-//         (e.g. JAX configs of jax.jit's key that trace_context() leaves out).
-//       spec_types: None, or a tuple of exact types of argument specs
-//         (jax.ShapeDtypeStruct): a leaf of one whose `sharding` is not None
-//         has that placement in its signature, as a committed array of
-//         that sharding has, so that precompile() of a sharded spec makes
-//         the entry that calls with such arrays hit.
+//   context() -> hashable object folded into the signature (ContextHook).
+//       When it returns a tuple whose items are the very objects of this
+//       thread's previous context, the previous hash is reused (no
+//       re-hashing). It is called before the arguments are flattened, after
+//       the ContextHooks probe (when probe(probe_arg) is not probe_ok, the
+//       call throws NeedsFallback before anything else is looked at: e.g. a
+//       JAX trace is active in this thread, and closed-over tracers must
+//       never be compiled into a cached entry); then `requires` is checked
+//       (NeedsFallback: e.g. jax_disable_jit is on) and the extras are read
+//       (the context part of the signature is then one tuple of context()'s
+//       items, or context() itself, followed by the extras). A leaf of one
+//       of committed_types whose committed_attr is true has the object at
+//       its sharding_attr in its signature (hashed, compared with __eq__),
+//       as jax.jit keys it; so has a leaf of spec_types (allow_specs) whose
+//       `sharding` is not None, so that precompile() of a sharded spec makes
+//       the entry that calls with such arrays hit.
 //   custom_namedtuple(type) -> bool: whether a namedtuple type is registered
 //       as a custom node of pytree_flatten's registry (JAX honours such a
 //       registration over its namedtuple handling), so that its instances
@@ -519,6 +528,16 @@ inline NumpyTypes& Numpy() {
 // Leaf and Static trees). `sig` must own or count its context (a stored
 // key, or one adopted). Runs Python.
 nb::object ExportSignature(const CallSignature& sig);
+
+// Miss explanations' texts (ftjit._explain.describe), from the one printer:
+// (text, leaf texts) of `tree`, a record of ExportSignature (a Leaf, Node or
+// Static), printed as ToString prints an argument but with each leaf shown
+// as "*", and each leaf's own text, in order. Placements print through
+// `placement_label` (None: str(sharding)). Runs Python; TypeError for what
+// is no record.
+nb::object RecordTexts(nb::handle tree, nb::handle placement_label);
+// Registers the core's _record_texts and _leaf_kinds (kLeafKindNames).
+void RegisterSignatureRecords(nb::module_& m);
 
 // Module init: makes the objects the builder uses (interned names) before
 // any call can need them. Runs Python; call once, from the module's init.

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pyutil/errors.h"
 #include "signature/signature.h"
@@ -70,6 +71,11 @@ inline int CompareNames(PyObject* a, PyObject* b) {
 // kept: ClearErrorKeepingInterrupt). They run __repr__/__str__.
 std::string Repr(PyObject* o);
 std::string Str(PyObject* o);
+
+// The first argument tree of `sig` as ToString prints it, but with each leaf
+// shown as "*" and its own text appended to `leaf_texts`, in order (the
+// Printer's; for RecordTexts). Runs Python.
+std::string PrintArgument(const CallSignature& sig, PyObject* placement_label, std::vector<std::string>& leaf_texts);
 
 // build() (a message part that may run repr()/str()) with the pending error
 // set aside, so that no Python code runs with an exception set; the error is

@@ -1,7 +1,9 @@
 // ftjit: the readable form of a call signature, e.g. "f(float32[8,128], int, n=3)"; Repr and Str.
 //
-// For error messages, hooks and cache listings; Repr and Str are the text
-// of Python objects every message of the signature code uses.
+// For error messages, hooks, cache listings and miss explanations (the one
+// printer of signatures: ftjit._explain gets its texts from here, through
+// RecordTexts); Repr and Str are the text of Python objects every message of
+// the signature code uses.
 //
 // Shared state: none. A CallSignature being printed is immutable (a stored
 // key) or the caller's own (a probe); the spec's placement_label is fixed
@@ -15,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pyutil/errors.h"
 #include "signature/signature.h"
@@ -71,9 +75,11 @@ std::string PlacementLabel(PyObject* label, PyObject* sharding) {
 
 // Prints the tree of a signature in preorder, consuming its tokens, aux
 // objects, leaves, dims and statics in the order the builder recorded them.
+// With `leaf_texts`, each leaf prints as "*" and its own text goes there.
 class Printer {
  public:
-  Printer(const CallSignature& s, PyObject* placement_label) : s_(s), label_(placement_label) {}
+  Printer(const CallSignature& s, PyObject* placement_label, std::vector<std::string>* leaf_texts = nullptr)
+      : s_(s), label_(placement_label), leaf_texts_(leaf_texts) {}
 
   std::string Node() {
     uint32_t tok = s_.tree[t_++];
@@ -132,14 +138,15 @@ class Printer {
   }
 
   std::string Leaf() {
+    std::string text = LeafText();
+    if (!leaf_texts_) return text;
+    leaf_texts_->push_back(std::move(text));
+    return "*";
+  }
+
+  std::string LeafText() {
     const LeafSignature& l = s_.leaves[l_++];
-    switch (l.kind) {
-      case LeafKind::kBool: return "bool";
-      case LeafKind::kInt: return "int";
-      case LeafKind::kFloat: return "float";
-      case LeafKind::kComplex: return "complex";
-      case LeafKind::kArray: break;
-    }
+    if (l.kind != LeafKind::kArray) return LeafKindName(l.kind);  // a Python scalar
     std::string out = Str(l.dtype.ptr()) + "[";
     for (uint32_t i = 0; i < l.ndim; ++i) {
       if (i) out += ",";
@@ -152,11 +159,16 @@ class Printer {
   }
 
   const CallSignature& s_;
-  PyObject* label_;  // borrowed from the spec, or null
+  PyObject* label_;  // borrowed (the spec's, or RecordTexts' caller's), or null
+  std::vector<std::string>* leaf_texts_;
   size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
 };
 
 }  // namespace
+
+std::string PrintArgument(const CallSignature& sig, PyObject* placement_label, std::vector<std::string>& leaf_texts) {
+  return Printer(sig, placement_label, &leaf_texts).Node();
+}
 
 std::string CallSignature::ToString(const SignatureSpec& spec) const {
   const std::string& fun_name = spec.fun_name;

@@ -1,6 +1,7 @@
-// ftjit: a jitted function's SignatureSpec, set up once: its context hook unpacked, getters resolved.
+// ftjit: a jitted function's SignatureSpec, set up once: its context hook read, getters resolved.
 //
-// The compiler's context hook is validated and unpacked (ContextHook), the
+// The compiler's context hook (CompilerHooks.context: a callable, or an
+// ftjit.ContextHooks read by field name) is validated and read (ContextHook), the
 // aval types' property getters resolved (DirectGetter); plus the per-call
 // check of the hook's `requires`. The per-leaf and per-call helpers that
 // must inline into the builder are defined in signature.h.
@@ -11,92 +12,166 @@
 // unreachable JitFunction's); calls in any thread only read it.
 //
 // Lock order: takes no locks. Setting up runs Python (attribute lookups on
-// types); CheckRequires is Python-free.
+// the hooks and on types); CheckRequires is Python-free.
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "signature/imports.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
 
 namespace ftjit {
 
-ContextHook ContextHook::Unpack(const nb::object& hook_obj) {
-  ContextHook h;
-  PyObject* hook = hook_obj.ptr();
-  if (!hook) return h;
-  if (!PyTuple_Check(hook)) {
-    h.context = hook;
-    return h;
+namespace {
+
+// TypeError "CompilerHooks.context.<field> must be <what>, got <repr>".
+[[noreturn]] void WrongField(const std::string& field, const char* what, nb::handle got) {
+  std::string message = "CompilerHooks.context";
+  if (!field.empty()) message += "." + field;
+  message += std::string(" must be ") + what + ", got " + Repr(got.ptr());
+  PyErr_SetString(PyExc_TypeError, message.c_str());
+  throw nb::python_error();
+}
+
+// ContextHooks fields, read by name; each object kept in `keep` (the
+// objects the hook borrows).
+class FieldReader {
+ public:
+  FieldReader(nb::handle record, std::vector<nb::object>& keep) : record_(record), keep_(keep) {}
+
+  nb::object Get(const char* name) { return nb::object(record_.attr(name)); }
+  // A callable field's object, or null for None.
+  PyObject* Callable(const char* name) {
+    nb::object o = Get(name);
+    if (o.is_none()) return nullptr;
+    if (!PyCallable_Check(o.ptr())) WrongField(name, "callable or None", o);
+    return Keep(std::move(o));
   }
-  auto bad = [] {
-    PyErr_SetString(PyExc_TypeError,
-                    "ftjit: a tuple context hook must be (context, probe, probe_arg, probe_ok, "
-                    "requires, committed_types, committed_attr, sharding_attr[, extras[, "
-                    "spec_types]]), extras a tuple of at most 8 (getter, arg) pairs, spec_types "
-                    "a tuple of types");
-    throw nb::python_error();
-  };
-  Py_ssize_t size = PyTuple_GET_SIZE(hook);
-  if (size < 8 || size > 10) bad();
-  auto item = [&](Py_ssize_t i) -> PyObject* {
-    PyObject* o = PyTuple_GET_ITEM(hook, i);
-    return o == Py_None ? nullptr : o;
-  };
-  h.context = item(0);
-  h.probe = item(1);
-  h.probe_arg = PyTuple_GET_ITEM(hook, 2);
-  h.probe_ok = PyTuple_GET_ITEM(hook, 3);
-  h.requires = item(4);
-  h.committed_types = item(5);
-  h.committed_attr = item(6);
-  h.sharding_attr = item(7);
-  if (size == 10) {
-    h.spec_types = item(9);
-    if (h.spec_types) {
-      if (!PyTuple_Check(h.spec_types)) bad();
-      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(h.spec_types); ++i) {
-        if (!PyType_Check(PyTuple_GET_ITEM(h.spec_types, i))) bad();
-      }
+  PyObject* Any(const char* name) { return Keep(Get(name)); }
+  // A str field's object, or null for None.
+  PyObject* Str(const char* name) {
+    nb::object o = Get(name);
+    if (o.is_none()) return nullptr;
+    if (!PyUnicode_Check(o.ptr())) WrongField(name, "a str or None", o);
+    return Keep(std::move(o));
+  }
+  // A tuple copy of a sequence of types (null when empty).
+  PyObject* Types(const char* name) {
+    nb::object o = Get(name);
+    nb::object copy = nb::steal(PySequence_Tuple(o.ptr()));
+    if (!copy.is_valid()) {
+      PyErr_Clear();
+      WrongField(name, "a tuple of types", o);
     }
+    for (nb::handle t : copy) {
+      if (!PyType_Check(t.ptr())) WrongField(name, "a tuple of types", o);
+    }
+    return PyTuple_GET_SIZE(copy.ptr()) == 0 ? nullptr : Keep(std::move(copy));
   }
-  if (PyObject* extras = size >= 9 ? item(8) : nullptr) {
-    if (!PyTuple_Check(extras) || static_cast<size_t>(PyTuple_GET_SIZE(extras)) > kMaxExtras) bad();
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extras); ++i) {
-      PyObject* pair = PyTuple_GET_ITEM(extras, i);
-      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
-          !PyCallable_Check(PyTuple_GET_ITEM(pair, 0))) {
-        bad();
+  // A tuple copy of a sequence of at most `max` items.
+  nb::object Items(const char* name, size_t max, const char* what) {
+    nb::object o = Get(name);
+    nb::object copy = nb::steal(PySequence_Tuple(o.ptr()));
+    if (!copy.is_valid()) PyErr_Clear();
+    if (!copy.is_valid() || static_cast<size_t>(PyTuple_GET_SIZE(copy.ptr())) > max) WrongField(name, what, o);
+    return copy;
+  }
+  PyObject* Keep(nb::object o) {
+    keep_.push_back(std::move(o));
+    return keep_.back().ptr();
+  }
+
+ private:
+  nb::handle record_;
+  std::vector<nb::object>& keep_;
+};
+
+}  // namespace
+
+ContextHook ContextHook::Read(nb::handle context, nb::object& objects) {
+  ContextHook h;
+  objects = nb::object();
+  if (!context.is_valid() || context.is_none()) return h;
+  std::vector<nb::object> keep;
+  int is_record = PyObject_IsInstance(context.ptr(), kContextHooks.Get());
+  if (is_record < 0) throw nb::python_error();
+  if (!is_record) {
+    if (!PyCallable_Check(context.ptr())) WrongField("", "a callable () -> hashable or an ftjit.ContextHooks", context);
+    keep.push_back(nb::borrow(context));
+    h.context = context.ptr();
+  } else {
+    FieldReader f(context, keep);
+    h.context = f.Callable("context");
+    h.probe = f.Callable("probe");
+    h.probe_arg = f.Any("probe_arg");
+    h.probe_ok = f.Any("probe_ok");
+    const char* requirements = "a tuple of at most 8 ftjit.ContextRequirement(position, value)";
+    nb::object requires = f.Items("requires", kMaxRequires, requirements);
+    for (nb::handle r : requires) {
+      std::string field = "requires[" + std::to_string(h.num_requires) + "]";
+      nb::object index = nb::steal(PyObject_GetAttrString(r.ptr(), "position"));
+      nb::object value = nb::steal(PyObject_GetAttrString(r.ptr(), "value"));
+      if (!index.is_valid() || !value.is_valid()) {
+        PyErr_Clear();
+        WrongField(field, "an ftjit.ContextRequirement(position, value)", r);
       }
-      h.extra_getters[h.num_extras] = PyTuple_GET_ITEM(pair, 0);
-      h.extra_args[h.num_extras] = PyTuple_GET_ITEM(pair, 1);
+      Py_ssize_t i = PyLong_Check(index.ptr()) ? PyLong_AsSsize_t(index.ptr()) : -1;
+      if (i == -1 && PyErr_Occurred()) PyErr_Clear();
+      if (i < 0) WrongField(field + ".position", "an int >= 0", index);
+      h.require_index[h.num_requires] = i;
+      h.require_value[h.num_requires] = f.Keep(std::move(value));
+      ++h.num_requires;
+    }
+    h.committed_types = f.Types("committed_types");
+    h.committed_attr = f.Str("committed_attr");
+    h.sharding_attr = f.Str("sharding_attr");
+    if (h.committed_types && !h.committed_attr) {
+      WrongField("committed_attr", "a str with committed_types", f.Get("committed_attr"));
+    }
+    if (h.committed_types && !h.sharding_attr) {
+      WrongField("sharding_attr", "a str with committed_types", f.Get("sharding_attr"));
+    }
+    nb::object extras = f.Items("extras", kMaxExtras, "a tuple of at most 8 ftjit.ContextExtra(getter, arg)");
+    for (nb::handle e : extras) {
+      std::string field = "extras[" + std::to_string(h.num_extras) + "]";
+      nb::object getter = nb::steal(PyObject_GetAttrString(e.ptr(), "getter"));
+      nb::object arg = nb::steal(PyObject_GetAttrString(e.ptr(), "arg"));
+      if (!getter.is_valid() || !arg.is_valid()) {
+        PyErr_Clear();
+        WrongField(field, "an ftjit.ContextExtra(getter, arg)", e);
+      }
+      if (!PyCallable_Check(getter.ptr())) WrongField(field + ".getter", "callable", getter);
+      h.extra_getters[h.num_extras] = f.Keep(std::move(getter));
+      h.extra_args[h.num_extras] = f.Keep(std::move(arg));
       ++h.num_extras;
     }
-    if (h.num_extras > 0 && !h.context) bad();
+    if (!h.context && h.num_requires > 0) WrongField("requires", "empty without a context", f.Get("requires"));
+    if (!h.context && h.num_extras > 0) WrongField("extras", "empty without a context", f.Get("extras"));
+    h.spec_types = f.Types("spec_types");
   }
-  if ((h.requires && !PyTuple_Check(h.requires)) ||
-      (h.committed_types && (!PyTuple_Check(h.committed_types) || !h.committed_attr ||
-                             !h.sharding_attr || !PyUnicode_Check(h.committed_attr) ||
-                             !PyUnicode_Check(h.sharding_attr)))) {
-    bad();
+  nb::object tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(keep.size())));
+  if (!tuple.is_valid()) throw nb::python_error();
+  for (size_t i = 0; i < keep.size(); ++i) {
+    PyTuple_SET_ITEM(tuple.ptr(), static_cast<Py_ssize_t>(i), keep[i].release().ptr());
   }
+  objects = std::move(tuple);
   return h;
 }
 
 void ContextHook::CheckRequires(PyObject* ctx) const {
-  if (!requires) return;
-  for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(requires); i < n; ++i) {
-    PyObject* pair = PyTuple_GET_ITEM(requires, i);
-    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyTuple_Check(ctx)) {
-      PyErr_SetString(PyExc_TypeError,
-                      "ftjit: context hook 'requires' needs (index, value) pairs and a tuple context");
-      throw nb::python_error();
-    }
-    Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
-    if (index == -1 && PyErr_Occurred()) throw nb::python_error();
-    if (index < 0 || index >= PyTuple_GET_SIZE(ctx) ||
-        PyTuple_GET_ITEM(ctx, index) != PyTuple_GET_ITEM(pair, 1)) {
+  if (num_requires == 0) return;
+  if (!PyTuple_Check(ctx)) {
+    PyErr_Format(PyExc_TypeError,
+                 "CompilerHooks.context.requires needs context() to return a tuple, got a %s",
+                 Py_TYPE(ctx)->tp_name);
+    throw nb::python_error();
+  }
+  for (size_t i = 0; i < num_requires; ++i) {
+    if (require_index[i] >= PyTuple_GET_SIZE(ctx) || PyTuple_GET_ITEM(ctx, require_index[i]) != require_value[i]) {
       throw NeedsFallback{};
     }
   }
@@ -139,10 +214,11 @@ void SignatureSpec::AddAvalType(PyTypeObject* type) {
   aval_types.push_back(std::move(t));
 }
 
-void SignatureSpec::SetContextFn(nb::object fn) {
-  ContextHook unpacked = ContextHook::Unpack(fn);  // validates; may throw
-  context_fn = std::move(fn);
-  hook = unpacked;  // borrows from context_fn, which the spec now owns
+void SignatureSpec::SetContext(nb::handle context) {
+  nb::object objects;
+  ContextHook read = ContextHook::Read(context, objects);  // validates; may throw
+  context_objects = std::move(objects);
+  hook = read;  // borrows from context_objects, which the spec now owns
 }
 
 }  // namespace ftjit
