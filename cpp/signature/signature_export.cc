@@ -42,20 +42,20 @@ const char* NodeKindName(NodeKind kind) {
 constexpr NodeKind kNodeKinds[] = {NodeKind::kNone,       NodeKind::kTuple,  NodeKind::kList,      NodeKind::kDict,
                                    NodeKind::kNamedTuple, NodeKind::kCustom, NodeKind::kRegistered};
 
-// Walks the tree tokens in preorder, consuming aux objects, leaves, dims and
-// statics in the order the builder recorded them (as the printer does).
+// Exports the tree of a signature in preorder (a SignatureCursor's walk, as
+// the printer's).
 class Exporter {
  public:
-  explicit Exporter(const CallSignature& s) : s_(s) {}
+  explicit Exporter(const CallSignature& s) : at_(s) {}
 
   nb::object Node() {
-    uint32_t tok = s_.tree[t_++];
+    uint32_t tok = at_.NextToken();
     size_t n = ArityOf(tok);
     switch (KindOf(tok)) {
       case NodeKind::kNone:
         return Make(NodeKind::kNone, nb::none(), 0);
       case NodeKind::kStatic:
-        return nb::handle(kStatic.Get())(s_.statics[st_++]);
+        return nb::handle(kStatic.Get())(at_.NextStatic());
       case NodeKind::kLeaf:
         return Leaf();
       case NodeKind::kTuple:
@@ -64,14 +64,15 @@ class Exporter {
       case NodeKind::kNamedTuple:
       case NodeKind::kRegistered:
       case NodeKind::kCustom: {
-        nb::object key = s_.aux[a_++];
+        const nb::object& key = *at_.NextAux();
         return Make(KindOf(tok), key, n);
       }
       case NodeKind::kDict: {
         nb::object keys = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
         if (!keys.is_valid()) throw nb::python_error();
+        const nb::object* first = at_.NextAux(n);
         for (size_t i = 0; i < n; ++i) {
-          PyTuple_SET_ITEM(keys.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(s_.aux[a_++].ptr()));
+          PyTuple_SET_ITEM(keys.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(first[i].ptr()));
         }
         return Make(NodeKind::kDict, keys, n);
       }
@@ -90,12 +91,12 @@ class Exporter {
   }
 
   nb::object Leaf() {
-    const LeafSignature& l = s_.leaves[l_++];
+    const LeafSignature& l = at_.NextLeaf();
     const char* kind = LeafKindName(l.kind);
     nb::object shape = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(l.ndim)));
     if (!shape.is_valid()) throw nb::python_error();
     for (uint32_t i = 0; i < l.ndim; ++i) {
-      PyObject* d = PyLong_FromLongLong(s_.dims[d_++]);
+      PyObject* d = PyLong_FromLongLong(at_.NextDim());
       if (!d) throw nb::python_error();
       PyTuple_SET_ITEM(shape.ptr(), i, d);
     }
@@ -104,8 +105,7 @@ class Exporter {
     return nb::handle(kLeaf.Get())(kind, dtype, shape, nb::bool_(l.weak_type), sharding);
   }
 
-  const CallSignature& s_;
-  size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
+  SignatureCursor at_;
 };
 
 }  // namespace

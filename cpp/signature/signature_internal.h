@@ -66,6 +66,28 @@ inline int CompareNames(PyObject* a, PyObject* b) {
   return PyUnicode_Compare(a, b);  // exact content comparison; no user code
 }
 
+// A preorder walk's place in a signature (the printer's, the exporter's):
+// its tree tokens, aux objects, leaves, dims and statics, each taken in the
+// order the builder recorded them.
+class SignatureCursor {
+ public:
+  explicit SignatureCursor(const CallSignature& s) : s_(s) {}
+  uint32_t NextToken() { return s_.tree[t_++]; }
+  // The next `n` aux objects (a dict's keys are recorded together).
+  const nb::object* NextAux(size_t n = 1) {
+    const nb::object* first = &s_.aux[a_];
+    a_ += n;
+    return first;
+  }
+  const LeafSignature& NextLeaf() { return s_.leaves[l_++]; }
+  int64_t NextDim() { return s_.dims[d_++]; }
+  const nb::object& NextStatic() { return s_.statics[st_++]; }
+
+ private:
+  const CallSignature& s_;
+  size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
+};
+
 // Text of an object for a message (signature_print.cc): repr(o) / str(o),
 // or a placeholder when that fails (the error cleared, a KeyboardInterrupt
 // kept: ClearErrorKeepingInterrupt). They run __repr__/__str__.

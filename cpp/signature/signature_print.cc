@@ -73,22 +73,21 @@ std::string PlacementLabel(PyObject* label, PyObject* sharding) {
   return Str(sharding);
 }
 
-// Prints the tree of a signature in preorder, consuming its tokens, aux
-// objects, leaves, dims and statics in the order the builder recorded them.
+// Prints the tree of a signature in preorder (a SignatureCursor's walk).
 // With `leaf_texts`, each leaf prints as "*" and its own text goes there.
 class Printer {
  public:
   Printer(const CallSignature& s, PyObject* placement_label, std::vector<std::string>* leaf_texts = nullptr)
-      : s_(s), label_(placement_label), leaf_texts_(leaf_texts) {}
+      : at_(s), label_(placement_label), leaf_texts_(leaf_texts) {}
 
   std::string Node() {
-    uint32_t tok = s_.tree[t_++];
+    uint32_t tok = at_.NextToken();
     size_t n = ArityOf(tok);
     switch (KindOf(tok)) {
       case NodeKind::kNone:
         return "None";
       case NodeKind::kStatic:
-        return Repr(s_.statics[st_++].ptr());
+        return Repr(at_.NextStatic().ptr());
       case NodeKind::kLeaf:
         return Leaf();
       case NodeKind::kTuple:
@@ -96,12 +95,12 @@ class Printer {
       case NodeKind::kList:
         return Children("[", n, "]");
       case NodeKind::kNamedTuple: {
-        PyObject* type = s_.aux[a_++].ptr();
+        PyObject* type = at_.NextAux()->ptr();
         return Children(std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "(", n, ")");
       }
       case NodeKind::kRegistered: {
         // As jax prints a one-level treedef: PyTreeDef(CustomNode(T[data], [*, *]))
-        PyObject* key = s_.aux[a_++].ptr();
+        PyObject* key = at_.NextAux()->ptr();
         PyObject* type = PyTuple_GET_ITEM(key, 0);
         std::string head = "PyTreeDef(CustomNode(" +
                            std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "[" +
@@ -110,16 +109,15 @@ class Printer {
         return Children(head + "]))(", n, ")");
       }
       case NodeKind::kCustom: {
-        std::string head = Repr(s_.aux[a_++].ptr());
+        std::string head = Repr(at_.NextAux()->ptr());
         return Children(head + "(", n, ")");
       }
       case NodeKind::kDict: {
-        size_t first = a_;
-        a_ += n;
+        const nb::object* keys = at_.NextAux(n);
         std::string out = "{";
         for (size_t i = 0; i < n; ++i) {
           if (i) out += ", ";
-          out += Repr(s_.aux[first + i].ptr()) + ": " + Node();
+          out += Repr(keys[i].ptr()) + ": " + Node();
         }
         return out + "}";
       }
@@ -145,12 +143,12 @@ class Printer {
   }
 
   std::string LeafText() {
-    const LeafSignature& l = s_.leaves[l_++];
+    const LeafSignature& l = at_.NextLeaf();
     if (l.kind != LeafKind::kArray) return LeafKindName(l.kind);  // a Python scalar
     std::string out = Str(l.dtype.ptr()) + "[";
     for (uint32_t i = 0; i < l.ndim; ++i) {
       if (i) out += ",";
-      out += std::to_string(s_.dims[d_++]);
+      out += std::to_string(at_.NextDim());
     }
     out += "]";
     if (l.weak_type) out += "{weak}";
@@ -158,10 +156,9 @@ class Printer {
     return out;
   }
 
-  const CallSignature& s_;
+  SignatureCursor at_;
   PyObject* label_;  // borrowed (the spec's, or RecordTexts' caller's), or null
   std::vector<std::string>* leaf_texts_;
-  size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
 };
 
 }  // namespace

@@ -37,6 +37,16 @@ namespace {
   throw nb::python_error();
 }
 
+// Field `name` of an item of a ContextHooks tuple field (a
+// ContextRequirement, a ContextExtra): WrongField when the item has none.
+nb::object ItemField(nb::handle item, const char* name, const std::string& field, const char* what) {
+  nb::object value = nb::steal(PyObject_GetAttrString(item.ptr(), name));
+  if (value.is_valid()) return value;
+  if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();
+  PyErr_Clear();
+  WrongField(field, what, item);
+}
+
 // ContextHooks fields, read by name; each object kept in `keep` (the
 // objects the hook borrows).
 class FieldReader {
@@ -113,12 +123,9 @@ ContextHook ContextHook::Read(nb::handle context, nb::object& objects) {
     nb::object requires = f.Items("requires", kMaxRequires, requirements);
     for (nb::handle r : requires) {
       std::string field = "requires[" + std::to_string(h.num_requires) + "]";
-      nb::object index = nb::steal(PyObject_GetAttrString(r.ptr(), "position"));
-      nb::object value = nb::steal(PyObject_GetAttrString(r.ptr(), "value"));
-      if (!index.is_valid() || !value.is_valid()) {
-        PyErr_Clear();
-        WrongField(field, "an ftjit.ContextRequirement(position, value)", r);
-      }
+      const char* what = "an ftjit.ContextRequirement(position, value)";
+      nb::object index = ItemField(r, "position", field, what);
+      nb::object value = ItemField(r, "value", field, what);
       Py_ssize_t i = PyLong_Check(index.ptr()) ? PyLong_AsSsize_t(index.ptr()) : -1;
       if (i == -1 && PyErr_Occurred()) PyErr_Clear();
       if (i < 0) WrongField(field + ".position", "an int >= 0", index);
@@ -138,12 +145,9 @@ ContextHook ContextHook::Read(nb::handle context, nb::object& objects) {
     nb::object extras = f.Items("extras", kMaxExtras, "a tuple of at most 8 ftjit.ContextExtra(getter, arg)");
     for (nb::handle e : extras) {
       std::string field = "extras[" + std::to_string(h.num_extras) + "]";
-      nb::object getter = nb::steal(PyObject_GetAttrString(e.ptr(), "getter"));
-      nb::object arg = nb::steal(PyObject_GetAttrString(e.ptr(), "arg"));
-      if (!getter.is_valid() || !arg.is_valid()) {
-        PyErr_Clear();
-        WrongField(field, "an ftjit.ContextExtra(getter, arg)", e);
-      }
+      const char* what = "an ftjit.ContextExtra(getter, arg)";
+      nb::object getter = ItemField(e, "getter", field, what);
+      nb::object arg = ItemField(e, "arg", field, what);
       if (!PyCallable_Check(getter.ptr())) WrongField(field + ".getter", "callable", getter);
       h.extra_getters[h.num_extras] = f.Keep(std::move(getter));
       h.extra_args[h.num_extras] = f.Keep(std::move(arg));
