@@ -2,44 +2,34 @@
 // that inserted the entry owns it and compiles; others wait on the latch. A
 // process-wide wait-for graph turns would-be deadlocks into errors.
 //
-// CompileLatch members and their protection:
+//   | member                            | protection                         |
+//   |-----------------------------------|------------------------------------|
+//   | CompileLatch::owner_, generation_ | fixed after construction           |
+//   | CompileLatch::state_              | atomic; written once by the owner  |
+//   |                                   | (release)                          |
+//   | WaitForGraph::waiting_            | FTJIT_GUARDED_BY(mu_)              |
 //
-//   | member      | protection                                              |
-//   |-------------|---------------------------------------------------------|
-//   | owner_      | fixed after construction                                |
-//   | generation_ | fixed after construction                                |
-//   | state_      | atomic; written once by the owner (release)             |
+// Memory ordering: whatever the owner wrote before Publish() (the executable,
+// or the error) is visible to any thread that then observes a non-kCompiling
+// state (acquire load), with or without waiting.
 //
-// Memory ordering: whatever the owner wrote before Publish() (the compiled
-// executable, or the error) is visible to any thread that then observes a
-// non-kCompiling state (acquire load), with or without waiting.
-//
-// Waiting holds no lock: a waiter sleeps on the state word itself (a futex
-// on Linux), and Publish() stores the final state, then wakes every sleeper
-// of that word. So a latch has no mutex or condition variable that a thread
-// could hold at fork time, and destroying one never blocks: in a forked
-// child, where the parent's waiters do not exist, ~CompileLatch is free.
-//
-// Owners are named by ThisThreadOwner(): a number given to each thread on
-// first use, from a process-wide counter, never reused (std::thread::id and
-// pthread ids are reused, within the process and across a fork: a child's
-// new thread could be taken for the owner of a compile of the parent's).
-//
-// WaitForGraph members and their protection:
-//
-//   | member    | protection                                              |
-//   |-----------|---------------------------------------------------------|
-//   | waiting_  | FTJIT_GUARDED_BY(mu_) (mu_: a StdMutex, locks.h)        |
-//
-// The guard is checked by clang++ -Wthread-safety (thread_annotations.h):
-// the public functions take mu_ (FTJIT_EXCLUDES(mu_)); the `...LockHeld`
-// helpers are FTJIT_REQUIRES(mu_) and assert it held (debug builds).
+// A waiter sleeps on the state word itself (a futex on Linux), holding no
+// lock: a latch has no mutex or condition variable that a thread could hold
+// at fork time, and destroying one never blocks, even in a forked child
+// where the parent's waiters do not exist.
 //
 // Lock order: the graph's mu_ is a leaf; it is never held while acquiring
 // any other lock, the GIL included. Waiting is done in slices so that a
 // caller can drop the GIL around each slice and check for signals between
 // them.
 #pragma once
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -52,17 +42,11 @@
 #include "primitives/locks.h"
 #include "primitives/thread_annotations.h"
 
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-#endif
-
 namespace ftjit {
 
-// A thread's identity as a compile owner: unique for the life of the
-// process and of any process forked from it (see above).
+// A thread's identity as a compile owner, from a process-wide counter: never
+// reused, unlike std::thread::id and pthread ids (a child's new thread could
+// be taken for the owner of a compile of the parent's).
 using OwnerId = uint64_t;
 inline std::atomic<OwnerId> g_next_owner{1};
 inline OwnerId ThisThreadOwner() {
@@ -70,17 +54,13 @@ inline OwnerId ThisThreadOwner() {
   return id;
 }
 
-// Fork bookkeeping, written only by NoteForkInChild() in a forked child's
-// only thread (before any other thread of the child exists), read relaxed:
-// a thread the child starts later synchronises with it through the thread
-// creation itself.
-//   g_fork_generation: how many forks led to this process.
-//   g_fork_survivor:   the owner id of the thread that ran the latest fork,
-//                      the one thread of the parent that lives on here.
+// Written only by NoteForkInChild() in a forked child's only thread, read
+// relaxed: a thread the child starts later synchronises with it through the
+// thread creation itself. g_fork_survivor: the thread that ran the latest
+// fork, the one thread of the parent that lives on here.
 inline std::atomic<uint64_t> g_fork_generation{0};
 inline std::atomic<OwnerId> g_fork_survivor{0};
 
-// Called in a forked child, on the thread that forked (os.register_at_fork).
 inline void NoteForkInChild() {
   g_fork_survivor.store(ThisThreadOwner(), std::memory_order_relaxed);
   g_fork_generation.fetch_add(1, std::memory_order_relaxed);
@@ -88,8 +68,7 @@ inline void NoteForkInChild() {
 
 namespace detail {
 
-// Sleeps while `*word == expected`, for at most `timeout`; may wake early
-// (spuriously, or when woken). The caller re-reads the word.
+// Sleeps while `*word == expected`, for at most `timeout`; may wake early.
 inline void WaitOnWord(std::atomic<uint32_t>* word, uint32_t expected,
                        std::chrono::nanoseconds timeout) {
   if (timeout <= std::chrono::nanoseconds::zero()) return;
@@ -100,18 +79,16 @@ inline void WaitOnWord(std::atomic<uint32_t>* word, uint32_t expected,
   struct timespec ts;
   ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
   ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
-  // EAGAIN (the word changed), EINTR (a signal) and ETIMEDOUT all mean
-  // "look again": the caller does.
+  // EAGAIN, EINTR and ETIMEDOUT all mean "look again": the caller does.
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts,
           nullptr, 0);
 #else
-  // No futex: poll in short naps. Only the latency of a wake-up differs.
+  // No futex: poll in short naps.
   auto nap = std::min<std::chrono::nanoseconds>(timeout, std::chrono::milliseconds(1));
   if (word->load(std::memory_order_acquire) == expected) std::this_thread::sleep_for(nap);
 #endif
 }
 
-// Wakes every thread sleeping in WaitOnWord(word, ...).
 inline void WakeAllOnWord(std::atomic<uint32_t>* word) {
 #if defined(__linux__)
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
@@ -137,25 +114,21 @@ class CompileLatch {
   OwnerId owner() const { return owner_; }
   State state() const { return static_cast<State>(state_.load(std::memory_order_acquire)); }
   bool compiling() const { return state() == State::kCompiling; }
-  // Still compiling, but by a thread that does not exist in this process:
-  // the latch was made before a fork, by a thread other than the one that
-  // forked (the only thread of the parent that lives on in the child; it may
-  // have forked from inside this very compile, which it then finishes here).
-  // Nobody will ever publish it: the caller must not wait on it.
+  // Still compiling, by a thread of the parent that does not exist in this
+  // child (the forking thread may have forked from inside this very compile,
+  // and finishes it here): nobody will publish it, so nobody may wait on it.
   bool OrphanedByFork() const {
     return compiling() && generation_ != g_fork_generation.load(std::memory_order_relaxed) &&
            owner_ != g_fork_survivor.load(std::memory_order_relaxed);
   }
 
-  // Owner only, once: moves to kReady, kFailed or kAbandoned and wakes
-  // every waiter. Never blocks.
+  // Owner only, once. Never blocks.
   void Publish(State final_state) {
     state_.store(static_cast<uint32_t>(final_state), std::memory_order_release);
     detail::WakeAllOnWord(&state_);
   }
 
   // Blocks for at most `slice` while compiling; returns the state seen last.
-  // Holds no lock while blocked.
   template <class Rep, class Period>
   State WaitFor(std::chrono::duration<Rep, Period> slice) {
     const auto deadline = std::chrono::steady_clock::now() + slice;
@@ -177,9 +150,8 @@ class CompileLatch {
 
 class WaitForGraph {
  public:
-  // Registers `self` as waiting on `latch` (innermost) and returns true, or
-  // returns false (registering nothing) when waiting would close a cycle of
-  // compiles.
+  // Registers `self` as waiting on `latch` (innermost), or returns false,
+  // registering nothing, when that would close a cycle of compiles.
   bool BeginWait(OwnerId self, const CompileLatch* latch) FTJIT_EXCLUDES(mu_) {
     LockGuard<StdMutex> lock(mu_);
     if (ClosesCycleLockHeld(self, latch)) return false;
@@ -187,8 +159,7 @@ class WaitForGraph {
     return true;
   }
 
-  // Ends the innermost wait of `self` (the outer one, if any, is what it
-  // waits on again). Harmless when `self` is not waiting.
+  // Ends the innermost wait of `self`. Harmless when `self` is not waiting.
   void EndWait(OwnerId self) FTJIT_EXCLUDES(mu_) {
     LockGuard<StdMutex> lock(mu_);
     PopLockHeld(self);
@@ -196,8 +167,7 @@ class WaitForGraph {
 
   // For a registered waiter, between slices: true while its innermost wait
   // still cannot deadlock. When a cycle has closed through it, ends that wait
-  // (as EndWait does, so the caller must not call EndWait for it again) and
-  // returns false.
+  // (the caller must not call EndWait for it again) and returns false.
   bool StillSafe(OwnerId self) FTJIT_EXCLUDES(mu_) {
     LockGuard<StdMutex> lock(mu_);
     auto it = waiting_.find(self);
@@ -207,11 +177,10 @@ class WaitForGraph {
     return false;
   }
 
-  // `self` (registered) is about to run Python code from inside its wait
-  // (signal handlers run by the wait's signal check): until LeavePython it
-  // is not blocked (it may compile, and others may wait for that), so walks
-  // that reach it stop there. A wait nested in that code stacks on top, as
-  // any nested wait. Harmless when `self` is not waiting.
+  // `self` is about to run Python code from inside its wait (signal
+  // handlers): until LeavePython it is not blocked (it may compile, and
+  // others may wait for that), so walks that reach it stop there. Harmless
+  // when `self` is not waiting.
   void EnterPython(OwnerId self) FTJIT_EXCLUDES(mu_) {
     LockGuard<StdMutex> lock(mu_);
     auto it = waiting_.find(self);
@@ -222,16 +191,15 @@ class WaitForGraph {
     PopLockHeld(self);
   }
 
-  // For tests and diagnostics: how many threads are registered as waiting.
+  // Threads registered as waiting (tests, diagnostics).
   size_t waiting() const FTJIT_EXCLUDES(mu_) {
     LockGuard<StdMutex> lock(mu_);
     return waiting_.size();
   }
 
  private:
-  // Whether following latch -> owner -> its innermost latch -> ... reaches
-  // `self`. Each thread has one innermost latch, so the walk ends within
-  // waiting_.size() + 1 steps.
+  // Whether latch -> owner -> its innermost latch -> ... reaches `self`. Each
+  // thread has one innermost latch: the walk ends within size() + 1 steps.
   bool ClosesCycleLockHeld(OwnerId self, const CompileLatch* latch) const FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
     const CompileLatch* cur = latch;

@@ -1,12 +1,9 @@
 // ftjit: epoch-based reclamation (EBR) for the lock-free read path: a reader
-// announces itself for the few instructions it looks at shared snapshots;
-// a writer that unlinks a snapshot retires it, and it is freed only once no
-// reader can still be looking at it, without waiting for a later write.
-//
-// Python-free and header-only; the lock type is a template parameter
-// (locks.h: StdMutex in the C++ tests, LeafMutex in the extension).
-//
-// Members and their protection:
+// announces itself for the few instructions it looks at shared snapshots; a
+// writer that unlinks a snapshot retires it, and it is freed once no reader
+// can still see it, without waiting for a later write. Python-free; the lock
+// type is a template parameter (StdMutex in the C++ tests, LeafMutex in the
+// extension).
 //
 //   | member                 | protection                                     |
 //   |------------------------|------------------------------------------------|
@@ -25,10 +22,7 @@
 //
 // Lock order: mu_ is a leaf: Retire and Reclaim hold it only to move
 // pointers into or out of retired_ (and to read the records), never while a
-// deleter runs, and take no other lock under it. The guard is checked by
-// clang++ -Wthread-safety (thread_annotations.h): Retire and Reclaim take
-// mu_ (FTJIT_EXCLUDES(mu_)); TagDeferredLockHeld is FTJIT_REQUIRES(mu_) and
-// asserts it held on entry (debug builds).
+// deleter runs, and take no other lock under it.
 //
 // Memory ordering (the argument; every access named here is seq_cst):
 //   Reader:  (a) e = epoch_;  (b) record.epoch = e;  (c) p = snapshot pointer;
@@ -45,42 +39,29 @@
 //   Retire advances the epoch itself, so readers that start later announce
 //   epochs above every tag retired before them and never hold reclaim back.
 //
-// Nothing waits for an unrelated write (LeaveRead): a reclaim that keeps p
-// because a reader still reads is retried by that reader when it leaves.
-// The retirement counted pending_ (seq_cst) and advanced epoch_ before the
-// reclaim read the reader's record as e, and that read precedes the
-// reader's own seq_cst store of 0 (or of its next section's epoch) in the
-// total order, or it would have read that store; the reader's loads after
-// that store therefore see pending_ > 0 and epoch_ > e, and it reclaims.
-// Record::since keeps the first epoch announced since the last LeaveRead,
-// so one LeaveRead covers the release-only ExitRead sections before it (the
-// hit path leaves its probe with ExitRead and ends the call with LeaveRead).
+// Nothing waits for a later write: a reclaim that keeps p for a reader is
+// retried by that reader in LeaveRead. The reclaim read the reader's record
+// as e after the retirement counted pending_ and advanced epoch_, and before
+// the reader's next seq_cst store to it (or it would have read that store),
+// so the reader's loads after that store see pending_ > 0 and epoch_ > e.
 // A reader whose sections all began after the last retirement (epoch_ not
-// past `since`) held nothing back and skips the reclaim: a reader stalled
-// in a section (preempted) makes the others retry once, not on every call.
+// past Record::since) skips it: a stalled reader costs the others one retry.
 //
-// What ThreadSanitizer cannot check here: its runtime makes every release
-// store a full fence, so it never sees a store reordered after a later load
-// (x86 store buffers do exactly that). It would not notice if (b), LeaveRead's
-// store of 0, FreeHeldBack's fence, the record push in Acquire or the loads
-// in OldestReaderEpoch were weakened from seq_cst: each is one half of a store-then-load pair
-// whose correctness rests on the single total order above. Do not relax
-// them, whatever TSAN says.
+// ThreadSanitizer cannot check this: it treats every release store as a full
+// fence, so it never sees a store reordered after a later load (as x86 store
+// buffers do). (b), LeaveRead's store of 0, FreeHeldBack's fence, Acquire's
+// record push and OldestReaderEpoch's loads are each one half of a
+// store-then-load pair: do not relax them from seq_cst, whatever TSAN says.
 //
-// A read section is a handful of Python-free instructions: it never blocks,
-// never calls out and never nests (EnterRead asserts it), so a reclaim
-// almost always finds every record at 0 and frees at once. What a reader
-// still uses after leaving its section must be kept alive by other means
-// (entry_store.h: a per-thread in-flight count on the entry).
+// A read section never blocks, calls out or nests. What a reader uses after
+// it must be kept alive by other means (EntryStore's in-flight counts).
 //
-// Frees run in Reclaim() (and Retire and LeaveRead, which call it), in the
-// calling thread, after mu_ is released: the deleter may run arbitrary code
-// (in the extension it drops Python objects). A thread that must not run
-// deleters (can_free_() false: in the extension, a thread with no Python
-// thread state, being unwound at interpreter shutdown) never does: Retire
-// only pushes the pointer on deferred_, lock-free (on GIL builds mu_ is no
-// lock without the GIL), and Reclaim returns at once; the next reclaim on a
-// thread that may free tags and frees it.
+// Deleters run on the calling thread with mu_ released: they may run
+// arbitrary code (drop Python objects). A thread for which can_free_() is
+// false (in the extension: no Python thread state, unwound at interpreter
+// shutdown) never runs them: Retire pushes the pointer on deferred_,
+// lock-free (on GIL builds mu_ is no lock without the GIL), and a later
+// reclaim on a thread that may free tags and frees it.
 #pragma once
 
 #include <atomic>
@@ -98,7 +79,6 @@ namespace ftjit {
 template <class Mutex>
 class EpochDomain {
  public:
-  // One per thread that has read through this domain; see the table above.
   struct alignas(64) Record {
     std::atomic<uint64_t> epoch{0};
     uint64_t since = 0;  // first epoch announced since the last LeaveRead (0: none)
@@ -106,17 +86,15 @@ class EpochDomain {
     Record* next = nullptr;  // fixed once pushed
   };
 
-  // A deleter for Retire: called once, with the pointer, when it is safe.
   using Deleter = void (*)(void*);
 
   // `can_free`, if given, says whether the calling thread may run deleters
-  // now (see the header comment); it must be Python-free and cheap.
+  // now; it must be Python-free and cheap.
   explicit EpochDomain(bool (*can_free)() = nullptr) : can_free_(can_free) {}
   EpochDomain(const EpochDomain&) = delete;
   EpochDomain& operator=(const EpochDomain&) = delete;
   ~EpochDomain() {
-    // Only for domains whose threads are all gone (the C++ tests); the
-    // extension's domain lives as long as the process.
+    // Only for domains whose threads are all gone (the C++ tests).
     for (Retired& r : retired_) r.deleter(r.ptr);
     for (Deferred* d = deferred_.exchange(nullptr); d;) {
       Deferred* next = d->next;
@@ -132,9 +110,8 @@ class EpochDomain {
     }
   }
 
-  // A record for a thread: a released one if any, else a new one. The
-  // caller keeps it for the thread's life and calls Release() at exit
-  // (ThreadSlot in entry_store.h does both).
+  // A record for a thread (a released one if any), which it keeps for its
+  // life and gives back with Release() at exit (ThreadSlot does both).
   Record* Acquire() {
     for (Record* r = records_.load(std::memory_order_seq_cst); r; r = r->next) {
       bool expected = false;
@@ -157,30 +134,25 @@ class EpochDomain {
     r->owned.store(false, std::memory_order_release);
   }
 
-  // Starts a read section on `r` (not nested). Pointers loaded from shared
-  // snapshots after this (seq_cst or acquire loads) stay valid until the
-  // section ends (ExitRead or LeaveRead).
+  // Pointers loaded from shared snapshots after this (seq_cst or acquire
+  // loads) stay valid until the section ends (ExitRead or LeaveRead).
   void EnterRead(Record* r) {
     assert(r->epoch.load(std::memory_order_relaxed) == 0 && "read sections do not nest");
     uint64_t e = epoch_.load(std::memory_order_seq_cst);
     r->epoch.store(e, std::memory_order_seq_cst);
     if (r->since == 0) r->since = e;
   }
-  // Ends a read section whose thread will call LeaveRead soon (on its next
-  // section's end), which then frees what this one held back.
+  // Ends a read section; the thread's next LeaveRead frees what it held back.
   static void ExitRead(Record* r) { r->epoch.store(0, std::memory_order_release); }
   // Ends a read section and frees what it, or the ExitRead sections since
-  // the last LeaveRead, held back (see the header comment). May run
-  // deleters (arbitrary code), as Reclaim.
+  // the last LeaveRead, held back. May run deleters.
   void LeaveRead(Record* r) {
     r->epoch.store(0, std::memory_order_seq_cst);
     FreeHeldBack(r);
   }
-  // Frees what the sections `r` ended with ExitRead since the last LeaveRead
-  // held back, for a thread that has no section left to end with LeaveRead
-  // (a probe that missed: the caller runs it once it may run deleters). The
-  // seq_cst fence stands in for LeaveRead's seq_cst store: it orders the
-  // earlier ExitRead stores before the loads below.
+  // LeaveRead's freeing, for a thread with no section left to end (a probe
+  // that missed). The seq_cst fence stands in for LeaveRead's seq_cst store:
+  // it orders the earlier ExitRead stores before the loads below.
   void FreeHeldBack(Record* r) {
     uint64_t since = r->since;
     r->since = 0;
@@ -191,15 +163,12 @@ class EpochDomain {
     }
   }
 
-  // `p`, already unlinked from every snapshot readers can load from now on
-  // (by a seq_cst store), is freed by deleter(p) once no reader can still
-  // see it; frees whatever else has become safe meanwhile. Must not be
-  // called inside a read section. Calls deleters (arbitrary code) with no
-  // lock held; on a thread that may not (can_free_), only queues `p`.
+  // `p`, already unlinked from every snapshot (by a seq_cst store), is freed
+  // by deleter(p) once no reader can still see it; frees whatever else has
+  // become safe meanwhile. Not inside a read section.
   void Retire(void* p, Deleter deleter) FTJIT_EXCLUDES(mu_) {
     if (!CanFree()) {
-      // Lock-free: no lock is usable here (see the header comment). The
-      // tag comes when a reclaim moves it to retired_: later than the
+      // The tag comes when a reclaim moves it to retired_: later than the
       // unlink, which only keeps it longer.
       Deferred* d = new Deferred{p, deleter, deferred_.load(std::memory_order_relaxed)};
       pending_.fetch_add(1, std::memory_order_seq_cst);
@@ -218,8 +187,8 @@ class EpochDomain {
     Reclaim();
   }
 
-  // Frees every retired pointer no reader can still see (nothing, on a
-  // thread that may not run deleters). Returns how many are still waiting.
+  // Frees every retired pointer no reader can still see; returns how many
+  // are still waiting.
   size_t Reclaim() FTJIT_EXCLUDES(mu_) {
     if (!CanFree()) return pending_.load(std::memory_order_seq_cst);
     std::vector<Retired> ready;
@@ -245,15 +214,12 @@ class EpochDomain {
     return waiting;
   }
 
-  // Retirements not yet freed (a snapshot).
   size_t retired_count() const { return pending_.load(std::memory_order_seq_cst); }
 
-  // In a forked child's only thread, before any use: the lock may have been
-  // held by a thread that does not exist here, and the records of the
-  // parent's other threads are held by nobody (a read section is never open
-  // at fork: they are Python-free, and fork runs Python). Their announced
-  // epochs would hold every reclaim back forever: they are zeroed and
-  // released for reuse. `mine` (the forking thread's, or null) stays.
+  // In a forked child's only thread, before any use. The records of the
+  // parent's other threads are held by nobody (no read section is open at
+  // fork: they are Python-free, and fork runs Python), and their epochs
+  // would hold every reclaim back: they are released. `mine` (or null) stays.
   void AfterForkInChild(Record* mine) {
     ReinitInChild(mu_);
     for (Record* r = records_.load(std::memory_order_relaxed); r; r = r->next) {
@@ -284,8 +250,7 @@ class EpochDomain {
 
   bool CanFree() const { return can_free_ == nullptr || can_free_(); }
 
-  // Moves what threads that may not free pushed on deferred_ into retired_,
-  // each with a fresh tag.
+  // Moves deferred_ into retired_, each with a fresh tag.
   void TagDeferredLockHeld() FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
     Deferred* d = deferred_.exchange(nullptr, std::memory_order_seq_cst);
@@ -297,8 +262,7 @@ class EpochDomain {
     }
   }
 
-  // The smallest epoch announced by a reader now, or UINT64_MAX when none
-  // reads: a pointer retired with tag t is safe when t < that.
+  // A pointer retired with tag t is safe when t < this (UINT64_MAX: no reader).
   uint64_t OldestReaderEpoch() const {
     uint64_t oldest = UINT64_MAX;
     for (Record* r = records_.load(std::memory_order_seq_cst); r; r = r->next) {
@@ -308,9 +272,8 @@ class EpochDomain {
     return oldest;
   }
 
-  // Starts at 1: a record's 0 means "not reading". Read by every reader,
-  // written by every retirement: pending_ shares its line (both are read
-  // by LeaveRead).
+  // Starts at 1: a record's 0 means "not reading". pending_ shares its line
+  // (LeaveRead reads both).
   alignas(64) std::atomic<uint64_t> epoch_{1};
   std::atomic<size_t> pending_{0};
   std::atomic<Record*> records_{nullptr};

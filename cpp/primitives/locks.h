@@ -1,29 +1,19 @@
-// ftjit: the lock vocabulary of the primitives, in the form Clang's
-// thread-safety analysis sees (thread_annotations.h):
-//   LockGuard<M>  a scoped lock of a capability M. std::lock_guard would do
-//                 the same, but libstdc++ does not annotate it: the analysis
-//                 would not see the lock taken, and report every access.
-//   StdMutex      std::mutex as a capability (libstdc++'s is not one).
-//   DebugOwner    which thread holds a lock, in debug builds only, so that
-//                 AssertHeld can check it at run time.
+// ftjit: the lock vocabulary of the primitives, as Clang's thread-safety
+// analysis sees it:
+//   LockGuard<M>  a scoped lock of a capability M (libstdc++'s std::lock_guard
+//                 is not annotated: the analysis would not see the lock taken);
+//   StdMutex      std::mutex as a capability (libstdc++'s is not one);
+//   DebugOwner    which thread holds a lock, in debug builds, for AssertHeld.
 //
-// The primitives' `Mutex` template parameter is a lock type that provides
-//   lock() FTJIT_ACQUIRE(), unlock() FTJIT_RELEASE(), and
-//   AssertHeld() const FTJIT_ASSERT_CAPABILITY(this): a no-op under NDEBUG;
-//     otherwise aborts unless the calling thread holds the lock.
-// StdMutex (here: the C++ tests and WaitForGraph) and LeafMutex
-// (pyutil/leaf_mutex.h: the extension) are such types. A helper that needs
-// the lock held is named `...LockHeld`, is FTJIT_REQUIRES(mu_) (the compile-
-// time check, under clang++ -Wthread-safety) and calls mu_.AssertHeld() on
-// entry (the run-time check, in debug builds: the C++ tests run so).
+// The primitives' `Mutex` template parameter (StdMutex in the C++ tests and
+// WaitForGraph, LeafMutex in the extension) provides lock() FTJIT_ACQUIRE(),
+// unlock() FTJIT_RELEASE() and AssertHeld() const FTJIT_ASSERT_CAPABILITY(this),
+// which aborts, in debug builds, unless the calling thread holds the lock. A
+// helper that needs the lock held is named `...LockHeld`, is
+// FTJIT_REQUIRES(mu_) and calls mu_.AssertHeld() on entry.
 //
-// Release builds (NDEBUG) pay nothing: DebugOwner is then an empty base
-// (no storage), AssertHeld an empty inline function, LockGuard<M> does what
-// std::lock_guard<M> does (over a StdMutex it holds a std::lock_guard of the
-// std::mutex inside), StdMutex is a std::mutex: the extension's release
-// build is the same code, instruction for instruction, as before the
-// annotations (checked with objdump on every translation unit, GIL and
-// free-threaded builds).
+// Release builds (NDEBUG) pay nothing: DebugOwner is an empty base,
+// AssertHeld an empty function, LockGuard<M> does what std::lock_guard<M> does.
 //
 //   | member               | protection                                    |
 //   |----------------------|-----------------------------------------------|
@@ -36,33 +26,31 @@
 
 #include <mutex>
 #include <new>
-
-#include "primitives/thread_annotations.h"
-
 #ifndef NDEBUG
 #include <atomic>
 #include <cassert>
 #endif
+
+#include "primitives/thread_annotations.h"
 
 namespace ftjit {
 
 template <class M>
 class LockGuard;
 
-// Puts `mu` back in its unlocked, freshly constructed state. Only for a
-// forked child's only thread, before anything else uses `mu`: the lock may
-// have been held by (or handed to) a thread that does not exist there
-// (pyutil/leaf_mutex.h explains how). Every lock's after-fork hook is this.
+// Every lock's after-fork hook: puts `mu` back in its unlocked, freshly
+// constructed state, in a forked child's only thread before anything else
+// uses it. The lock may have been held by (or handed to) a thread that does
+// not exist there (see LeafMutex).
 template <class M>
 void ReinitInChild(M& mu) {
   mu.~M();
   new (&mu) M();
 }
 
-// Debug builds: remembers the thread that holds a lock. A thread sees its
-// own stores, so owner_ reads as itself exactly while it holds the lock
-// (whatever another thread stored last, it is never this thread's tag).
-// Release builds: empty, and an empty base takes no storage.
+// A thread sees its own stores, so owner_ reads as itself exactly while it
+// holds the lock (whatever another thread stored last, it is never this
+// thread's tag).
 class DebugOwner {
 #ifndef NDEBUG
  public:
@@ -87,8 +75,6 @@ class DebugOwner {
 #endif
 };
 
-// std::mutex, as a capability the analysis sees, that can say whether the
-// calling thread holds it (debug builds).
 class FTJIT_CAPABILITY("mutex") StdMutex : private DebugOwner {
  public:
   StdMutex() = default;
@@ -103,7 +89,6 @@ class FTJIT_CAPABILITY("mutex") StdMutex : private DebugOwner {
     NoteReleasing();
     mu_.unlock();
   }
-  // Aborts (debug builds) unless the calling thread holds the lock.
   void AssertHeld() const FTJIT_ASSERT_CAPABILITY(this) {
 #ifndef NDEBUG
     assert(HeldByMe() && "the lock is not held by this thread");
@@ -115,9 +100,7 @@ class FTJIT_CAPABILITY("mutex") StdMutex : private DebugOwner {
   std::mutex mu_;
 };
 
-// Holds `mu` for its scope, visibly to the analysis: what std::lock_guard<M>
-// does (the primitives used it before they were annotated), with the
-// attributes.
+// std::lock_guard<M>, with the attributes.
 template <class M>
 class FTJIT_SCOPED_CAPABILITY LockGuard {
  public:
@@ -131,10 +114,8 @@ class FTJIT_SCOPED_CAPABILITY LockGuard {
 };
 
 // Over a StdMutex: a std::lock_guard of the std::mutex inside, plus the
-// owner notes (debug builds). So a release build runs exactly the
-// std::lock_guard<std::mutex> code that WaitForGraph had before. (Through
-// StdMutex::lock, one call deeper, GCC 12 -O3 lays out call.cc's
-// WaitForCompile differently: the same instructions, two branches swapped.)
+// owner notes, so that a release build runs std::lock_guard<std::mutex>'s
+// code exactly (not one call deeper, through StdMutex::lock).
 template <>
 class FTJIT_SCOPED_CAPABILITY LockGuard<StdMutex> {
  public:

@@ -1,8 +1,6 @@
 // ftjit: one capacity bound shared by many caches, with second-chance (CLOCK)
-// recency so that a cache hit never takes the LRU's lock.
-//
-// Items are handles (shared_ptr-like) to nodes that embed an `LruHook`.
-// Members and their protection:
+// recency so that a cache hit never takes the LRU's lock. Items are handles
+// (shared_ptr-like) to nodes that embed an `LruHook`.
 //
 //   | member                 | protection                                   |
 //   |------------------------|----------------------------------------------|
@@ -14,21 +12,15 @@
 //   |                        | only through HookLockHeld (REQUIRES(mu_))    |
 //   | LruHook::referenced    | relaxed atomic; set by Touch() without lock  |
 //
-// The guards are checked by clang++ -Wthread-safety (thread_annotations.h;
-// the lock is a template parameter: locks.h's StdMutex in the C++ tests,
-// LeafMutex in the extension). The `...LockHeld` helpers are
-// FTJIT_REQUIRES(mu_) and assert mu_ held on entry (debug builds); the
-// functions that take mu_ themselves are FTJIT_EXCLUDES(mu_).
+// Touch() stores to `referenced` only when it is clear, so threads hitting a
+// hot item share its cache line read-only. Eviction scans from the back: a
+// referenced item loses its bit and moves to the front; an unreferenced one
+// is evicted. Items the caller marks unevictable (still compiling) are
+// skipped, so the LRU may run over capacity while every surplus item is
+// pinned; Trim() restores the bound.
 //
-// Touch() (the hit path) only stores to `referenced` when it is clear, so
-// threads hitting the same hot item share its cache line read-only. Eviction
-// scans from the back: a referenced item loses its bit and moves to the front
-// (a second chance); an unreferenced one is evicted. Items the caller marks
-// unevictable (e.g. still compiling) are skipped, so the LRU may run over
-// capacity while every surplus item is pinned; Trim() restores the bound.
-//
-// Evicted and removed items are returned to the caller, who destroys them
-// outside the lock. The lock is a leaf: no other lock is taken under it.
+// Lock order: mu_ is a leaf: no other lock is taken under it. Evicted and
+// removed items are returned, for the caller to destroy outside it.
 #pragma once
 
 #include <atomic>
@@ -49,7 +41,7 @@ class SharedLru;
 template <class Item>
 class LruHook {
   // Guarded by the owning SharedLru's mu_, which the analysis cannot name
-  // from here: only SharedLru reaches them, through HookLockHeld.
+  // from here.
   template <class, class>
   friend class SharedLru;
   typename std::list<Item>::iterator pos;
@@ -74,7 +66,7 @@ class SharedLru {
     return order_.size();
   }
 
-  // Marks `item` recently used. Lock-free; safe from any thread at any time.
+  // Lock-free; safe from any thread at any time.
   template <class Handle>  // an Item, or a raw pointer to what it points to
   static void Touch(const Handle& item) {
     if (!item->lru.referenced.load(std::memory_order_relaxed)) {
@@ -82,8 +74,8 @@ class SharedLru {
     }
   }
 
-  // Links `item` (not yet linked) at the front, then evicts down to capacity.
-  // `evictable(item)` is called under the lock and must be cheap and pure.
+  // Links `item` at the front, then evicts down to capacity. `evictable` runs
+  // under the lock: cheap and pure.
   template <class Evictable>
   std::vector<Item> Insert(const Item& item, Evictable&& evictable) FTJIT_EXCLUDES(mu_) {
     std::vector<Item> evicted;
@@ -98,7 +90,6 @@ class SharedLru {
     return evicted;
   }
 
-  // Evicts down to capacity (after pinned items became evictable).
   template <class Evictable>
   std::vector<Item> Trim(Evictable&& evictable) FTJIT_EXCLUDES(mu_) {
     std::vector<Item> evicted;
@@ -107,22 +98,19 @@ class SharedLru {
     return evicted;
   }
 
-  // Unlinks `item` if linked. Returns whether it was.
   bool Remove(const Item& item) FTJIT_EXCLUDES(mu_) {
     LockGuard<Mutex> lock(mu_);
     return RemoveLockHeld(item);
   }
 
-  // Unlinks each element of `items` that is linked, under one lock;
-  // `get(element)` gives its Item. The caller keeps the items alive (the
-  // list's references are dropped under the lock, never the last one).
+  // `get(element)` gives its Item. The caller keeps the items alive: the
+  // list's references are dropped under the lock, never the last one.
   template <class Range, class Get>
   void RemoveEach(const Range& items, Get&& get) FTJIT_EXCLUDES(mu_) {
     LockGuard<Mutex> lock(mu_);
     for (const auto& x : items) RemoveLockHeld(get(x));
   }
 
-  // Unlinks every item satisfying `pred`; returns them.
   template <class Pred>
   std::vector<Item> RemoveIf(Pred&& pred) FTJIT_EXCLUDES(mu_) {
     std::vector<Item> out;
@@ -139,19 +127,17 @@ class SharedLru {
     return out;
   }
 
-  // Unlinks everything; returns the items.
   std::vector<Item> Clear() FTJIT_EXCLUDES(mu_) {
     return RemoveIf([](const Item&) { return true; });
   }
 
-  // In a forked child's only thread, before any use (see leaf_mutex.h).
+  // In a forked child's only thread, before any use (ReinitInChild).
   void ReinitLockInChild() { ReinitInChild(mu_); }
   // Tests only: hold the lock as a thread that vanished at fork would.
   void LockForTest() const FTJIT_ACQUIRE(mu_) { mu_.lock(); }
   void UnlockForTest() const FTJIT_RELEASE(mu_) { mu_.unlock(); }
 
  private:
-  // `item`'s hook, whose pos and linked mu_ guards (see the table above).
   LruHook<Item>& HookLockHeld(const Item& item) const FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
     return item->lru;
@@ -168,8 +154,8 @@ class SharedLru {
   template <class Evictable>
   void EvictLockHeld(Evictable& evictable, std::vector<Item>& evicted) FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
-    // Each item is visited at most twice (once to clear its bit, once to
-    // evict), so the scan is bounded even when everything is pinned.
+    // Each item is visited at most twice (clear its bit, evict): bounded
+    // even when everything is pinned.
     size_t budget = 2 * order_.size();
     while (order_.size() > capacity_ && budget-- > 0) {
       auto it = std::prev(order_.end());
@@ -180,7 +166,6 @@ class SharedLru {
         evicted.push_back(std::move(item));
         order_.erase(it);
       } else {
-        // Second chance (or pinned): move to the front.
         order_.splice(order_.begin(), order_, it);
       }
     }

@@ -1,8 +1,7 @@
 // ftjit: a vector that keeps its first N elements inline, so the call path of
 // a jitted function allocates nothing for small signatures.
 //
-// Not thread-safe (a plain value type): no shared state, takes no locks; its
-// owner guards it. Elements must be nothrow-movable.
+// A plain value type: no shared state, takes no locks; its owner guards it.
 #pragma once
 
 #include <cstddef>

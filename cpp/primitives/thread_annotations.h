@@ -1,26 +1,10 @@
-// ftjit: Clang's thread-safety attributes as macros, so that "guarded by"
-// is a fact a compiler checks, not only a comment. Modelled on abseil's
-// absl/base/thread_annotations.h; prefixed FTJIT_ so as not to clash with
-// another library's (these headers share translation units with Python.h
-// and nanobind).
-//
-// Under Clang they expand to the attributes, which `clang++ -Wthread-safety`
-// checks (`bash dev.sh tsa` builds the C++ tests so, with -Werror); under
-// any other compiler (g++ builds the extension) to nothing: no code changes.
-// The vocabulary (https://clang.llvm.org/docs/ThreadSafetyAnalysis.html):
-//   FTJIT_CAPABILITY("mutex")     on a lock type (locks.h's StdMutex, LeafMutex)
-//   FTJIT_SCOPED_CAPABILITY       on an RAII guard (locks.h's LockGuard)
-//   FTJIT_GUARDED_BY(mu)          a field read or written only with mu held
-//   FTJIT_REQUIRES(mu)            a function called only with mu held (the
-//                                 `...LockHeld` helpers; they also assert it)
-//   FTJIT_EXCLUDES(mu)            a function that takes mu itself: calling it
-//                                 with mu held would self-deadlock
-//   FTJIT_ACQUIRE/RELEASE(mu)     a function that takes / gives back mu
-//   FTJIT_ASSERT_CAPABILITY(mu)   a function that checks mu is held (at run
-//                                 time, in debug builds: AssertHeld)
-//   FTJIT_RETURN_CAPABILITY(mu)   a function that returns (a reference to) mu
-//   FTJIT_NO_THREAD_SAFETY_ANALYSIS  a function the analysis cannot follow;
-//                                 each use says why
+// ftjit: Clang's thread-safety attributes as macros, so that "guarded by" is
+// a fact the compiler checks (clang++ -Wthread-safety: bash dev.sh tsa).
+// Modelled on abseil's absl/base/thread_annotations.h, prefixed FTJIT_ so as
+// not to clash with another library's in the same translation unit. Under
+// any compiler but Clang they expand to nothing. The vocabulary:
+// https://clang.llvm.org/docs/ThreadSafetyAnalysis.html; each use of
+// FTJIT_NO_THREAD_SAFETY_ANALYSIS says why the analysis cannot follow it.
 //
 // Shared state: none (macros only).
 #pragma once

@@ -1,4 +1,4 @@
-// ftjit: the core's error convention (pyutil/errors.h).
+// ftjit: the core's error convention (the policy: the header's preamble).
 #include "pyutil/errors.h"
 
 #include <Python.h>

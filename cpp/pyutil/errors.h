@@ -1,34 +1,34 @@
 // ftjit: the core's one error convention.
 //
 // - The core throws: a Python error is nb::python_error (thrown with the
-//   error set, as nanobind's `throw nb::python_error()`), a bad argument
-//   nanobind's builtin exceptions (nb::type_error, nb::value_error, ...).
-//   No function returns null or false to mean "an error is set".
-// - One boundary: the type's C slots run their body through
-//   Translated(), which maps every kind as nanobind maps it for
-//   the methods it binds (Translated), so a method and a slot raise alike.
+//   error set), a bad argument one of nanobind's builtin exceptions. No
+//   function returns null or false to mean "an error is set".
+// - One boundary: the type's C slots run their body through Translated(),
+//   which maps every kind as nanobind maps it for the methods it binds, so a
+//   method and a slot raise alike.
 // - An error is set aside and put back by SavedError, never by hand.
-// - A pending Ctrl-C (the one policy): a KeyboardInterrupt that reaches a
-//   place where the core would propagate an error propagates. Where the core
-//   swallows an error raised by Python code it runs for itself (a context's
-//   __eq__, repr() for a message, a logging hook, copying an exception for a
-//   waiter, isinstance on a hostile class), ClearErrorKeepingInterrupt()
-//   clears it: on the main thread under Python's default SIGINT handler the
-//   interrupt is re-armed, so the interpreter's next signal check raises it;
-//   elsewhere it is dropped (re-arming there would interrupt the main thread
-//   for another thread's error, or run a custom handler twice).
+// - A pending Ctrl-C: a KeyboardInterrupt that reaches a place where the core
+//   would propagate an error propagates. Where the core swallows an error
+//   raised by Python code it runs for itself (a context's __eq__, repr() for
+//   a message, a logging hook, copying an exception for a waiter, isinstance
+//   on a hostile class), ClearErrorKeepingInterrupt() clears it: on the main
+//   thread under Python's default SIGINT handler the interrupt is re-armed,
+//   so the interpreter's next signal check raises it; elsewhere it is
+//   dropped (re-arming there would interrupt the main thread for another
+//   thread's error, or run a custom handler twice).
 //
 // Shared state: none. Lock order: takes no locks; ClearErrorKeepingInterrupt
 // runs Python (imports `threading` and `signal`), so never under a C++ lock.
 #pragma once
 
 #include <Python.h>
-
-#include <exception>
-#include <utility>
+// Python.h includes libstdc++'s C library wrappers, which define __GLIBCXX__.
 #ifdef __GLIBCXX__
 #include <cxxabi.h>  // abi::__forced_unwind
 #endif
+
+#include <exception>
+#include <utility>
 
 #include <nanobind/nanobind.h>
 
@@ -36,25 +36,23 @@
 
 namespace ftjit {
 
-// Clears the pending error, keeping a KeyboardInterrupt as the policy above says.
+// Clears the pending error, keeping a KeyboardInterrupt as the policy says.
 void ClearErrorKeepingInterrupt();
 
-// The pending exception, taken (the error indicator cleared): a new
-// reference to the normalized exception, its traceback attached; null when
-// none is set.
+// The pending exception, taken: a new reference to the normalized exception,
+// its traceback attached; null when none is set.
 PyObject* TakeError();
 
 // Sets `exc` (a reference, stolen) as the pending exception.
 void RestoreError(PyObject* exc);
 
-// A new reference a CPython call returned, owned; when it is null (the call
-// failed, its error set), throws that error.
+// A new reference a CPython call returned, owned; null (the call failed)
+// throws its error.
 inline nanobind::object StealOrThrow(PyObject* result) {
   if (!result) throw nanobind::python_error();
   return nanobind::steal(result);
 }
 
-// Raises `exc` (with its own traceback) as the core raises: a C++ throw.
 [[noreturn]] inline void ThrowError(nanobind::object exc) {
   RestoreError(exc.release().ptr());
   throw nanobind::python_error();
@@ -83,17 +81,12 @@ class SavedError {
   int unwinding_;
 };
 
-// In a `catch (const std::exception&)` block at a C slot: sets the Python
-// error for the C++ exception being handled. nb::python_error restores its
-// error; nanobind's builtin exceptions become their Python kind;
-// std::bad_alloc MemoryError; std::invalid_argument, domain_error,
-// length_error and range_error ValueError; std::out_of_range IndexError;
-// std::overflow_error OverflowError; any other RuntimeError.
+// In a `catch (const std::exception&)` block: sets the Python error for the
+// C++ exception being handled, translated as nanobind translates it.
 void SetErrorFromException() noexcept;
 
 // In a `catch (const std::exception&)` block: the exception being handled
-// as a Python exception object (translated as by SetErrorFromException),
-// for code that must keep or hand on an error rather than raise it.
+// as a Python exception object, for code that keeps or hands on an error.
 inline nanobind::object CaughtError() {
   SetErrorFromException();
   return nanobind::steal(TakeError());

@@ -37,8 +37,8 @@ class Imported {
   PyObject* Load() {
     PyObject* value = nullptr;
     {
-      // A pending error (the cause of the one about to be raised) is kept
-      // across the import, unless the import fails: its error then wins.
+      // A pending error (the cause of the one about to be raised) survives
+      // the import, unless the import fails.
       SavedError saved;
       PyObject* module = PyImport_ImportModule(module_);
       value = module ? PyObject_GetAttrString(module, name_) : nullptr;
@@ -47,7 +47,7 @@ class Imported {
     if (!value) throw nanobind::python_error();
     PyObject* expected = nullptr;
     if (!obj_.compare_exchange_strong(expected, value, std::memory_order_acq_rel)) {
-      Py_DECREF(value);  // another thread stored it first: the same object
+      Py_DECREF(value);  // another thread stored the same object first
       return expected;
     }
     return value;  // the reference is kept for the process's life

@@ -5,8 +5,7 @@
 // lock() parks the thread *detached*, so a stop-the-world or the GC never
 // waits for it) and a no-op on GIL builds, where the GIL, held throughout
 // every critical section it guards (they never release it), serialises them.
-// It is a leaf: nothing else is locked while it is held, and no Python code
-// runs under it (reference counts may be taken; no object is destroyed).
+// AssertHeld() checks the holder in debug builds on both (DebugOwner).
 //
 // Fork: CPython stops the world before fork(), but a PyMutex unlocked with
 // waiters may have been handed straight to a parked (detached) waiter,
@@ -14,27 +13,18 @@
 // not exist and the lock stays held forever. The data behind it is intact
 // (the waiter had not entered its critical section, and a thread inside one
 // is attached, so the stop-the-world waited for it to leave), so a child
-// re-initialises every such lock before using it, as CPython does for its
-// own (ReinitInChild, called from the after-fork hook in the child's only
-// thread).
-//
-// Checked guards: LeafMutex is a capability for Clang's thread-safety
-// analysis (primitives/thread_annotations.h): fields declared
-// FTJIT_GUARDED_BY(a LeafMutex) and functions FTJIT_REQUIRES(it) are checked
-// by clang++ -Wthread-safety (bash dev.sh tsa), provided the lock is taken
-// through primitives/locks.h's LockGuard (std::lock_guard is invisible to the
-// analysis). AssertHeld() checks, in debug builds, that the calling thread
-// holds it (DebugOwner; on GIL builds too, where lock() itself is a no-op);
-// under NDEBUG (the extension's release build) it is empty and LeafMutex is
-// exactly the PyMutex (or the empty class) it always was.
+// re-initialises every such lock before using it (ReinitInChild, from the
+// after-fork hook in the child's only thread), as CPython does for its own.
 //
 //   | member      | protection                                              |
 //   |-------------|---------------------------------------------------------|
 //   | mu_         | the lock itself (free-threaded builds only)             |
-//   | DebugOwner  | debug builds only; see primitives/locks.h               |
+//   | DebugOwner  | debug builds only (see DebugOwner)                      |
 //
-// Lock order: every LeafMutex is a leaf (above); the files that declare one
-// name what it guards and state the few test hooks that hold two at once.
+// Lock order: every LeafMutex is a leaf: nothing else is locked while it is
+// held, and no Python code runs under it (reference counts may be taken; no
+// object is destroyed). Its users name what it guards and the few test
+// hooks that hold two at once.
 #pragma once
 
 #include <Python.h>
@@ -65,7 +55,6 @@ class FTJIT_CAPABILITY("mutex") LeafMutex : private DebugOwner {
   void lock() FTJIT_ACQUIRE() { NoteAcquired(); }
   void unlock() FTJIT_RELEASE() { NoteReleasing(); }
 #endif
-  // Aborts (debug builds) unless the calling thread holds the lock.
   void AssertHeld() const FTJIT_ASSERT_CAPABILITY(this) {
 #ifndef NDEBUG
     assert(HeldByMe() && "the LeafMutex is not held by this thread");
@@ -77,7 +66,5 @@ class FTJIT_CAPABILITY("mutex") LeafMutex : private DebugOwner {
   PyMutex mu_{0};
 #endif
 };
-
-// After fork: ReinitInChild (primitives/locks.h), as for every lock.
 
 }  // namespace ftjit

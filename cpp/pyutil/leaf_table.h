@@ -2,7 +2,7 @@
 // the interned contexts): bounded, kept for the process's life, its lock
 // re-initialised in a forked child, and held by a test hook.
 //
-//   | LeafTable::items_ | guarded by `mu`                                   |
+//   | LeafTable::items_ | FTJIT_GUARDED_BY(mu)                              |
 //
 // Lock order: `mu` is a leaf: taken with the thread attached, no Python
 // code runs under it and no other lock is taken while it is held (but by

@@ -9,8 +9,8 @@
 
 namespace ftjit {
 
-// New reference to list[i], or nullptr with IndexError set. Under free
-// threading another thread may mutate the list, so never borrow.
+// New reference to list[i], or nullptr with IndexError set. Never borrowed:
+// under free threading another thread may mutate the list.
 inline PyObject* ListGetItemRef(PyObject* list, Py_ssize_t i) {
 #if PY_VERSION_HEX >= 0x030D0000
   return PyList_GetItemRef(list, i);
@@ -37,9 +37,8 @@ inline int DictGetItemRef(PyObject* dict, PyObject* key, PyObject** out) {
 #endif
 }
 
-// 1 and a new reference if the attribute exists, 0 if it does not (no
-// AttributeError is created, which keeps probing for `.dtype` cheap), -1 on
-// any other error.
+// 1 and a new reference if the attribute exists, 0 if it does not (creating
+// no AttributeError: probing for `.dtype` stays cheap), -1 on any other error.
 inline int GetOptionalAttr(PyObject* obj, PyObject* name, PyObject** out) {
 #if PY_VERSION_HEX >= 0x030D0000
   return PyObject_GetOptionalAttr(obj, name, out);
@@ -55,7 +54,7 @@ inline bool ThreadIsAttached() {
 #if PY_VERSION_HEX >= 0x030D0000
   return PyThreadState_GetUnchecked() != nullptr;  // thread-local: null when detached
 #elif PY_VERSION_HEX >= 0x030C0000
-  return _PyThreadState_UncheckedGet() != nullptr;  // the same, under its 3.12 name
+  return _PyThreadState_UncheckedGet() != nullptr;
 #else
   // 3.11's "current thread state" is the GIL holder's, process-wide: it is
   // this thread's own exactly when this thread holds the GIL.

@@ -1,66 +1,41 @@
 // ftjit: the compiled entries of one function (EntryStore), bounded by the
-// capacity many functions share (its LRU), wired from the primitives:
-//   ReentrantMap   every entry (compiling or ready), found by an equality
-//                  that may re-enter: the slow path and all writers;
-//   ListingTable   the ready entries, listed and unlisted in place behind an
-//                  atomic pointer: the hit path probes it with no lock
-//                  (EpochDomain);
-//   SharedLru      the shared capacity bound; CompileLatch: compile-once.
-// Python-free and header-only: the signature, payload and lock types come
-// from `Traits` (function_cache.h for the extension; the C++ tests use their
-// own), so the composition itself runs under ThreadSanitizer.
+// capacity many functions share, wired from the primitives: a ReentrantMap
+// of every entry (compiling or ready: the slow path and all writers), a
+// ListingTable of the ready ones (the hit path, with no lock: EpochDomain),
+// a SharedLru and a CompileLatch per entry. Python-free: the types come from
+// `Traits` (PyEntryTraits in the extension, the C++ tests' own), so the
+// composition itself runs under ThreadSanitizer. Traits provides Sig
+// (immutable once inserted, with a `size_t hash`), Payload and LocalExe
+// (default constructible), Mutex (StdMutex or LeafMutex), FastEquals
+// (noexcept, Python-free: kEqual, kNotEqual or kUnknown), Equals (may
+// re-enter, may throw), TableHash (what the ready table keys on: the hash,
+// or a part of it for FindReadyLocal) and Epochs() (one domain for all).
 //
-// Traits provides:
-//   Sig        immutable once inserted, with a `size_t hash` member;
-//   Payload    what the compiling thread writes before publishing (default
-//              constructible; read only after observing kReady or kFailed);
-//   Mutex      a leaf lock with AssertHeld (primitives/locks.h: StdMutex in
-//              the C++ tests, LeafMutex in the extension);
-//   static auto FastEquals(const Sig& stored, const Sig& probe) noexcept
-//              -> an enum with kEqual, kNotEqual, kUnknown; Python-free;
-//   static bool Equals(const Sig& stored, const Sig& probe)  (may re-enter,
-//              may throw);
-//   static EpochDomain<Mutex>& Epochs();   one domain for every store.
-//   static size_t TableHash(const Sig&)    what the ready table keys on
-//              (the hash, or a part of it: FindReadyLocal);
-//   LocalExe   what a thread keeps in its shard of an entry (default
-//              constructible; see LocalSlot).
-// A thread's epoch record and shard: ThreadSlot<Traits> below.
-//
-// Objects, lifetimes and guards:
-//
-//   StoreEntry (one per signature; shared_ptr held by the map slot, the LRU,
-//   threads on the slow path and, while the ready table lists it, itself
-//   (listing.self); freed by its deleter, which waits for calls in flight:
-//   see InFlight below)
+//   StoreEntry (shared_ptr held by the map slot, the LRU, threads on the slow
+//   path and, while the ready table lists it, itself: listing.self; freed by
+//   its deleter once no call is in flight: see InFlight)
 //   | sig, store, store_raw | fixed after construction                      |
-//   | latch                 | compile_latch.h                               |
+//   | latch, lru            | CompileLatch, SharedLru                       |
 //   | payload               | written by the compiling thread before        |
 //   |                       | Publish(); read after observing the state     |
 //   | shards[i].hits        | relaxed atomics, one cache line per shard     |
 //   | shards[i].in_flight   | seq_cst atomics, same lines (see InFlight)    |
-//   | shards[i].local       | the thread holding shard i only (exclusive:   |
-//   |                       | ShardAllocator); destroyed with the entry     |
-//   | left_map              | seq_cst atomic, set once when the entry       |
-//   |                       | leaves the map (LeaveMap)                     |
-//   | unlinked, claimed     | seq_cst atomics, written once each            |
-//   | counted               | atomic: set by Admit, cleared once by         |
-//   |                       | whatever removes the entry from the map       |
-//   | provisional           | atomic state (see Provisional entries): set   |
-//   |                       | before the latch is published; left once, by  |
-//   |                       | CAS, by an adoption or a removal              |
-//   | listing (self, newer, | FTJIT_GUARDED_BY(store_raw->publish_mu_): the |
-//   |   older)              | owning store's; it reaches it only through    |
-//   |                       | ListingLockHeld (REQUIRES(publish_mu_))       |
-//   | lru                   | shared_lru.h                                  |
+//   | shards[i].local       | the thread holding shard i only (exclusive    |
+//   |                       | but in kSharedShard, where it is unused)      |
+//   | left_map (LeaveMap),  | seq_cst atomics, written once each            |
+//   |   unlinked, claimed   |                                               |
+//   | counted               | atomic: set by Admit, cleared once on leaving |
+//   |                       | the map                                       |
+//   | provisional           | atomic: set before the latch is published,    |
+//   |                       | left once by CAS (see Provisional entries)    |
+//   | listing               | FTJIT_GUARDED_BY(store_raw->publish_mu_),     |
+//   |                       | reached only through ListingLockHeld          |
 //
 //   EntryStore (one per function and options)
 //   | lru_                  | fixed after construction (the LRU: its lock)  |
 //   | map_                  | ReentrantMap: its own leaf lock               |
-//   | ready_                | ListingTable: written under publish_mu_ (its  |
-//   |                       | Insert/Erase/Take(.., publish_mu_) REQUIRE    |
-//   |                       | it); probed by readers with no lock (see the  |
-//   |                       | hit path)                                     |
+//   | ready_                | ListingTable: written under publish_mu_;      |
+//   |                       | probed by readers with no lock                |
 //   | newest_               | FTJIT_GUARDED_BY(publish_mu_)                 |
 //   | publish_mu_           | leaf lock: serialises the writes of ready_;   |
 //   |                       | guards newest_ and every entry's listing      |
@@ -69,79 +44,48 @@
 //   | provisional_          | relaxed atomic: provisional entries in the map|
 //   | removals_             | seq_cst atomic: entries that left the map     |
 //
-// The hit path (FindReady): enter a read section, load ready_, probe it
-// (Traits::FastEquals), bump this thread's shard of the entry's hits and
-// in-flight count, leave. Nothing shared is written: each thread has its own
-// shard line (for up to kMaxThreadShards threads), and the LRU's
-// `referenced` bit is written only when an eviction scan cleared it. The
-// caller then calls the payload without taking a reference to it and ends
-// with FinishCall, which drops the in-flight count and (EpochDomain::
-// LeaveRead) frees what its read sections held back from a reclaim that
-// raced them. After a probe that finds nothing, the caller does the same
-// with AfterMiss, before its slow path.
+// Lock order: map_'s lock, the LRU's, publish_mu_ and the epoch domain's are
+// leaves, never held together, but Published takes map_'s lock inside
+// publish_mu_ (map_'s lock is never held while taking another). Nothing is
+// freed under any of them: removed entries and retired tables are handed
+// back and dropped after unlocking.
 //
 // InFlight: an entry no table lists may still be in use by a thread that
 // found it before it was unlinked. When the last shared_ptr to an entry goes
-// (which, for an entry that was ever listed, is after the grace period of
-// its last table: every thread that found it has counted itself in flight
-// by then), the deleter marks it `unlinked`; whoever then sees it unlinked
-// with nothing in flight (the deleter itself, or the FinishCall that brings
-// the count to zero) claims it (`claimed`: exactly one does) and retires it
-// to the epoch domain. Both sides write first and check after (seq_cst), so
-// one of them always sees the other. Both look at the entry only inside a
-// read section, and the entry is freed by Retire, a grace period later: a
-// thread still reading its fields (a FinishCall that lost the claim) is
-// never reading freed memory.
+// (for an entry ever listed, after the grace period of its last table, so
+// every thread that found it has counted itself in flight by then), the
+// deleter marks it `unlinked`; whoever then sees it unlinked with nothing in
+// flight (the deleter, or the FinishCall that brings the count to zero)
+// claims it (`claimed`: exactly one does) and retires it. Both sides write
+// first and check after (seq_cst), so one of them always sees the other.
+// Both look at the entry only inside a read section, and Retire frees it a
+// grace period later: a FinishCall that lost the claim never reads freed
+// memory.
 //
-// Listing: the ready table holds raw pointers. An entry is listed by its
-// owner's Published() (if the map still holds it: a compile published after
-// its entry was cleared is never listed), and then holds a reference to
-// itself, listing.self, for as long as an array a reader may probe lists it.
-// Unlisting (Discard, Clear, the store's death) tombstones, in the table,
-// the entries the map lost (exactly those: a clear must not unlist an entry
-// inserted and listed after it; the store's death swaps in an empty array)
-// and retires their listing.self references (together with the array the
-// table replaced, if it rebuilt), so an entry lives until every reader that
-// could see it has left (and, past that, while calls are in flight:
-// InFlight). Listing and unlisting run under publish_mu_, a listing checks
-// the map inside it, and an unlisting comes after the map lost the entry: so
-// whichever of a publish and a removal of one entry comes second sees what
-// the first did. The listed entries are also linked newest first, in
-// publish order (listing.newer/older, from newest_), for NewestReady.
+// Listing: an entry is listed by Published() if the map still holds it, and
+// then holds itself (listing.self) while an array a reader may probe lists
+// it. Unlisting (Discard, Clear, the store's death) tombstones exactly the
+// entries the map lost (a clear must not unlist an entry inserted and listed
+// after it) and retires their listing.self with the array the table
+// replaced, if any. Both run under publish_mu_, a listing checks the map
+// inside it, and an unlisting comes after the map lost the entry: whichever
+// of a publish and a removal of one entry comes second sees what the first
+// did. Listed entries are also linked newest first (listing.newer/older,
+// from newest_) for NewestReady.
 //
-// Costs, n = ready entries: listing one (the publish of a miss) O(1)
-// amortized, unlisting k of them (Discard: k = 1; Clear) O(k) amortized, the
-// store's death O(n) (ListingTable's costs: its rebuilds copy pointers, no
-// reference count is written, and are paid for by the listings and
-// unlistings since the last one); NewestReady(limit) O(limit). Each
-// unlisting also retires one batch to the epoch domain (EpochDomain::Retire).
-//
-// Provisional entries: compiled ahead of traffic from a saved spec (a specs
-// file), not counted by Admit, never listed: the hit path cannot find them.
-// The first call (or precompile) that needs the signature finds one in the
-// map on its slow path and adopts it (Adopt): the map's slot gets a fresh
-// entry, compiling and owned by the adopter, whose compile takes the
-// provisional entry's payload after the guard counted it (cpp/jit/compile.cc),
-// so the limit sees the signature when traffic uses it, exactly as a miss,
-// and concurrent callers wait on the fresh entry's latch as on any compile.
-// The claim is one CAS on `provisional` (kProvisional -> kAdopted), made
-// under the map's lock together with the slot's replacement: a thread that
-// found the old entry and sees kAdopted looks again and finds the new one.
-// A removal (Discard, Clear, eviction) CASes kProvisional -> kNotProvisional instead:
-// exactly one of the two happens, and provisional_ counts down once.
-//
-// Lock order: none to get wrong. map_'s lock, the LRU's, publish_mu_ and the
-// epoch domain's are leaves, never held together (Published takes map_'s
-// lock inside publish_mu_: map_'s lock is never held while taking another).
-// Nothing is freed under any of them: removed entries and retired tables
-// are handed back and dropped after unlocking.
-//
-// Checked guards: clang++ -Wthread-safety (primitives/thread_annotations.h)
-// checks that listing, newest_ and ready_'s writes happen under publish_mu_,
-// and that the functions taking publish_mu_ (FTJIT_EXCLUDES) are not called
-// with it held; ListingLockHeld also asserts, in debug builds, that
-// publish_mu_ is held and that the entry is this store's.
+// Provisional entries: compiled ahead of traffic from a saved spec, neither
+// counted by Admit nor listed. The first call that needs one adopts it
+// (Adopt): the map's slot gets a fresh entry, compiling and owned by the
+// adopter, whose compile takes the provisional payload once the guard
+// counted it (so the limit sees the signature when traffic uses it). The
+// claim is one CAS on `provisional` (kProvisional -> kAdopted) under the
+// map's lock with the slot's replacement: a thread that found the old entry
+// and sees kAdopted looks again. A removal CASes kProvisional ->
+// kNotProvisional: exactly one of the two happens, and provisional_ counts
+// down once.
 #pragma once
+
+#include <pthread.h>
 
 #include <array>
 #include <atomic>
@@ -149,9 +93,11 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <pthread.h>
 #include <utility>
 #include <vector>
+#ifndef NDEBUG
+#include <cassert>
+#endif
 
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
@@ -161,28 +107,21 @@
 #include "primitives/shared_lru.h"
 #include "primitives/thread_annotations.h"
 
-#ifndef NDEBUG
-#include <cassert>
-#endif
-
 namespace ftjit {
 
-// Threads take a shard each, exclusively while they live: one of
-// kMaxThreadShards, the lowest free one, given back when the thread ends
-// (ThreadSlot). Threads past kMaxThreadShards at once share one more,
-// kSharedShard. So up to kMaxThreadShards threads write different cache
-// lines on a hit, and a thread's shard of an entry (its hit count and, in
-// the extension, its own executable: StoreEntry::Shard::local) is used by
-// that thread alone; a thread that ends leaves it to the next one to take
-// the shard.
+// Each thread takes the lowest free of kMaxThreadShards shards, exclusively
+// until it ends (ThreadSlot); threads past that share kSharedShard. So up to
+// kMaxThreadShards threads write different cache lines on a hit, and a
+// thread's shard of an entry (StoreEntry::Shard::local among them) is used
+// by that thread alone, then by the next thread to take the shard.
 constexpr int kMaxThreadShards = 16;
 constexpr int kSharedShard = kMaxThreadShards;
 constexpr int kShards = kMaxThreadShards + 1;
 static_assert(kMaxThreadShards <= 32, "the free shards are the bits of a uint32_t");
 
-// The free/taken bits of one ThreadSlot's exclusive shards (a relaxed
-// atomic: a shard's own fields are handed over through the epoch domain's
-// and the thread's own synchronisation, never through this word).
+// The taken bits of the exclusive shards. A shard's own fields are handed
+// over through the epoch domain's and the threads' own synchronisation,
+// never through this word.
 class ShardAllocator {
  public:
   int Acquire() {
@@ -206,18 +145,15 @@ class ShardAllocator {
   std::atomic<uint32_t> taken_{0};
 };
 
-// This thread's epoch record in Traits' domain and its shard, taken on the
-// thread's first use. Read on every call from trivially destructible
-// thread-locals (no guard, no registration). The record goes back to the
-// domain when the thread's C++ thread-locals are destroyed (Holder), and the
-// thread is then marked exited: a use after that (a later thread-local's or
-// a thread-specific key's destructor dropping a jitted function) takes a
-// fresh record, never the released one, which another thread may hold by
-// then (two threads announcing on one record would let a reclaim free what
-// one of them reads). A POSIX thread-specific key gives that late record
-// back once the key destructors run (POSIX runs them for a few rounds: a
-// record taken in the last one stays held, never shared). The shard
-// (ShardAllocator) is taken and given back with the record.
+// This thread's epoch record and shard, taken on first use and read on every
+// call from trivially destructible thread-locals (no guard, no
+// registration). Both go back when the thread's C++ thread-locals are
+// destroyed (Holder), and the thread is marked exited: a use after that (a
+// later destructor dropping a jitted function) takes a fresh record, never
+// the released one, which another thread may hold by then (two threads
+// announcing on one record would let a reclaim free what one of them
+// reads). A POSIX thread-specific key gives that late record back (a record
+// taken in the last round of key destructors stays held, never shared).
 //   | t_ctx_, t_ready_, | thread-local; written by the thread itself only |
 //   |   t_exited_       |                                                 |
 //   | Shards()          | ShardAllocator (atomic)                         |
@@ -276,7 +212,7 @@ class ThreadSlot {
   static inline thread_local bool t_exited_ = false;
 };
 
-// A relaxed counter split over cache-line-sized shards; the total is their sum.
+// A relaxed counter split over cache-line-sized shards.
 template <int kShards>
 class ShardedCounter {
  public:
@@ -294,7 +230,6 @@ class ShardedCounter {
   std::array<Shard, kShards> shards_;
 };
 
-// Counters of one store; a snapshot is what cache_info() returns.
 struct StoreCounters {
   ShardedCounter<kShards> hits;
   std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
@@ -304,12 +239,11 @@ struct StoreCounters {
 template <class Traits>
 class EntryStore;
 
-// A thread's own executables of an entry, in its (exclusive) shard: `exe`,
-// the entry's own, and where a context change sent this thread (see
-// FindReadyLocal): `target`, another entry of the same store (the signature
-// of the same arguments under this thread's context now), whose own
-// executable `via` is, valid while no entry has left the store's map since
-// it was set (`gen`, the store's removals_ then). Null target: none.
+// A thread's own executables of an entry, in its exclusive shard: `exe`, the
+// entry's own, and where a context change sent this thread (FindReadyLocal):
+// `target`, another entry of the same store (the same arguments under this
+// thread's context now), whose own executable `via` is, valid while no entry
+// has left the store's map since it was set (`gen`: removals_ then).
 template <class Exe>
 struct LocalSlot {
   Exe exe{};
@@ -318,11 +252,11 @@ struct LocalSlot {
   uint64_t gen = 0;
 };
 
-// An entry's place in its store's ready table and ready list (see Listing).
+// See Listing.
 template <class Entry>
 struct EntryListing {
-  std::shared_ptr<Entry> self;  // set while the ready table lists the entry
-  Entry* newer = nullptr;       // the listed entries, linked in publish order
+  std::shared_ptr<Entry> self;
+  Entry* newer = nullptr;
   Entry* older = nullptr;
 };
 
@@ -340,25 +274,20 @@ struct StoreEntry {
   const std::weak_ptr<Store> store;  // for eviction
   const Store* const store_raw;      // identity only, never dereferenced
   CompileLatch latch;
-  typename Traits::Payload payload;  // see the table above
+  typename Traits::Payload payload;
 
   struct alignas(64) Shard {
     std::atomic<uint64_t> hits{0};
     std::atomic<int64_t> in_flight{0};
-    // The shard's own executable (the extension's ThreadExecutables): used
-    // and written only by the thread holding the shard (an exclusive one:
-    // ShardAllocator), dropped with the entry; unused in kSharedShard.
     LocalSlot<typename Traits::LocalExe> local;
   };
   std::array<Shard, kShards> shards;
   std::atomic<bool> unlinked{false};
   std::atomic<bool> claimed{false};
-  std::atomic<bool> counted{false};  // counted in its store's Count() (see Admit)
-  std::atomic<bool> left_map{false};  // see LeaveMap
-  // See Provisional entries in the header comment.
+  std::atomic<bool> counted{false};  // counted in its store's Count()
+  std::atomic<bool> left_map{false};
   enum : uint8_t { kNotProvisional = 0, kProvisional = 1, kAdopted = 2 };
   std::atomic<uint8_t> provisional{kNotProvisional};
-  // See Listing; only the owning store reaches it (EntryStore::ListingLockHeld).
   EntryListing<StoreEntry> listing FTJIT_GUARDED_BY(store_raw->publish_mu_);
   LruHook<std::shared_ptr<StoreEntry>> lru;
 
@@ -373,16 +302,15 @@ struct StoreEntry {
     return total;
   }
 
-  // True when this thread must retire `e` (see InFlight in the header
-  // comment): it is unlinked, nothing is in flight and no one claimed it
-  // first. Call inside a read section.
+  // Whether this thread must retire the entry (see InFlight). Inside a read
+  // section.
   bool ClaimIfIdle() {
     return unlinked.load(std::memory_order_seq_cst) && InFlight() == 0 &&
            !claimed.exchange(true, std::memory_order_seq_cst);
   }
   static void Delete(void* e) { delete static_cast<StoreEntry*>(e); }
 
-  // The shared_ptr deleter (see InFlight in the header comment).
+  // See InFlight.
   struct Deleter {
     void operator()(StoreEntry* e) const {
       auto& epochs = Traits::Epochs();
@@ -405,16 +333,13 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   using EntryPtr = std::shared_ptr<Entry>;
   using Listing = EntryListing<Entry>;
   using SigPtr = std::shared_ptr<const Sig>;
-  // The capacity bound shared by every store of one cache.
   using Lru = SharedLru<EntryPtr, Mutex>;
 
   explicit EntryStore(std::shared_ptr<Lru> lru) : lru_(std::move(lru)) {}
   EntryStore(const EntryStore&) = delete;
   EntryStore& operator=(const EntryStore&) = delete;
   ~EntryStore() {
-    // Entries still linked in the shared LRU (the store dies with entries
-    // left, e.g. after its cache object died) must stop counting against
-    // it; the listed ones are unlisted, as by a clear.
+    // Entries left in the shared LRU must stop counting against it.
     if (map_.size() != 0) {
       const EntryStore* self = this;
       std::vector<EntryPtr> unlinked =
@@ -423,11 +348,13 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     UnlistAll();
   }
 
-  // The hit path (see the header comment). When the ready entry of `sig` is
-  // found by the lock-free probe, counts the hit, counts this thread in
-  // flight on it and returns it; the caller uses its payload and then calls
-  // FinishCall(entry, shard). Null when the probe cannot decide or finds
-  // nothing (the caller then takes FindOrInsert). Never runs Python.
+  // The hit path: probes the ready table in a read section; on a hit counts
+  // it and this thread in flight on the entry and returns it, and the caller
+  // calls its payload (taking no reference) and ends with FinishCall. Nothing
+  // shared is written: each thread has its own shard line, and the LRU's
+  // `referenced` bit is written only after an eviction scan cleared it. Null
+  // when the probe cannot decide or finds nothing: the caller calls
+  // AfterMiss, then FindOrInsert. Never runs Python.
   Entry* FindReady(const Sig& sig, typename EpochDomain<Mutex>::Record* rec, int shard) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
@@ -443,16 +370,15 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   // The hit path of a function whose executables check the context (and
-  // keep a copy per thread: LocalSlot). As FindReady, except that the hit is
-  // not counted (the executable may find its context changed and miss: the
-  // caller counts it after the call, on the entry that served it, unless
-  // the miss did), and that `*target` is set, inside the read section, to
-  // the entry this thread's shard of `e` redirects to, when it still may
-  // (no entry left the map since the redirect was set: the target is then
-  // in the map, listed, and cannot be freed before this section ends),
-  // counted in flight too; else to `e`. The caller ends the call with
-  // FinishCall on both (once if they are one). A stale redirect is left for
-  // the caller to reset (its executable is Python's to drop).
+  // keep a copy per thread: LocalSlot). As FindReady, but the hit is not
+  // counted (the executable may find its context changed and miss: the
+  // caller counts it on the entry that served it), and `*target` is set to
+  // the entry this thread's shard of `e` redirects to, counted in flight
+  // too, while the redirect is valid (no entry left the map since it was
+  // set: the target is then listed and cannot be freed before this section
+  // ends); else to `e`. The caller ends the call with FinishCall on both
+  // (once if they are one) and resets a stale redirect (its executable is
+  // Python's to drop).
   Entry* FindReadyLocal(const Sig& sig, typename EpochDomain<Mutex>::Record* rec, int shard, Entry** target) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
@@ -472,10 +398,9 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     epochs.ExitRead(rec);
     return e;
   }
-  // Entries that left the map so far (the generation a redirect is valid in).
+  // The generation a redirect is valid in.
   uint64_t removals() const { return removals_.load(std::memory_order_seq_cst); }
 
-  // Counts a hit of `e`, one of this store's entries, by the thread of `shard`.
   void CountHit(Entry* e, int shard) {
     e->shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
     counters_.hits.Add(shard);
@@ -483,16 +408,14 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   // After FindReady returned null, at the first point where the caller may
-  // run deleters (arbitrary code: in the extension, once its signature no
-  // longer borrows from its thread's memo): frees what the probe held back.
+  // run deleters (in the extension, once its signature no longer borrows
+  // from its thread's memo): frees what the probe held back.
   static void AfterMiss(typename EpochDomain<Mutex>::Record* rec) {
     Traits::Epochs().FreeHeldBack(rec);
   }
 
-  // Ends a call that FindReady counted in flight. If the entry was unlinked
-  // meanwhile and this was its last call in flight, retires it; frees what
-  // became safe (dropping payloads: the caller holds no lock; on a thread
-  // the domain's can_free says may not free, nothing is freed, only queued).
+  // Ends a call that FindReady counted in flight (see InFlight). May run
+  // deleters (drop payloads): the caller holds no lock.
   static void FinishCall(Entry* e, typename EpochDomain<Mutex>::Record* rec, int shard) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
@@ -506,9 +429,9 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     EntryPtr entry;
     bool inserted;  // this thread owns the compile
   };
-  // Finds or inserts the entry for `sig`; moves `sig` into a new entry only
-  // if inserting (otherwise `sig` is intact on return, whatever raced). May
-  // run Traits::Equals (re-entrant, may throw; `sig` is then unusable).
+  // Moves `sig` into a new entry only if inserting (otherwise `sig` is intact
+  // on return, whatever raced). May run Traits::Equals (re-entrant, may
+  // throw; `sig` is then unusable).
   Lookup FindOrInsert(Sig& sig) {
     auto eq = [](const SigPtr& stored, const Sig& probe) { return Traits::Equals(*stored, probe); };
     if (EntryPtr found = map_.Find(sig.hash, sig, eq)) return Lookup{std::move(found), false};
@@ -520,35 +443,29 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     };
     auto r = map_.FindOrInsert(key->hash, *key, eq, make);
     if (!r.inserted) {
-      // Another thread inserted it meanwhile; nothing kept `owned`, so the
-      // caller gets its signature back (to look it up again later).
+      // Another thread inserted it meanwhile: the caller gets `sig` back.
       key.reset();
       sig = std::move(*owned);
     }
     return Lookup{std::move(r.value), r.inserted};
   }
 
-  // The entry of `sig` in the map (compiling or ready), or null. May run
-  // Traits::Equals (re-entrant, may throw).
+  // Compiling or ready, or null. May run Traits::Equals.
   EntryPtr Find(const Sig& sig) const {
     return map_.Find(sig.hash, sig, [](const SigPtr& stored, const Sig& probe) { return Traits::Equals(*stored, probe); });
   }
 
-  // Links a freshly inserted entry into the shared LRU and evicts.
   void AdmitLru(const EntryPtr& e) {
     std::vector<EntryPtr> evicted = lru_->Insert(e, Evictable);
-    // A clear may have removed `e` from the map between its insertion and
-    // this link. Every clear empties the map first and unlinks from the LRU
-    // second, so checking the map after linking closes the gap: either that
-    // clear's unlink comes after our link and removes it, or we see `e`
-    // gone and unlink it ourselves.
+    // A clear may have removed `e` from the map before this link. Every
+    // clear empties the map first and unlinks from the LRU second, so
+    // checking the map after linking closes the gap.
     if (!map_.ContainsValue(e->sig->hash, e)) lru_->Remove(e);
     ReleaseEvicted(evicted);
   }
 
-  // The owner published `e` ready: list it for the hit path (if the map
-  // still holds it), then re-apply the LRU bound (pinned entries may have
-  // pushed it over). O(1) amortized (see Costs).
+  // The owner published `e` ready: lists it (see Listing), then re-applies
+  // the LRU bound (pinned entries may have pushed it over).
   void Published(const EntryPtr& e) FTJIT_EXCLUDES(publish_mu_) {
     typename Table::Array* old = nullptr;
     {
@@ -567,43 +484,35 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     TrimLru();
   }
 
-  // Re-applies the LRU bound.
   void TrimLru() {
     if (lru_->size() <= lru_->capacity()) return;
     std::vector<EntryPtr> evicted = lru_->Trim(Evictable);
     ReleaseEvicted(evicted);
   }
 
-  // Counts `e` (freshly inserted, by the thread that compiles it) among the
-  // signatures this store holds, if that leaves at most `limit` counted
-  // (any number when `force`); false, counting nothing, otherwise. Exact
-  // under concurrent misses: the count is one atomic, and an entry stops
-  // counting when it leaves the map (Uncount), however it leaves. The
-  // max_signatures guard (cpp/jit/guard.cc) is built on it.
+  // Counts `e` (freshly inserted, by the thread that compiles it) if that
+  // leaves at most `limit` counted (any number when `force`); false,
+  // counting nothing, otherwise. Exact under concurrent misses: the count is
+  // one atomic, and an entry stops counting however it leaves the map. The
+  // max_signatures guard (Guard) is built on it.
   bool Admit(const EntryPtr& e, int64_t limit, bool force) {
     int64_t n = counted_.load(std::memory_order_relaxed);
     do {
       if (!force && n >= limit) return false;
     } while (!counted_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
     e->counted.store(true, std::memory_order_seq_cst);
-    // A clear may have removed `e` before it was marked counted: a clear
-    // empties the map first and uncounts second, so checking the map after
-    // marking closes the gap (either that clear's Uncount comes after the
-    // mark, or this one sees `e` gone); Uncount happens once either way.
+    // A clear may have removed `e` before the mark: as in AdmitLru, a clear
+    // empties the map first and uncounts second. Uncount happens once.
     if (!map_.ContainsValue(e->sig->hash, e)) Uncount(*e);
     return true;
   }
-  // Signatures counted now (a snapshot).
   int64_t Count() const { return counted_.load(std::memory_order_relaxed); }
 
-  // Reserves a provisional entry's place: counts one more provisional entry
-  // if that leaves Count() + ProvisionalCount() at most `limit` (any number
-  // when `limit` < 0); false, counting nothing, otherwise. The reservation
-  // is either released (ReleaseProvisional: nothing was marked) or handed
-  // to the entry by MarkProvisional, which a removal or an adoption then
-  // counts down once. Exact under concurrent warm-ups; traffic admitted
-  // meanwhile may leave the sum above `limit` (a provisional entry is never
-  // counted by Admit).
+  // Counts one more provisional entry if that leaves Count() +
+  // ProvisionalCount() at most `limit` (any number when `limit` < 0). The
+  // reservation is released (ReleaseProvisional) or handed to an entry by
+  // MarkProvisional. Exact under concurrent warm-ups; traffic admitted
+  // meanwhile may leave the sum above `limit`.
   bool ReserveProvisional(int64_t limit) {
     int64_t n = provisional_.load(std::memory_order_relaxed);
     do {
@@ -612,24 +521,19 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     return true;
   }
   void ReleaseProvisional() { provisional_.fetch_sub(1, std::memory_order_relaxed); }
-  // Marks `e` (freshly inserted by this thread, compiled, its latch not yet
-  // published) provisional, handing it this thread's reservation (see
-  // Provisional entries). Not counted by Admit; the owner does not call
-  // Published().
+  // `e`: freshly inserted by this thread, compiled, its latch not yet
+  // published. The owner then does not call Published().
   void MarkProvisional(const EntryPtr& e) {
     e->provisional.store(Entry::kProvisional, std::memory_order_seq_cst);
-    // A clear may have removed `e` before the mark (as in Admit): it then
-    // found nothing to unprovision, so this thread does.
+    // A clear may have removed `e` before the mark (as in Admit).
     if (!map_.ContainsValue(e->sig->hash, e)) Unprovision(*e);
   }
-  // Provisional entries in the map now (a snapshot).
   int64_t ProvisionalCount() const { return provisional_.load(std::memory_order_relaxed); }
 
-  // Adopts the provisional entry `p` found ready in the map: a fresh entry
-  // for p's signature, owned (compiling) by this thread, takes p's slot.
-  // Null when another thread adopted p first or p left the map: the caller
-  // looks the signature up again. The caller compiles the fresh entry from
-  // p's payload and drops p, which leaves the LRU here.
+  // Adopts `p`, found ready and provisional: returns the fresh entry that
+  // took its slot, which this thread owns and compiles from p's payload;
+  // null (the caller looks again) when another thread adopted p first or p
+  // left the map.
   EntryPtr Adopt(const EntryPtr& p) {
     EntryPtr fresh(new Entry(p->sig, this->weak_from_this(), this), typename Entry::Deleter());
     auto claim = [&p]() noexcept {
@@ -642,36 +546,28 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     return fresh;
   }
 
-  // Removes `e` from the map, the LRU and (if listed) the ready table.
   void Discard(const EntryPtr& e) {
     EntryPtr removed = map_.Erase(e->sig->hash, e);
     if (removed) LeaveMap(*e);
     lru_->Remove(e);
     Unlist(e);
-    // `removed` is dropped on return, outside every lock.
   }
 
-  // Drops every entry (compiles in progress finish and serve their waiters
-  // but are not kept).
+  // Compiles in progress finish and serve their waiters but are not kept.
   void Clear() {
     auto removed = map_.Clear();
     for (auto& kv : removed) LeaveMap(*kv.second);
-    // From the LRU and the ready table, exactly the entries the clear
-    // removed: one inserted (linked, listed) since belongs to the map now
-    // and stays in both. (Unlinking by store instead lost such an entry's
-    // LRU link: it then held a slot outside the capacity bound.) An entry
-    // linked after this unlink sees itself gone from the map (AdmitLru).
+    // Exactly the entries the clear removed: one inserted (linked, listed)
+    // since belongs to the map now and stays. An entry linked after this
+    // unlink sees itself gone from the map (AdmitLru).
     lru_->RemoveEach(removed, [](const auto& kv) -> const EntryPtr& { return kv.second; });
     std::vector<Entry*> gone;
     gone.reserve(removed.size());
     for (auto& kv : removed) gone.push_back(kv.second.get());
     Unlist(std::move(gone));
-    // Both vectors die here, with no lock held.
   }
 
-  // Drops the entries whose compile was running in a thread of the parent
-  // that does not exist here (CompileLatch::OrphanedByFork). They were
-  // never listed (not ready).
+  // Drops the entries CompileLatch::OrphanedByFork (never listed: not ready).
   void DropOrphans() {
     auto removed =
         map_.EraseIf([](const SigPtr&, const EntryPtr& e) { return e->latch.OrphanedByFork(); });
@@ -681,15 +577,14 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     }
   }
 
-  // In a forked child's only thread, before any use (leaf_mutex.h).
+  // In a forked child's only thread, before any use.
   void ReinitLocksInChild() {
     map_.ReinitLockInChild();
     ReinitInChild(publish_mu_);
   }
 
-  // Tests only: takes or releases this store's own locks, as a thread lost
-  // at fork may hold them. (Outside the analysis: it takes, or releases,
-  // depending on its argument.)
+  // Tests only: holds this store's locks as a thread lost at fork may.
+  // Outside the analysis: it takes or releases by its argument.
   void LockStoreForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {
     if (lock) {
       publish_mu_.lock();
@@ -701,9 +596,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   size_t size() const { return map_.size(); }
-  // The `limit` newest ready entries, newest first: the listed entries are
-  // linked in the order they were published (compiled), and an unlisting
-  // unlinks only its own. Costs O(limit), not O(entries): a miss
+  // The `limit` newest ready entries, newest first, in O(limit): a miss
   // explanation picks its candidates from these.
   std::vector<EntryPtr> NewestReady(size_t limit) const FTJIT_EXCLUDES(publish_mu_) {
     std::vector<EntryPtr> out;
@@ -725,7 +618,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   const std::shared_ptr<Lru>& lru() const { return lru_; }
   StoreCounters& counters() { return counters_; }
 
-  // Drops the evicted entries' map slots (outside the LRU's lock).
+  // Outside the LRU's lock.
   static void ReleaseEvicted(std::vector<EntryPtr>& evicted) {
     for (EntryPtr& e : evicted) {
       if (std::shared_ptr<EntryStore> st = e->store.lock()) {
@@ -741,9 +634,8 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
  private:
   using Table = ListingTable<Entry>;
 
-  // What an unlisting leaves to retire: the unlisted entries' references to
-  // themselves and the array the table replaced (null if it did not
-  // rebuild), freed together after the grace period.
+  // What an unlisting retires: the entries' listing.self and the array the
+  // table replaced (null if it did not rebuild).
   struct Unlisted {
     typename Table::Array* array;
     std::vector<EntryPtr> refs;
@@ -754,7 +646,6 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     }
   };
 
-  // The table's ready entry for `sig` (inside a read section), or null.
   static Entry* Probe(const typename Table::Array& table, const Sig& sig) {
     bool undecided = false;
     return table.Find(
@@ -763,10 +654,9 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
         &undecided);
   }
 
-  // What every removal of `e` from the map does next: it stops counting
-  // (Admit's count, the provisional count) and is marked gone for the
-  // redirects of FindReadyLocal (left_map first, then the generation, both
-  // before the caller unlists it).
+  // After every removal of `e` from the map: it stops counting, and is
+  // marked gone for FindReadyLocal's redirects (left_map first, then the
+  // generation, both before the caller unlists it).
   void LeaveMap(Entry& e) {
     Uncount(e);
     Unprovision(e);
@@ -774,12 +664,10 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     removals_.fetch_add(1, std::memory_order_seq_cst);
   }
 
-  // An entry that leaves the map stops counting (exactly once).
   void Uncount(Entry& e) {
     if (e.counted.exchange(false, std::memory_order_seq_cst)) counted_.fetch_sub(1, std::memory_order_relaxed);
   }
-  // A provisional entry that leaves the map unadopted stops counting as one
-  // (exactly once: an adoption's CAS and this one exclude each other).
+  // Exactly once: an adoption's CAS and this one exclude each other.
   void Unprovision(Entry& e) {
     uint8_t expected = Entry::kProvisional;
     if (e.provisional.compare_exchange_strong(expected, Entry::kNotProvisional, std::memory_order_seq_cst)) {
@@ -789,10 +677,9 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
 
   friend struct StoreEntry<Traits>;  // its listing names publish_mu_ as its guard
 
-  // `e`'s listing, which publish_mu_ guards: `e` is this store's entry,
-  // which the analysis cannot prove (the guard is e->store_raw->publish_mu_),
-  // so it is asserted here instead (debug builds), and every access to a
-  // listing goes through here.
+  // Every access to a listing goes through here: that `e` is this store's
+  // (its guard is e->store_raw->publish_mu_) the analysis cannot prove, so
+  // it is asserted instead.
   Listing& ListingLockHeld(Entry* e) const FTJIT_REQUIRES(publish_mu_)
       FTJIT_NO_THREAD_SAFETY_ANALYSIS {
     publish_mu_.AssertHeld();
@@ -802,13 +689,11 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     return e->listing;
   }
 
-  // Unlists `e`, if it is listed (see Listing).
   void Unlist(const EntryPtr& e) FTJIT_EXCLUDES(publish_mu_) {
     Unlist(std::vector<Entry*>{e.get()});
   }
 
-  // Unlists those of `gone` that are listed (see Listing): O(their number),
-  // amortized.
+  // Unlists those of `gone` that are listed.
   void Unlist(const std::vector<Entry*>& gone) FTJIT_EXCLUDES(publish_mu_) {
     Unlisted* u = nullptr;
     {
@@ -830,7 +715,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     Traits::Epochs().Retire(u, &Unlisted::Delete);
   }
 
-  // Unlists everything (the store's death: nothing may stay listed).
+  // The store's death: nothing may stay listed.
   void UnlistAll() FTJIT_EXCLUDES(publish_mu_) {
     Unlisted* u = new Unlisted{nullptr, {}};
     {
@@ -850,12 +735,12 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   const std::shared_ptr<Lru> lru_;
   ReentrantMap<SigPtr, EntryPtr, Mutex> map_;
   Table ready_;
-  mutable Mutex publish_mu_;  // leaf lock: ready_'s writes, newest_, every entry's listing
-  Entry* newest_ FTJIT_GUARDED_BY(publish_mu_) = nullptr;  // the newest listed entry
+  mutable Mutex publish_mu_;
+  Entry* newest_ FTJIT_GUARDED_BY(publish_mu_) = nullptr;
   StoreCounters counters_;
-  std::atomic<int64_t> counted_{0};  // entries admitted and still in the map (Admit)
-  std::atomic<int64_t> provisional_{0};  // provisional entries still in the map (MarkProvisional)
-  std::atomic<uint64_t> removals_{0};    // entries that left the map (LeaveMap)
+  std::atomic<int64_t> counted_{0};
+  std::atomic<int64_t> provisional_{0};
+  std::atomic<uint64_t> removals_{0};
 };
 
 }  // namespace ftjit

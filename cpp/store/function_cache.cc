@@ -1,15 +1,15 @@
 // ftjit: FunctionCache, per-function entry maps and the shared LRU wiring.
+// (The objects' own fields: the header's tables.)
 //
-// Shared state here (the objects' own fields: function_cache.h's table):
-//
-//   | state                          | protection                              |
-//   |--------------------------------|-----------------------------------------|
-//   | Caches(): every live Cache  | guarded by Caches().mu (raw pointers;    |
-//   | AllStores(): every live       | guarded by AllStores().mu  each object |
-//   |   FunctionStore              |   removes itself as it dies)            |
-//   | FunctionCache::core            | fixed after construction                |
-//   | g_epochs                       | set once at module init (InitCaches)    |
-//   | each thread's ThreadCtx        | thread-local (entry_store.h ThreadSlot) |
+//   | state                         | protection                              |
+//   |-------------------------------|-----------------------------------------|
+//   | Caches(): every live Cache    | Caches().mu (raw pointers: each object  |
+//   |                               | removes itself as it dies)              |
+//   | AllStores(): every live       | AllStores().mu (likewise)               |
+//   |   FunctionStore               |                                         |
+//   | FunctionCache::cache          | fixed after construction                |
+//   | g_epochs                      | set once at module init (InitCaches)    |
+//   | each thread's ThreadCtx       | thread-local (ThreadSlot)               |
 //
 // Lock order: the two registries' locks are leaves, never held together
 // nor with any other lock (callers take strong references out, then work
@@ -19,16 +19,15 @@
 // AllStores().mu.
 #include "store/function_cache.h"
 
-#include "store/imports.h"
-#include "pyutil/py_compat.h"
-
 #include <limits>
-
-#include <nanobind/stl/string.h>
-
 #include <mutex>
 #include <unordered_set>
 #include <vector>
+
+#include <nanobind/stl/string.h>
+
+#include "pyutil/py_compat.h"
+#include "store/imports.h"
 
 namespace ftjit {
 
@@ -37,10 +36,8 @@ namespace {
 // Every live object of one kind (Cache, FunctionStore), for
 // clear_caches(), stats() and the after-fork hook. Each object adds itself
 // once a shared_ptr owns it and removes itself in its destructor, so the
-// registry never holds a dead one (weak_ptrs to them did: with make_shared
-// they kept each dead object's whole memory until the next registration
-// swept them). Guarded by its own `mu`, a leaf; only Python-free steps run
-// under it (a hash-set edit, or taking strong references).
+// registry never holds a dead one. `mu` is a leaf; only Python-free steps
+// run under it.
 template <class T>
 class LiveRegistry {
  public:
@@ -52,9 +49,9 @@ class LiveRegistry {
     LockGuard<LeafMutex> lock(mu);
     items_.erase(p);
   }
-  // The live ones, by strong reference. An object whose last reference is
-  // gone (its destructor waits for `mu` to remove it) is skipped. The
-  // references may be the last ones: the caller drops them with no lock held.
+  // An object whose last reference is gone (its destructor waits for `mu`
+  // to remove it) is skipped. The references may be the last ones: the
+  // caller drops them with no lock held.
   std::vector<std::shared_ptr<T>> Live() FTJIT_EXCLUDES(mu) {
     std::vector<std::shared_ptr<T>> live;
     LockGuard<LeafMutex> lock(mu);
@@ -72,7 +69,7 @@ class LiveRegistry {
   std::unordered_set<T*> items_ FTJIT_GUARDED_BY(mu);
 };
 
-// Process lifetime (never destroyed: threads may use them at exit).
+// Never destroyed: threads may use them at exit.
 LiveRegistry<Cache>& Caches() {
   static auto* cores = new LiveRegistry<Cache>();
   return *cores;
@@ -92,25 +89,24 @@ class FunctionCache {
     cache = std::make_shared<Cache>(static_cast<size_t>(capacity));
     Caches().Add(cache.get());
   }
-  // The cache's map holds each function's entries, and those hold the core:
-  // a cycle that, for a long-lived function, would keep the core, its LRU
-  // and every executable in it alive after the cache object and all its
-  // wrappers are gone. Nothing can look a function up in this cache once its
-  // Python object is gone, so the map is emptied here; wrappers still alive
-  // keep their own function's entries (and through them the core) usable.
+  // The cache's map holds each function's entries, and those hold the
+  // cache: a cycle that would keep every executable alive after the cache
+  // object and all its wrappers are gone. Nothing can look a function up
+  // here once the Python object is gone, so the map is emptied; wrappers
+  // still alive keep their own function's entries (and the cache) usable.
   ~FunctionCache() {
     if (cache) {
       auto removed = cache->functions.Clear();
-      // `removed` is dropped here, outside the map's lock.
+      // Dropped here, outside the map's lock.
     }
   }
-  std::shared_ptr<Cache> cache;  // fixed after construction
+  std::shared_ptr<Cache> cache;
 };
 
 }  // namespace
 
 void InitCaches() {
-  if (!g_epochs) g_epochs = new EpochDomain<LeafMutex>(&ThreadIsAttached);  // process lifetime
+  if (!g_epochs) g_epochs = new EpochDomain<LeafMutex>(&ThreadIsAttached);
 }
 
 void Cache::ClearAll() {
@@ -119,10 +115,8 @@ void Cache::ClearAll() {
     if (auto store = e->store.lock()) store->Discard(e);
   }
   all.clear();
-  // Entries that were inserted but not yet linked into the LRU are caught by
-  // their function's own clear; visit every function using this core, the
-  // private ones (callables that cannot be weakly referenced, never in
-  // `functions`) included.
+  // Entries inserted but not yet linked into the LRU are caught by their
+  // function's own clear; the private stores (never in `functions`) too.
   for (auto& fe : LiveStores()) {
     if (&fe->cache() == this) fe->Clear();
   }
@@ -132,7 +126,6 @@ void Cache::ForgetFunction(const FunctionStore* fe) {
   auto removed = functions.EraseIf(
       [fe](const FunKeyPtr&, const std::shared_ptr<FunctionStore>& v) { return v.get() == fe; });
   for (auto& kv : removed) kv.second->Clear();
-  // `removed` (and possibly the FunctionStore itself) is dropped here.
 }
 
 Cache::~Cache() { Caches().Remove(this); }
@@ -140,13 +133,11 @@ Cache::~Cache() { Caches().Remove(this); }
 FunctionStore::~FunctionStore() { AllStores().Remove(this); }
 
 namespace {
-// The weakref callback (and _IdentityKey's forget hook) of one
-// FunctionStore: removes it from its cache and drops its entries, as when
-// its function dies. An instance of a bound class, not a function object:
-// nanobind makes every function it creates immortal on free-threaded
-// builds, which would keep one per jitted function (and what it refers
-// to) for the life of the process. Holds only weak pointers, so it keeps
-// neither the entries nor the cache alive. Fixed after construction.
+// Forgetter's callable (also _IdentityKey's forget hook). An instance of a
+// bound class, not a function object: nanobind makes every function it
+// creates immortal on free-threaded builds, which would keep one per jitted
+// function (and what it refers to) for the life of the process. Holds only
+// weak pointers. Fixed after construction.
 struct StoreForgetter {
   std::weak_ptr<Cache> core;
   std::weak_ptr<FunctionStore> entries;
@@ -165,9 +156,8 @@ nb::object Forgetter(const std::shared_ptr<FunctionStore>& fe) {
 
 std::shared_ptr<FunctionStore> MakeFunctionStore(std::shared_ptr<Cache> core, const std::string& name,
                                                  bool is_private, SignatureLimit limit) {
-  // Not make_shared: a weak pointer that outlives the entries (an entry's
-  // back pointer while a call is in flight) then keeps only the control
-  // block, not the whole object.
+  // Not make_shared: a weak pointer that outlives the store (an entry's
+  // back pointer while a call is in flight) keeps only the control block.
   std::shared_ptr<FunctionStore> fe(new FunctionStore(std::move(core), name, is_private, limit));
   AllStores().Add(fe.get());
   return fe;
@@ -178,7 +168,6 @@ std::shared_ptr<FunctionStore> StoreFor(nb::handle cache, nb::handle fun, nb::ha
   FunctionCache& fc = nb::cast<FunctionCache&>(cache);
   std::shared_ptr<Cache> core = fc.cache;
 
-  // Probe weak-referenceability first: a private FunctionStore otherwise.
   if (!PyType_SUPPORTS_WEAKREFS(Py_TYPE(fun.ptr()))) {
     return MakeFunctionStore(core, name, /*is_private=*/true, limit);
   }
@@ -210,8 +199,6 @@ void ClearAllCaches() {
   for (auto& c : Caches().Live()) c->ClearAll();
 }
 
-// Takes or releases by its argument: outside the analysis, which checks
-// functions that do one or the other.
 void FunctionStore::LockAllForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {
   if (lock) {
     LockStoreForTest(true);
@@ -238,7 +225,7 @@ void AfterForkInChildCaches() {
   g_epochs->AfterForkInChild(ThisThread().rec);
   std::vector<std::shared_ptr<FunctionStore>> all = LiveStores();
   for (auto& fe : all) fe->ReinitLocksInChild();
-  // Every lock is usable again: now the orphans can go.
+  // Every lock is usable again: the orphans can go.
   for (auto& fe : all) fe->DropOrphans();
 }
 
@@ -277,7 +264,6 @@ void RegisterFunctionCache(nb::module_& m) {
       .def(
           "__init__",
           [](FunctionCache* self, nb::handle capacity) {
-            // An int (or numpy integer); not a bool, not a float.
             if (PyBool_Check(capacity.ptr()) || !PyIndex_Check(capacity.ptr())) {
               throw nb::type_error(("FunctionCache capacity must be an int, got " +
                                     std::string(Py_TYPE(capacity.ptr())->tp_name))

@@ -1,4 +1,4 @@
-// ftjit: the Python objects the store floor builds (see pyutil/imported.h).
+// ftjit: the Python objects the store floor builds (see Imported).
 #pragma once
 
 #include "pyutil/imported.h"

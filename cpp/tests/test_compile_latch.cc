@@ -1,6 +1,9 @@
 // ftjit tests: ftjit::CompileLatch publication and ftjit::WaitForGraph cycle detection with real threads (run under TSAN).
 #include "primitives/compile_latch.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -10,9 +13,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "check.h"
 

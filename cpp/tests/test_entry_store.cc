@@ -13,9 +13,9 @@
 #include "check.h"
 #include "primitives/locks.h"
 
-// Built twice: with std::mutex (ftjit::StdMutex, its annotated wrapper:
-// primitives/locks.h), and (FTJIT_TEST_LEAF_MUTEX, by dev.sh tsan-ft against
-// a ThreadSanitizer-built free-threaded CPython) with the extension's own
+// Built twice: with std::mutex (ftjit::StdMutex, its annotated wrapper),
+// and (FTJIT_TEST_LEAF_MUTEX, by dev.sh tsan-ft against a
+// ThreadSanitizer-built free-threaded CPython) with the extension's own
 // lock, LeafMutex, which is a PyMutex there.
 #ifdef FTJIT_TEST_LEAF_MUTEX
 #include "pyutil/leaf_mutex.h"
@@ -616,7 +616,7 @@ bool WarmProvisional(Store& store, int key, int64_t limit = -1) {
   return true;
 }
 
-// One call as call.cc's Resolve makes it when provisional entries may be in
+// One call as the core's Resolve makes it when provisional entries may be in
 // the map: as CallOnce, except that a provisional entry found ready is
 // adopted (its slot gets a fresh entry this thread "compiles" from its
 // payload, after Admit under `limit`: refused, the fresh entry fails and

@@ -50,7 +50,7 @@ using Table = ftjit::ListingTable<Item>;
 using Array = Table::Array;
 
 // Arrays a table replaced and the items only they still listed, freed
-// together after the grace period (what entry_store.h's Unlisted does).
+// together after the grace period (what EntryStore's Unlisted does).
 struct Retired {
   std::vector<Array*> arrays;
   std::vector<std::shared_ptr<Item>> items;

@@ -1,6 +1,7 @@
-// ftjit tests: primitives/locks.h: LockGuard over StdMutex excludes, and AssertHeld (what every `...LockHeld` helper calls on entry) aborts, in debug builds, unless the calling thread holds the lock (run under TSAN).
+// ftjit tests: LockGuard over StdMutex excludes, and AssertHeld (what every `...LockHeld` helper calls on entry) aborts, in debug builds, unless the calling thread holds the lock (run under TSAN).
 #include "primitives/locks.h"
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,7 +9,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <fcntl.h>
 #include <thread>
 
 #include "check.h"
