@@ -156,7 +156,8 @@ struct Resolved {
 // `sig` must have adopted its context. An abandoned compile is looked up
 // again (this thread may compile it). With `adopt`, a provisional entry
 // found ready is adopted (a call, a precompile); without, it is found as any
-// ready entry (another saved spec's warm-up). Counts waits, not hits.
+// ready entry (another saved spec's warm-up). Counts waits; the caller
+// counts the rest.
 Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true);
 // Calls `exe` with the call's leaves when `takes_leaves`, else with its
 // arguments; made again through the fallback when it fails with one of

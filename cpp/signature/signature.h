@@ -19,7 +19,8 @@
 //   | g_names, g_dtypes       | InitSignatures, InternDtype                  |
 //
 // Lock order: building takes two leaf locks, each briefly and never both at
-// once: g_dtypes.mu (InternDtype) when an aval is remembered, and
+// once: g_dtypes.mu (InternDtype) when a dtype is interned (an aval
+// remembered, a numpy array's dtype first pinned by this thread), and
 // g_contexts.mu (CanonicalContext, ReleaseContext) when a context is
 // canonicalised or let go (also when a signature holding one is destroyed).
 // Comparing and printing take none.

@@ -5,8 +5,8 @@
 // thread; the spec and hook it reads are fixed after the jitted function's
 // construction; `memos_` is the calling thread's own.
 //
-// Lock order: a Builder holds no lock. StoreAval takes g_dtypes.mu
-// (InternDtype), a leaf, briefly; everything else may run Python
+// Lock order: a Builder holds no lock. StoreAval and ReadNumpyFields take
+// g_dtypes.mu (InternDtype), a leaf, briefly; everything else may run Python
 // (properties, __hash__, __lt__ of dict keys, the pytree hooks), so it must
 // never run under a C++ lock.
 //

@@ -1,7 +1,8 @@
 // ftjit: the errors bad arguments raise while a signature is built or
 // compared, and ThrowWithCause. Messages name the function and the
 // argument (in jax.jit's words when the spec asks for them). Off the hot
-// path: nothing here runs while a signature is built successfully.
+// path: nothing here runs while a call's signature is built successfully
+// (CheckSpecShape checks specs only).
 //
 // Shared state: none (the error classes are Imported at first use, then
 // fixed). Lock order: takes no locks. Building a message runs Python

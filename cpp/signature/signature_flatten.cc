@@ -5,7 +5,7 @@
 // Shared state: none (see Builder). Containers being walked are read with
 // strong references: another thread may mutate a list or dict meanwhile.
 //
-// Lock order: takes no lock of its own (leaves: Builder::StoreAval). Every
+// Lock order: takes no lock of its own (leaves: InternDtype's). Every
 // step may run Python (__hash__ and __lt__ of dict keys, the pytree hooks,
 // array properties): never under a C++ lock.
 #include <Python.h>

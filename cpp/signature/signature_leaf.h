@@ -6,8 +6,8 @@
 // hook are fixed after the jitted function's construction; Numpy() and N()
 // after module init.
 //
-// Lock order: StoreAval takes g_dtypes.mu (InternDtype), a leaf; nothing
-// else here takes a lock. Reading attributes runs Python (properties,
+// Lock order: StoreAval and ReadNumpyFields take g_dtypes.mu (InternDtype),
+// a leaf; nothing else here takes a lock. Reading attributes runs Python (properties,
 // __hash__ of dtypes and shardings): never under a C++ lock.
 #pragma once
 
