@@ -1,5 +1,5 @@
 """Miss explanations and the max_signatures message: a diff over the
-signatures the core gives (ftjit/_signature.py).
+signatures the core gives (ftjit._signature).
 
 When a call misses and the function explains its misses (or is past its
 ``max_signatures``), the core calls ``on_miss`` with the new signature and
@@ -8,7 +8,7 @@ structure, else the newest of any: at most 16, so a miss costs
 O(arguments), not O(cached signatures)). Each is described (leaves by
 path, statics by name, tree structures, how the arguments were passed, the
 context) and the closest cached one is diffed against the new one. The
-core owns the count and the once-only warning (cpp/jit/guard.cc), and the
+core owns the count and the once-only warning (the core's Guard), and the
 text of leaves, trees and statics: its printer's, through
 ``_record_texts``, so they read as ``signatures()`` prints them. This
 module compares the records' fields, picks the closest signature and logs

@@ -5,7 +5,7 @@ tracing and compiling, once per signature. The hot path calls the C++
 callable inside ``jax.stages.Compiled`` when this JAX exposes it (a private
 API, behind a feature check) and the public ``Compiled`` otherwise.
 
-The signature hooks it gives the core (ftjit/_jax_hooks.py) follow
+The signature hooks it gives the core (ftjit._jax_hooks) follow
 jax.jit; here: the compiler (JaxCompiler, bound to one function as
 BoundJaxCompiler), the CompilerHooks it hands ftjit.jit, the executable's
 fast call, and the one-time integration with JAX (hidden frames,
@@ -18,7 +18,7 @@ Shared state and what guards it:
 | resolves_negative_static_argnums | functools.cache: computed once        |
 | JaxCompiler | immutable after construction                                   |
 
-Lock order: none of its own (the hooks' lock: ftjit/_jax_hooks.py).
+Lock order: none of its own (the hooks' lock: ftjit._jax_hooks._hooks_lock).
 """
 
 from __future__ import annotations

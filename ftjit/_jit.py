@@ -1,8 +1,8 @@
 """ftjit.jit(), clear_caches() and disable_jit(), around the C++ core.
 
-jit() checks and resolves its options (ftjit/_options.py), picks the
-compiler (_choose_compiler), reads its hooks (ftjit/_hooks.py) and builds
-the JitFunction (_construct): a C++ type (cpp/jit/jit_type.cc) that defines
+jit() checks and resolves its options (ftjit._options), picks the
+compiler (_choose_compiler), reads its hooks (ftjit._hooks.hooks_of) and
+builds the JitFunction (_construct): the core's C++ type, which defines
 every method of a jitted function. Below: the records the core returns
 (CacheInfo, SignatureInfo), the one-time integration with JAX, and
 _rebuild, which unpickles a jitted function.
@@ -25,7 +25,7 @@ import types
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple, ParamSpec, Sequence, TypeVar, overload
 
-# Names from the submodules themselves, never from ftjit/__init__.py (which imports this module).
+# Names from the submodules themselves, never from the package ftjit (whose __init__ imports this module).
 from ._options import (
     StaticArgs,
     adopt_jax_compiler,

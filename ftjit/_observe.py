@@ -2,8 +2,8 @@
 
 Everything here runs on the miss path (or on demand), never on a cache hit.
 The core calls on_compile/on_wait after each compile and wait; miss
-explanations and the max_signatures message are written by ftjit/_explain.py
-(the core owns the count: cpp/jit/guard.cc).
+explanations and the max_signatures message are written by ftjit._explain
+(the core owns the count: its Guard).
 
 Shared state: none of its own. The explanation switch and the "ahead of
 traffic" marks are the core's (a relaxed atomic, and a per-thread depth).

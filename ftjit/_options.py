@@ -42,7 +42,7 @@ def check_guard_options(compile_timeout: Any, max_signatures: Any, on_excess: An
             raise TypeError(f"max_signatures must be an int or None, got {max_signatures!r}")
         if as_index < 1:
             raise ValueError(f"max_signatures must be a positive int or None, got {max_signatures!r}")
-        if as_index > 2**63 - 1:  # the core keeps the limit in a signed 64-bit int (cpp/jit/construct.cc)
+        if as_index > 2**63 - 1:  # the core keeps the limit in a signed 64-bit int (SignatureLimit)
             raise ValueError(f"max_signatures must be an int from 1 to 2**63 - 1, or None, got {max_signatures!r}")
         max_signatures = as_index
     if on_excess not in ("warn", "raise"):

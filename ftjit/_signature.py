@@ -1,9 +1,9 @@
 """A cached call signature as the core gives it (``JitFunction._signatures()``):
 its arguments as trees of ``Node``, ``Leaf`` and ``Static``, and its context.
 
-The core builds these from its own signature (cpp/signature/signature_export.cc):
-they are the one description of a signature, read by miss explanations
-(ftjit/_explain.py) and by ``warmup_specs`` (ftjit/_specs.py). Nothing here
+The core builds these from its own signature (its ExportSignature): they
+are the one description of a signature, read by miss explanations
+(ftjit._explain) and by ``warmup_specs`` (ftjit._specs). Nothing here
 flattens arguments or decides what a signature holds.
 
 Shared state: none (immutable records).

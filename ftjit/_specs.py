@@ -3,7 +3,7 @@ and a file to keep them across restarts: ``save_specs`` and ``load_specs``.
 
 A serving process learns under traffic which signatures it needs; a restart
 forgets them. ``warmup_specs()`` turns the signatures now cached (the
-core's own records, ftjit/_signature.py) back into specs that ``warmup()``
+core's own records, ftjit._signature) back into specs that ``warmup()``
 takes, newest first: arrays as the compiler's array specs (JAX:
 ``jax.ShapeDtypeStruct`` with dtype, shape, weak type and placement),
 static arguments as their values, nodes rebuilt through the compiler's
@@ -12,7 +12,7 @@ came from; one that cannot be rebuilt is left out and reported, never
 changed.
 
 The file is JSON that holds data only (format "ftjit-specs", version 2:
-ftjit/_specs_format.py describes it): the ftjit and JAX versions that wrote
+ftjit._specs_format describes it): the ftjit and JAX versions that wrote
 it and, per function (keyed by module and qualified name, or by the name
 given to ``save_specs``), each signature as a tree of nodes, leaves (dtype
 by name, shape, weak type, a single-device placement by platform and device
@@ -45,7 +45,7 @@ else.
 
 Shared state: none here (each call works on its own objects; the file
 system serialises the rename); the registered dataclasses: see
-ftjit/_specs_format.py.
+ftjit._specs_format.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The specs file's format: JSON that holds data only. ``ftjit.save_specs``
-writes it (ftjit/_specs.py) and ``ftjit.load_specs`` reads it
-(ftjit/_specs_read.py). Format ``"ftjit-specs"``, version 2; one saved
+writes it (ftjit._specs) and ``ftjit.load_specs`` reads it
+(ftjit._specs_read). Format ``"ftjit-specs"``, version 2; one saved
 signature a line::
 
     {"format": "ftjit-specs", "version": 2, "versions": {"ftjit": "0.1.0", "jax": "0.10.2"},

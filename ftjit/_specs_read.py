@@ -1,9 +1,9 @@
-"""Reading a specs file (ftjit/_specs_format.py describes the format):
+"""Reading a specs file (ftjit._specs_format describes the format):
 strictly, into typed records, running no code of the file's choosing.
 
 ``read`` checks the whole file once, into ``Contents`` (the versions that
 wrote it, each function's ``SavedEntry`` records, and each saved signature
-as the records of ftjit/_signature.py), and sorts what is wrong into two
+as the records of ftjit._signature), and sorts what is wrong into two
 kinds:
 
 - the file is not this format, or is damaged: anything ``save_specs``

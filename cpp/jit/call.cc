@@ -12,20 +12,18 @@
 //
 //   | state      | protection                                                 |
 //   |------------|------------------------------------------------------------|
-//   | t_jit_disabled | thread-local (disable_jit() depth; jit_state.h)        |
+//   | t_jit_disabled | thread-local (disable_jit() depth)                     |
 //   | t_ahead    | thread-local (depth of compiles asked for ahead of traffic)|
 //   | g_graph    | atomic pointer, process lifetime; swapped for an empty     |
 //   |            | graph in a forked child (the old one leaks); the graph has |
-//   |            | its own leaf lock (compile_latch.h)                        |
-//   | JitState   | jit_state.h                                                |
+//   |            | its own leaf lock (WaitForGraph)                           |
+//   | JitState   | see JitState                                               |
 //
-// Lock order: this file takes no lock itself. The store's locks
-// (entry_store.h, which states their one nesting) and the wait-for graph's
-// leaf lock are taken inside those calls, around Python-free steps only:
-// never across Python code, the compiler or a wait (a waiter releases the
-// GIL holding no C++ lock).
+// Lock order: takes no lock itself. The store's locks (EntryStore states
+// their one nesting) and the wait-for graph's leaf lock are taken inside
+// those calls, around Python-free steps only: never across Python code, the
+// compiler or a wait (a waiter releases the GIL holding no C++ lock).
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,9 +32,11 @@
 #include <string>
 #include <vector>
 
+#include <nanobind/nanobind.h>
+
+#include "jit/imports.h"
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -252,10 +252,8 @@ class Wait {
   uint64_t waited_ = 0;
 };
 
-// `e` is being compiled by another thread (or by this one: recursion).
-// Returns true once it is ready, false when its compile was abandoned (the
-// caller looks the signature up again); raises the compile's error if it
-// failed.
+// Waits for `e`'s compile: true once ready, false when it was abandoned
+// (the caller looks again); raises the compile's error if it failed.
 bool WaitForCompile(JitState& st, Entry& e) {
   Wait wait(st, e);
   CompileLatch::State s;
@@ -335,7 +333,7 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
     }
     // The hot path: a ready entry found by the lock-free probe. No reference
     // to the executable is taken: the entry (and so its executable) stays
-    // alive while this thread is counted in flight on it (entry_store.h).
+    // alive while this thread is counted in flight on it (EntryStore::FindReady).
     if (Entry* e = st.store->FindReady(sig, t.rec, t.shard)) {
       nb::object out;
       try {
@@ -351,8 +349,7 @@ nb::object CallWithSignature(JitState& st, CallSignature& sig, PyObject* const* 
       FunctionStore::FinishCall(e, t.rec, t.shard);
       return out;
     }
-    // Before any Python code runs with it (interned_context.h).
-    if (sig.AdoptContext()) break;
+    if (sig.AdoptContext()) break;  // before any Python code runs with it
     sig.Clear();  // its context died meanwhile: build it again
     leaves.clear();
   }
@@ -390,8 +387,8 @@ nb::object CallWhole(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObj
     } catch (const NeedsFallback&) {
       return CallFallbackOf(st, args, nargsf, kwnames);
     }
-    // Before any Python code runs with it (interned_context.h); else its
-    // context died meanwhile: build it again.
+    // Before any Python code runs with it; else its context died
+    // meanwhile: build it again.
     if (sig.AdoptContext()) break;
   }
   return CallAfterMiss(st, sig, t, args, nargsf, kwnames, leaves);
@@ -509,13 +506,6 @@ std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObj
 
 int& AheadDepth() { return t_ahead; }
 
-// os.register_at_fork(after_in_child=...): runs in the child's only thread,
-// the one that forked, before any other code of the child. Compiles in
-// flight in other threads of the parent will never finish here: their
-// entries are dropped (the next call compiles afresh), the locks they or
-// their waiters may have held are re-initialised, and the wait-for graph
-// starts empty. The forking thread keeps its owner id, so a compile it
-// forked from inside carries on and is published here as usual.
 void AfterForkInChild() {
   NoteForkInChild();
   g_graph.store(new WaitForGraph(), std::memory_order_release);

@@ -1,20 +1,21 @@
 // ftjit: a compile, run by the one thread that inserted the entry: the
-// compiler's call, the hooks' executable_for, the guard, and the latch
+// guard, the compiler's call, the hooks' executable_for, and the latch
 // published whatever happens (a result, an error copied for each waiter, or
 // abandoned when this thread was interrupted), so that waiters never hang.
 //
-// Takes no lock itself and declares no shared state: the store's calls take
-// their leaf locks around Python-free steps only (see call.cc's header for
-// the call path this is one step of, and jit_state.h for the state).
+// Shared state: none of its own (see JitState). Lock order: takes no lock
+// itself; the store's calls take their leaf locks around Python-free steps
+// only (see Call for the call path this is one step of).
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <chrono>
 #include <exception>
 
+#include <nanobind/nanobind.h>
+
+#include "jit/imports.h"
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -59,10 +60,9 @@ struct CompilePublisher {
   }
 };
 
-// compile(fun, args, kwargs) with the call's arguments: the executable.
-// Throws what the compiler raised, or a TypeError for something that cannot
-// be called (a failed compile, counted and not cached, rather than an entry
-// that raises "'int' object is not callable" on every call).
+// compile(fun, args, kwargs): the executable. TypeError for something that
+// cannot be called (a failed compile, counted and not cached, rather than an
+// entry that raises "'int' object is not callable" on every call).
 nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   size_t nargs = PyVectorcall_NARGS(nargsf);
   nb::object a = nb::steal(PyTuple_New(nargs));
@@ -91,11 +91,10 @@ nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObj
   return exe;
 }
 
-// The hooks' executable_for(compiled, args, kwargs, leaves), asked with
-// what the compiler returned, the dynamic arguments (statics left out when
-// executables take those only) and the call's leaves: the executable to
-// keep, and in `takes_leaves` whether it is called with the leaves. Throws
-// what the hook raised, or a TypeError when it answered something else.
+// The hooks' executable_for(compiled, args, kwargs, leaves), the statics
+// left out of args and kwargs with strip_static: the executable to keep,
+// and in `takes_leaves` whether it takes the leaves. TypeError for an
+// answer of another shape.
 nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* args, size_t nargsf,
                          PyObject* kwnames, const LeafObjects& leaves, bool& takes_leaves, nb::object& make_local,
                          nb::object& own_miss) {
@@ -142,8 +141,7 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
   return nb::borrow(PyTuple_GET_ITEM(t, 0));
 }
 
-// This thread inserted `e`: compile it and publish the result (or the
-// error) to every waiter. Throws the compile's exception.
+// Compile's body; `publisher` publishes the latch however it ends.
 void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
                  PyObject* kwnames, const LeafObjects& leaves, const Entry* adopted, bool provisional,
                  CompilePublisher& publisher) {

@@ -1,20 +1,21 @@
 // ftjit: a JitFunction made from ftjit.jit()'s resolved options and the
-// compiler's CompilerHooks (ftjit/_hooks.py), read once into its state.
+// compiler's CompilerHooks, read once into its state.
 //
 // Shared state: none (the state made here is the new function's own, and
-// fixed once returned; jit_state.h). Lock order: takes no lock of its own
-// (StoreFor takes the cache's function-map lock, store/function_cache.cc).
+// fixed once returned: see JitState). Lock order: takes no lock of its own
+// (StoreFor takes the cache's function-map lock).
 #include <Python.h>
-#include <nanobind/nanobind.h>
-#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "jit/jit_state.h"
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
 #include "jit/imports.h"
+#include "jit/jit_state.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -50,8 +51,7 @@ nb::object OwnTypes(nb::handle types, const char* what) {
   return copy;
 }
 
-// A callable field of `record`, or null for None: "CompilerHooks.<what>
-// must be callable[ or None], got ..." otherwise.
+// A callable field of `record` (null for None, when `none_ok`).
 nb::object CallableField(nb::handle record, const char* name, const std::string& what, bool none_ok) {
   nb::object o = record.attr(name);
   if (none_ok && o.is_none()) return nb::object();
@@ -82,7 +82,7 @@ void ReadPytreeFlatten(SignatureSpec& spec, nb::handle flatten) {
 }
 
 // The spec's hooks, read once from the CompilerHooks by field name
-// (ftjit/_hooks.py validates them; what the core relies on for memory
+// (ftjit.CompilerHooks validates them; what the core relies on for memory
 // safety is checked again here).
 void ReadHooks(JitState& st, nb::handle hooks) {
   SignatureSpec& spec = st.spec;

@@ -3,25 +3,25 @@
 //
 // The count is the store's (EntryStore::Admit: the entries admitted and
 // still in the map, exact under concurrent misses); the text is written by
-// ftjit/_explain.py from the structured signatures the core exports
-// (signature/signature_export.cc).
+// ftjit._explain from the records ExportSignature makes.
 //
 //   | state            | protection                                         |
 //   |------------------|----------------------------------------------------|
 //   | g_explain_misses | relaxed atomic (ftjit.set_explain_misses)          |
-//   | the store's count, its once-only warning | store/entry_store.h,       |
-//   |                  | store/function_cache.h                             |
+//   | the store's count, its once-only warning | EntryStore::Admit,         |
+//   |                  | FunctionStore::TakeWarning                         |
 //
 // Lock order: takes no lock itself; Candidates takes a snapshot of the
 // store's map (its leaf lock, around Python-free steps only).
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <atomic>
 #include <vector>
 
-#include "jit/jit_state.h"
+#include <nanobind/nanobind.h>
+
 #include "jit/imports.h"
+#include "jit/jit_state.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -35,8 +35,7 @@ std::atomic<bool> g_explain_misses{false};
 // against, exported, oldest first: among the kExplainScanned newest, those
 // of the same call structure (arguments passed alike, same tree tokens),
 // else the newest of any. So a miss costs O(arguments), not O(cached
-// signatures). (Sorting every entry instead made a miss with 4000 cached
-// 2.2x one with 10: bench's miss row.)
+// signatures).
 constexpr size_t kExplainCandidates = 16;
 constexpr size_t kExplainScanned = 256;
 
@@ -67,13 +66,6 @@ nb::object Candidates(JitState& st, const Entry& e) {
 
 }  // namespace
 
-// In the thread that inserted `e` and is about to compile it: counts it
-// against max_signatures, and explains the miss when the function explains
-// its misses (ftjit/_explain.py writes and logs the text). Past the limit:
-// with on_excess="raise", throws RecompileLimitError (the compile must not
-// run); with "warn", warns once per store and compiles (throwing, if the
-// warning was turned into an error). Compiles asked for ahead of traffic
-// (precompile, warmup) are counted, never explained.
 void Guard(JitState& st, const EntryPtr& e) {
   FunctionStore& fs = *st.store;
   const SignatureLimit& limit = fs.limit();

@@ -1,5 +1,5 @@
 // ftjit: the Python objects the jit floor raises, builds and calls (see
-// pyutil/imported.h).
+// Imported).
 #pragma once
 
 #include "pyutil/imported.h"

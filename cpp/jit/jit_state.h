@@ -1,8 +1,5 @@
 // ftjit: what the JitFunction files share: the per-function state, the
-// Python object's layout, and the few helpers more than one of them uses.
-// The type itself: jit_type.cc; the call and wait path: call.cc; a compile:
-// compile.cc; the max_signatures guard: guard.cc;
-// a failed compile's error as each waiter raises it: waiter_errors.cc.
+// Python object's layout, and the helpers more than one of them uses.
 //
 //   | state                  | protection                                      |
 //   |------------------------|-------------------------------------------------|
@@ -10,13 +7,12 @@
 //   |   JitFunction)         | tp_clear empties an unreachable one (every entry|
 //   |                        | point checks CheckNotCleared first); freed by   |
 //   |                        | dealloc                                         |
-//   | its store and counters | store/function_cache.h, store/entry_store.h     |
+//   | its store and counters | FunctionStore, EntryStore                       |
 //
 // Lock order: declares no lock.
 #pragma once
 
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <atomic>
 #include <chrono>
@@ -24,6 +20,8 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+
+#include <nanobind/nanobind.h>
 
 #include "signature/signature.h"
 #include "store/function_cache.h"
@@ -36,26 +34,24 @@ namespace nb = nanobind;
 struct JitState {
   nb::object fun;             // the wrapped function; cleared only by tp_clear
   nb::object compile;         // compile(fun, args, kwargs) -> executable
-  nb::object hooks;           // the compiler's ftjit.CompilerHooks (ftjit/_hooks.py)
+  nb::object hooks;           // the compiler's ftjit.CompilerHooks
   nb::object cache;           // the FunctionCache Python object
   nb::object options;         // hashable options key shared with other wrappers
   nb::object pickle_options;  // dict handed back to ftjit.jit on unpickling
   // Called instead of the executable when the call must not be cached
   // (NeedsFallback), and after one of redo_types: the hooks' `fallback`.
   nb::object fallback;
-  // Exception types (a tuple) after which a failed executable call is made
-  // again through `fallback`, which reports it its own way (JAX: a NaN found
-  // under jax_debug_nans, re-run de-optimised to name the op). May be null.
+  // Exception types (a tuple, or null) after which a failed executable call
+  // is made again through `fallback`, which reports it its own way (JAX:
+  // jax_debug_nans re-runs de-optimised to name the op).
   nb::object redo_types;
   // The hooks' executable_for(compiled, args, kwargs, leaves) ->
   // (executable, takes_leaves), asked once per compile; may be null. When
   // set, every call keeps its leaves (BuildSignature's leaf_objects).
   nb::object executable_for;
-  // The compiler's hooks that JitFunction's methods of the same names call
-  // (CompilerHooks.METHOD_HOOKS: lower, trace and eval_shape with the
-  // method's arguments, clear_cache first thing), read once at jit()
-  // (ReadHooks) with their names (str); a hook is null where the compiler
-  // has none.
+  // CompilerHooks.METHOD_HOOKS, which JitFunction's methods of the same
+  // names call, with their names (str), read once at jit(); null where the
+  // compiler has none.
   static constexpr size_t kMaxMethodHooks = 8;
   nb::object method_hook_names[kMaxMethodHooks];
   nb::object method_hooks[kMaxMethodHooks];
@@ -65,8 +61,7 @@ struct JitState {
   double compile_timeout = 0;  // seconds a waiter waits at most; <= 0: forever
   int explain_misses = -1;     // log why each miss missed: 1, 0, or -1 (ExplainMisses())
 
-  // The method hook named `name`, or null: a comparison of C strings over
-  // the names read at jit(), no attribute lookup.
+  // The method hook named `name`, or null (no attribute lookup).
   nb::object MethodHook(const char* name) const {
     for (size_t i = 0; i < kMaxMethodHooks && method_hook_names[i].is_valid(); ++i) {
       if (PyUnicode_CompareWithASCIIString(method_hook_names[i].ptr(), name) == 0) return method_hooks[i];
@@ -74,8 +69,8 @@ struct JitState {
     return nb::object();
   }
 
-  // Every Python object the state holds, each once: for the GC's traverse
-  // and clear (jit_type.cc), so that no list of fields is kept twice.
+  // Every Python object the state holds, each once: the GC's traverse and
+  // clear share this one list of the fields.
   template <class F>
   void ForEachObject(F&& f) {
     for (nb::object* o :
@@ -101,15 +96,13 @@ inline JitState& StateOf(PyObject* self) { return *reinterpret_cast<JitFunctionO
 // Raises type(msg), as a C++ throw of the Python error.
 [[noreturn]] void RaiseMessage(PyObject* type, const std::string& msg);
 
-// Throws RuntimeError once the GC's tp_clear has emptied this function
-// (every entry point checks first).
+// Throws RuntimeError once the GC's tp_clear has emptied this function.
 inline void CheckNotCleared(const JitState& st) {
   if (!st.fun.is_valid()) RaiseMessage(PyExc_RuntimeError, "this jitted function was cleared by the garbage collector");
 }
 
 // Calls an observability hook (ftjit._observe.on_compile / on_wait); its
-// exceptions are reported as unraisable, never allowed to replace the
-// call's own result or error.
+// exceptions are unraisable, never replacing the call's result or error.
 void CallHook(PyObject* hook, std::initializer_list<PyObject*> args);
 
 // The readable signature of entry `e`, as a str.
@@ -120,115 +113,110 @@ inline uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
-// --- waiter_errors.cc: a failed compile's error, once per waiter ------------
+// --- a failed compile's error, once per waiter --------------------------------
 
 // The compile's exception as waiters will read it: a private copy that
-// nobody raises or writes after Publish() (see waiter_errors.cc).
+// nobody raises or writes after Publish() (the compiling thread raises the
+// original). For a type that cannot be copied, a RuntimeError naming it,
+// caused by the original.
 nb::object ErrorForWaiters(const nb::object& original);
-// Raises this waiter's own copy of the compile's exception.
+// Raises this waiter's own copy of the compile's exception (or, when none
+// can be made, a fresh RuntimeError caused by the shared one).
 [[noreturn]] void RaiseForWaiter(const JitState& st, const nb::object& error);
 
-// --- jit_type.cc and construct.cc: the type, and a function of it -------------
+// --- the type, and a function of it -------------------------------------------
 
-// A new JitFunction owning `st`.
 nb::object NewJitFunction(std::unique_ptr<JitState> st);
-// Registers _make_jit_function (construct.cc).
 void RegisterConstruction(nb::module_& m);
 
-// --- compile.cc: a compile, by the thread that inserted the entry ------------
+// --- a compile, by the thread that inserted the entry --------------------------
 
 // This thread inserted `e` (its miss): runs the guard, links `e` into the
 // LRU, compiles, and publishes the executable, or the error to every waiter
 // (abandoned, when this thread was interrupted: a waiter compiles again).
-// Throws the compile's exception. With `adopted` (the provisional entry
-// whose slot `e` took: entry_store.h), the guard runs as for any miss and
-// `e` takes its executable instead of compiling. With `provisional` (a
-// saved spec's warm-up), the guard does not run and `e` is published
-// provisional: in the map, unlisted, uncounted until adopted.
+// With `adopted` (the provisional entry whose slot `e` took), `e` takes its
+// executable instead of compiling. With `provisional` (a saved spec's
+// warm-up), the guard does not run and `e` is published provisional: in the
+// map, unlisted, uncounted until adopted.
 void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
              const LeafObjects& leaves, const Entry* adopted = nullptr, bool provisional = false);
 
-// --- call.cc: the call and wait path ------------------------------------------
+// --- the call and wait path ---------------------------------------------------
 
-// The entry of a signature after the hit path missed: either one this
-// thread inserted and must compile, or a ready one (found ready, or waited
-// for). An abandoned compile (its thread was interrupted) is looked up
-// again, and this thread may then be the one to compile it.
+// The entry of a signature after the hit path missed: one this thread
+// inserted and must compile, or a ready one (found ready, or waited for).
 struct Resolved {
   EntryPtr entry;
   bool inserted;   // this thread owns the compile
   bool was_ready;  // ready when found: a hit, no wait
   // With `inserted`: the provisional entry whose slot `entry` took, whose
-  // payload the compile takes instead of compiling (entry_store.h,
-  // "Provisional entries").
+  // payload the compile takes instead of compiling.
   EntryPtr adopted;
 };
-// `sig` must have adopted its context (CallSignature::AdoptContext). With
-// `adopt`, a provisional entry found ready is adopted (a call, a precompile
-// of the program's own); without, it is found as any ready entry (the
-// warm-up of another saved spec). Counts waits; the caller counts the rest.
+// `sig` must have adopted its context. An abandoned compile is looked up
+// again (this thread may compile it). With `adopt`, a provisional entry
+// found ready is adopted (a call, a precompile); without, it is found as any
+// ready entry (another saved spec's warm-up). Counts waits; the caller
+// counts the rest.
 Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true);
-// Calls `exe` with the call's leaves when `takes_leaves` (flattened once,
-// by BuildSignature), else with its arguments; when it fails with one of
-// st.redo_types, the call is made again through the fallback (see
-// JitState::redo_types). Throws what it raised.
+// Calls `exe` with the call's leaves when `takes_leaves`, else with its
+// arguments; made again through the fallback when it fails with one of
+// st.redo_types.
 nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObject* const* args, size_t nargsf,
                           PyObject* kwnames, const LeafObjects& leaves);
-// The call through the compiler's fallback (uncached); throws on error.
+// The call through the compiler's fallback (uncached).
 nb::object CallFallbackOf(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
 // A call whose partial signature (context_in_executable) missed: builds its
-// whole signature into `sig` (and its leaves), then finds, compiles or
-// waits for its entry, and calls it. Throws on error.
+// whole signature into `sig`, then finds, compiles or waits for its entry.
 nb::object CallWhole(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
                      PyObject* kwnames, LeafObjects& leaves);
 
-// --- thread_executables.cc: copies per thread that check the context ------------
+// --- ThreadExecutables: copies per thread that check the context ---------------
 
 // Whether `e`'s executable is ThreadExecutables (a copy per thread).
 bool UsesCopies(const Entry& e);
 // A new copy from ThreadExecutables.make (given the core's miss and eager
-// callbacks). Throws what it raised, or TypeError for a non-callable.
+// callbacks); TypeError for a non-callable.
 nb::object MakeCopy(const nb::object& make_local);
 // Calls ready entry `e`, whose hit (or miss) the caller counted: its
-// executable, or this thread's own copy of it. Throws on error.
+// executable, or this thread's own copy of it.
 nb::object CallEntry(JitState& st, Entry& e, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
                      PyObject* kwnames, const LeafObjects& leaves);
 // A call of a function whose executables check the context (the hit path
-// reads none). Throws on error.
+// reads none).
 nb::object CallContextInExecutable(JitState& st, CallSignature& sig, PyObject* const* args, size_t nargsf,
                                    PyObject* kwnames);
 // Registers _context_miss and _eager (and keeps them for the copies).
 void RegisterThreadExecutables(nb::module_& m);
 
-// A call of the jitted function (the vectorcall's body). Throws on error.
+// A call of the jitted function (the vectorcall's body).
 nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
 // precompile(*args, **kwargs): compiles this signature if it is not cached;
 // true if this call compiled it. Executes nothing.
 bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
-// _precompile_saved(*args, **kwargs): a saved spec's warm-up. Compiles the
-// signature as a provisional entry (not counted against max_signatures
-// until a call or precompile adopts it), only while the counted and
-// provisional signatures leave room under max_signatures. Executes nothing.
+// _precompile_saved(*args, **kwargs) (see its docstring): compiles a
+// provisional entry while max_signatures leaves room. Executes nothing.
 enum class PrecompileSaved { kNoRoom = -1, kCached = 0, kCompiled = 1 };
 PrecompileSaved PrecompileSavedSpec(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
-// guard.cc: the max_signatures guard for the compile of `e` (just inserted
-// by this thread): throws when the compile must not run (RecompileLimitError,
-// or the warning turned into an error). Explains the miss when asked to.
+// The max_signatures guard, in the thread about to compile `e`: counts it,
+// and explains the miss when asked to (ftjit._explain.on_miss writes the
+// text). Past the limit, on_excess="raise" throws RecompileLimitError (the
+// compile must not run); "warn" warns once per store and compiles. Compiles
+// asked for ahead of traffic are counted, never explained.
 void Guard(JitState& st, const EntryPtr& e);
-// The adopted signature of these arguments (array specs such as
-// jax.ShapeDtypeStruct stand for arrays); false when the call would take the
-// compiler's fallback.
+// The adopted signature of these arguments (array specs stand for arrays);
+// false when the call would take the compiler's fallback.
 bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig,
                   LeafObjects* leaves = nullptr);
 // The readable signature these arguments would have ("f(<traced>)" for a
 // call that would take the fallback).
 std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
-// disable_jit(): this thread's nesting depth. Read by every call: a
-// trivially destructible thread-local (no guard), inline.
+// disable_jit(): this thread's nesting depth. Read by every call: inline,
+// trivially destructible (no thread-local guard).
 inline thread_local int t_jit_disabled = 0;
 inline int& JitDisabledDepth() { return t_jit_disabled; }
 // This thread's compiles asked for ahead of traffic (precompile, warmup):
-// not misses to explain. A nesting depth (call.cc).
+// not misses to explain. A nesting depth.
 int& AheadDepth();
 struct AheadOfTraffic {
   AheadOfTraffic() { ++AheadDepth(); }
@@ -237,9 +225,13 @@ struct AheadOfTraffic {
   AheadOfTraffic& operator=(const AheadOfTraffic&) = delete;
 };
 // The process-wide switch of miss explanations, for functions jitted with
-// explain_misses=None (ftjit.set_explain_misses). A relaxed atomic (call.cc).
+// explain_misses=None (ftjit.set_explain_misses). A relaxed atomic.
 std::atomic<bool>& ExplainMisses();
-// os.register_at_fork(after_in_child=...), see call.cc.
+// os.register_at_fork(after_in_child=...), in the child's only thread:
+// compiles in flight in the parent's other threads never finish here, so
+// their entries are dropped, the locks they or their waiters may hold are
+// re-initialised and the wait-for graph starts empty. The forking thread
+// keeps its owner id: a compile it forked from inside is published as usual.
 void AfterForkInChild();
 // Threads now registered in the wait-for graph (diagnostics).
 size_t WaitingThreads();

@@ -1,28 +1,23 @@
 // ftjit: the JitFunction type: a hand-built heap type whose call, GC
 // support, descriptor and repr are C slots, and whose every method and
 // property is a nanobind function set on it (one declaration gives the
-// parser, the docstring and the stub's signature, as jaxlib's PjitFunction);
-// and its construction from ftjit.jit()'s resolved options and the
-// compiler's CompilerHooks (ftjit/_hooks.py).
+// parser, the docstring and the stub's signature, as jaxlib's PjitFunction).
 //
-// Errors cross from C++ into Python at the boundary (pyutil/errors.h): a
-// slot runs its body through Translated(), nanobind translates what a
-// method throws, alike.
+// Errors cross from C++ into Python at one boundary: a slot runs its body
+// through Translated(), and nanobind translates what a method throws, alike.
 //
 //   | state      | protection                                               |
 //   |------------|----------------------------------------------------------|
 //   | g_jit_type | set once at module init                                  |
-//   | JitState   | jit_state.h                                              |
+//   | JitState   | see JitState                                             |
 //
 // Lock order: takes no lock itself. Only the test hook _debug_hold_locks
-// holds several: FunctionStore::LockAllForTest's (function_cache.cc), then
-// LockSignatureLocksForTest's (signature.cc).
+// holds several: FunctionStore::LockAllForTest's, then
+// LockSignatureLocksForTest's.
 #include "jit/jit_type.h"
 
 #include <Python.h>
 #include <structmember.h>
-#include <nanobind/stl/string.h>
-#include <nanobind/typing.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,9 +26,12 @@
 #include <thread>
 #include <vector>
 
+#include <nanobind/stl/string.h>
+#include <nanobind/typing.h>
+
+#include "jit/imports.h"
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -43,17 +41,15 @@ namespace {
 
 PyObject* g_jit_type = nullptr;  // set once at module init
 
-// A JitFunction, as a method's `self`: nanobind checks the type before the
-// body runs (JitFunction.cache_info(42) is a TypeError), as CPython's method
-// descriptors do.
+// A method's `self`: nanobind checks its type before the body runs
+// (JitFunction.cache_info(42) is a TypeError), as CPython's methods do.
 bool IsJitFunction(PyObject* o) { return PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(g_jit_type)); }
 class JitSelf : public nb::object {
   NB_OBJECT_DEFAULT(JitSelf, nb::object, "JitFunction", IsJitFunction)
 };
 
-// A parameter or result that nanobind passes on unchecked (the Python code
-// it goes to checks it), named `kType` in the method's signature and so in
-// the stub.
+// A parameter or result nanobind passes on unchecked (the Python code it
+// goes to checks it), named `kType` in the signature and so in the stub.
 bool AnyObject(PyObject*) { return true; }
 template <const auto& kType>
 class Annotated : public nb::object {
@@ -66,8 +62,8 @@ class Annotated : public nb::object {
 // unwind into nanobind, whose dispatch is noexcept: std::terminate would
 // abort the exiting process. It is parked instead, as CPython 3.14 parks
 // such threads itself (PyThread_hang_thread); the process exits around it.
-// The frames below (call.cc's waits, compile.cc) have unwound already,
-// releasing what they held.
+// The frames below (a wait, Compile) have unwound already, releasing what
+// they held.
 [[noreturn]] NB_NOINLINE void ParkThreadEndedAtShutdown() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
@@ -85,10 +81,9 @@ Result Method(const JitSelf& self, Body&& body) {
       [] { ParkThreadEndedAtShutdown(); });
 }
 
-// A call's arguments as nanobind hands them to a method (*args, **kwargs),
-// laid out as a vectorcall's, which the signature builder reads: the
-// positional ones, then the keyword values, their names in kwnames() (null:
-// none). Borrowed from `args` and `kwargs`, which only this call holds.
+// A method's *args, **kwargs laid out as a vectorcall's, which the
+// signature builder reads. Borrowed from `args` and `kwargs`, which only
+// this call holds.
 class VectorcallArgs {
  public:
   VectorcallArgs(const nb::args& args, const nb::kwargs& kwargs) : nargs_(args.size()) {
@@ -112,7 +107,7 @@ class VectorcallArgs {
   nb::object kwnames_;
 };
 
-// The function's CompilerHooks hook of that name, read once at jit(), or null (None).
+// The compiler's method hook of that name, or null (see JitState::MethodHook).
 nb::object HookOf(const JitState& st, const char* name) { return st.MethodHook(name); }
 
 // --- the type's slots ------------------------------------------------------------
@@ -120,14 +115,13 @@ nb::object HookOf(const JitState& st, const char* name) { return st.MethodHook(n
 extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                                             PyObject* kwnames) {
   JitState& st = StateOf(self);
-  // A jitted function calling itself (or another) recurses through this C
-  // frame, which takes far more C stack than a Python-to-Python call: count
-  // it, so that deep recursion is a RecursionError, not a stack overflow
-  // (CPython's own C calls of Python code do the same).
-  // Left explicitly, not by a destructor: a thread ended by CPython at
-  // interpreter shutdown (pthread_exit when a waiter or the executable takes
-  // the GIL back) unwinds through here with no thread state, where
-  // Py_LeaveRecursiveCall would crash (3.12+); Translated does not catch it.
+  // Recursion through jitted functions stacks this C frame, far larger than
+  // a Python-to-Python call's: counted, so that it ends in RecursionError,
+  // not a stack overflow. Left explicitly, not by a destructor: a thread
+  // ended by CPython at interpreter shutdown (pthread_exit when a waiter or
+  // the executable takes the GIL back) unwinds through here with no thread
+  // state, where Py_LeaveRecursiveCall would crash (3.12+); Translated does
+  // not catch it.
   if (Py_EnterRecursiveCall(" while calling a jitted function")) return nullptr;
   PyObject* out = Translated(
       [&]() -> PyObject* {
@@ -217,11 +211,8 @@ std::vector<EntryPtr> ReadyNewestFirst(const JitState& st) {
   return entries;
 }
 
-// Pickling by reference when this very object is reachable by its module
-// and qualified name (the decorated form, @ftjit.jit on a module-level
-// function), as functools.lru_cache wrappers are; otherwise by value: the
-// wrapped function (itself by reference) and the options, rebuilt by
-// ftjit.jit on unpickling.
+// __reduce__ (see its docstring): the qualified name, as functools.lru_cache
+// wrappers pickle, or (ftjit._jit._rebuild, (fun, pickle_options)).
 nb::object Reduce(nb::handle me, const JitState& st) {
   nb::object name = nb::getattr(me, "__qualname__", nb::none());
   nb::object module_name = nb::getattr(me, "__module__", nb::none());
@@ -265,15 +256,13 @@ constexpr char kSpecsType[] = "collections.abc.Iterable[typing.Any]";
 constexpr char kProgressType[] = "bool | typing.TextIO";
 constexpr char kWarmupReportType[] = "WarmupReport";
 
-// Sets every method and property of JitFunction on `type`. The slots above
-// stay C; everything else is declared here once: nanobind parses its
-// arguments, and stubgen renders its signature and docstring into
-// _core.pyi. nb::sig spells what C++ types cannot (the ParamSpec _P, whose
-// `<module>._P.args` stubgen shortens to `_P.args`; JitFunction[_P, _R]) for
-// methods that parse no parameter by name; warmup's parameters are nb::arg.
-// The Python classes the signatures name (CacheInfo, ...) are imported by
-// the stub's pattern file (core_stub_patterns.txt): ftjit cannot be
-// imported where the stub is made.
+// Sets every method and property of JitFunction on `type`, each declared
+// once: nanobind parses its arguments, stubgen renders its signature and
+// docstring into _core.pyi. nb::sig spells what C++ types cannot (the
+// ParamSpec _P, whose `<module>._P.args` stubgen shortens to `_P.args`;
+// JitFunction[_P, _R]). The Python classes the signatures name (CacheInfo,
+// ...) are imported by core_stub_patterns.txt: ftjit cannot be imported
+// where the stub is made.
 void DefineMethods(nb::handle type, const std::string& module) {
   const std::string pargs = "*args: " + module + "._P.args, **kwargs: " + module + "._P.kwargs";
   // nanobind names a function with a custom signature after it (`def
@@ -333,7 +322,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
   method(
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) {
-          AheadOfTraffic ahead;  // not a miss to explain (ftjit/_observe.py)
+          AheadOfTraffic ahead;  // not a miss to explain
           VectorcallArgs call(args, kwargs);
           return nb::bool_(Precompile(st, call.args(), call.nargs(), call.kwnames()));
         });
@@ -505,11 +494,9 @@ void DefineMethods(nb::handle type, const std::string& module) {
   property(field(&JitState::hooks), "def _hooks(self) -> typing.Any",
            "The compiler's ftjit.CompilerHooks (fixed).");
   property(field(&JitState::cache), "def _cache(self) -> FunctionCache", "The FunctionCache (fixed).");
-  // A jitted function's __globals__: the namespace of the module that
-  // defines ftjit's Python API (ftjit._jit), as a Python wrapper function of
-  // that module would have. Tools that recognise JAX-wrapped functions by
-  // the api_boundary their wrappers are defined with (chex's is_traceable)
-  // then see a jitted function for what it is.
+  // __globals__: ftjit._jit's namespace, as a Python wrapper defined there
+  // would have. Tools that recognise JAX-wrapped functions by the module of
+  // their api_boundary (chex's is_traceable) then see a jitted function.
   property(
       [](const JitSelf&) {
         PyObject* globals = kJitModule.Get();
@@ -571,9 +558,8 @@ void RegisterJitFunction(nb::module_& m) {
           Py_TPFLAGS_DISALLOW_INSTANTIATION,  // only ftjit.jit() makes them (a state-less one would crash)
       kSlots,
   };
-  // JitFunction is generic over the wrapped function's parameters and
-  // result (the stub's class JitFunction(Generic[_P, _R])), as nanobind
-  // declares type parameters: module attributes the stub renders.
+  // The type parameters of JitFunction(Generic[_P, _R]), declared as
+  // nanobind declares them: module attributes the stub renders.
   m.attr("_P") = nb::param_spec("_P");
   m.attr("_R") = nb::type_var("_R", nb::arg("covariant") = true);
   g_jit_type = PyType_FromSpec(&spec);

@@ -3,7 +3,7 @@
 // nanobind functions set on it) and the module-level switches.
 //
 // Declares no shared state and takes no locks; the type's state, guards and
-// lock order: JitState (jit_state.h) and the call path (Call).
+// lock order: JitState and the call path (Call).
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -1,9 +1,11 @@
 // ftjit: the _core extension module: FunctionCache, JitFunction, switches.
 //
-// Shared state: none of its own; everything belongs to the file that
-// registers it. Module init (NB_MODULE) runs once, under the import lock.
+// Shared state: none of its own; everything belongs to what registers it.
+// Module init (NB_MODULE) runs once, under the import lock.
 //
 // Lock order: takes no locks.
+#include <Python.h>
+
 #include <new>
 #include <stdexcept>
 #include <string>

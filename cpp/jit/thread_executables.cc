@@ -1,53 +1,49 @@
 // ftjit: executables a thread owns, which check the compiler's context
-// themselves (CompilerHooks.context_in_executable, ThreadExecutables in
-// ftjit/_hooks.py): the hit path that calls them without reading the
-// context, a thread's own copies of an entry's executable, and the two
-// callbacks a copy makes: `miss` (a context it has not served) and `eager`
-// (the compiler's eager mode: jax.disable_jit()).
+// themselves (CompilerHooks.context_in_executable, ftjit.ThreadExecutables):
+// the hit path that calls them without reading the context, a thread's own
+// copies of an entry's executable, and the two callbacks a copy makes:
+// `miss` (a context it has not served) and `eager` (the compiler's eager
+// mode: jax.disable_jit()).
 //
 // Why: jaxlib's C++ call of a compiled program checks JAX's configs on
-// every call (its cache key) and takes a lock on its own cache. Reading the
-// context again in ftjit doubled that work, and one shared call object made
-// every thread of a server wait on one lock. Here each thread calls a copy
-// of its own (made lazily, in that thread), and the context is read by
-// ftjit only when a copy misses.
+// every call and locks its own cache. Reading the context in ftjit as well
+// would check it twice, and one shared call object makes every thread wait
+// on that lock. So each thread calls a copy of its own (made lazily, in
+// that thread), and ftjit reads the context only when a copy misses: each
+// call checks the context once.
 //
-// The hit path (CallContextInExecutable): the signature of the arguments
-// alone; FindReadyLocal finds the entry of those arguments (the first of
-// their contexts in the table: the head) and the entry this thread's shard
-// of the head redirects to (the signature of the same arguments under the
-// context this thread last had, LocalSlot); its copy is called with a
-// CallFrame on the stack. A copy that meets a context it has not cached
-// calls ContextMiss, which reads the context, and either runs its own
-// program (`own_miss`: the copy caches it) or resolves the entry of that
-// context through the store (compile once, waits, cycles: call.cc),
-// redirects this thread's shard of the head to it and returns its outputs
-// uncached (`drop`). A plain executable (not ThreadExecutables) of such a
-// function is checked by the core: the context is read and compared before
-// it is called. So each call checks the context once.
+// The hit path (CallContextInExecutable) finds the entry of the arguments
+// alone (the head) and the one this thread's shard of it redirects to
+// (LocalSlot: the same arguments under this thread's last context). A copy
+// that meets a context it has not cached calls ContextMiss, which runs the
+// copy's own program (`own_miss`: the copy caches it) or resolves that
+// context's entry through the store (compile once, waits, cycles),
+// redirects the shard to it and returns its outputs uncached (`drop`). A
+// plain executable of such a function is checked by the core before it is
+// called.
 //
 //   | state            | protection                                         |
 //   |------------------|----------------------------------------------------|
 //   | t_frame          | thread-local: the innermost call of a copy         |
-//   | a shard's local  | the thread holding that shard (entry_store.h:      |
-//   |   (LocalSlot)    | exclusive), and the entry's destructor             |
+//   | a shard's local  | the thread holding that shard (EntryStore's        |
+//   |   (LocalSlot)    | exclusive shards), and the entry's destructor      |
 //   | g_miss, g_eager  | made at module init, then fixed                    |
 //
 // Memory: at most one copy per (entry, exclusive shard), plus the shared
 // one: at most kMaxThreadShards + 1 per signature, whatever the number of
 // threads. A thread that ends leaves its copies in its shard, to the next
-// thread that takes it; they go with the entry (clear_cache, eviction, the
-// function's death).
+// thread that takes it; they go with the entry.
 //
 // Lock order: takes no lock itself; the store's calls take their leaf
-// locks around Python-free steps only (entry_store.h). Every callback runs
-// Python with no ftjit lock held.
+// locks around Python-free steps only. Every callback runs Python with no
+// ftjit lock held.
 #include <Python.h>
+
 #include <nanobind/nanobind.h>
 
+#include "jit/imports.h"
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "jit/imports.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -94,7 +90,6 @@ class FrameScope {
 PyObject* g_miss = nullptr;
 PyObject* g_eager = nullptr;
 
-// A new copy of `e`'s executable.
 nb::object MakeLocal(const Entry& e) { return MakeCopy(e.payload.make_local); }
 
 // This thread's own copy of `e` (made now if it has none); `e`'s shared copy
@@ -237,7 +232,6 @@ nb::object CallCopy(JitState& st, Entry& head, Entry& target, const ThreadCtx& t
     ResetLocal(head, t.shard);
     throw;
   }
-  // A hit, as on the other hit path.
   if (!frame.counted) st.store->CountHit(frame.target, t.shard);
   return out;
 }
@@ -275,8 +269,8 @@ nb::object CallContextInExecutable(JitState& st, CallSignature& sig, PyObject* c
     return CallFallbackOf(st, args, nargsf, kwnames);
   } catch (nb::python_error&) {
     // Arguments a call that defers would not have looked at (a trace is
-    // active, eager mode is on): the fallback takes them, as it did when the
-    // context was read first. (The hooks' own errors here keep the original.)
+    // active, eager mode is on): the fallback takes them, as it would had
+    // the context been read first. (The hooks' own errors keep the original.)
     bool defers = false;
     try {
       defers = st.spec.hook.Defers();

@@ -9,14 +9,15 @@
 // Shared state: none (the error is written by the compiling thread before
 // the latch publishes it, and only read after). Lock order: takes no lock.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <exception>
 #include <string>
 
+#include <nanobind/nanobind.h>
+
+#include "jit/imports.h"
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
-#include "jit/imports.h"
 #include "signature/signature.h"
 
 namespace ftjit {
@@ -45,8 +46,7 @@ nb::object CopyWithoutInit(PyObject* exc) {
   return copy;
 }
 
-// copy.copy(exc), if that gives an exception of exc's own type, else
-// CopyWithoutInit(exc). Throws when neither can be made.
+// copy.copy(exc) if that keeps exc's type, else CopyWithoutInit(exc).
 nb::object CopyOf(PyObject* exc) {
   nb::object copy = nb::steal(PyObject_CallOneArg(kCopy.Get(), exc));
   if (copy.is_valid() && Py_TYPE(copy.ptr()) == Py_TYPE(exc)) return copy;
@@ -56,7 +56,7 @@ nb::object CopyOf(PyObject* exc) {
 
 // A copy of `exc` (same type, args, __dict__), carrying its traceback, cause
 // and context, or null when the type cannot be copied (the copy's error
-// cleared, as the error policy of pyutil/errors.h says).
+// cleared by ClearErrorKeepingInterrupt).
 nb::object CopyException(PyObject* exc) {
   nb::object copy;
   try {
@@ -77,11 +77,6 @@ nb::object CopyException(PyObject* exc) {
 
 }  // namespace
 
-// The compile's exception as waiters will read it. The compiling thread
-// raises the original, and unwinding writes the original's __traceback__;
-// waiters read (and copy) this private copy instead, which nobody raises or
-// writes after Publish(). For a type that cannot be copied at all, a
-// RuntimeError naming it, caused by the original (never raised by waiters).
 nb::object ErrorForWaiters(const nb::object& original) {
   if (nb::object copy = CopyException(original.ptr()); copy.is_valid()) return copy;
   PyObject* wrapper = PyObject_CallFunction(
@@ -98,11 +93,6 @@ nb::object ErrorForWaiters(const nb::object& original) {
   return nb::steal(wrapper);
 }
 
-// Each waiter raises its own copy of the compile's exception, so that threads
-// unwinding at once never write the same exception's __traceback__ or
-// __context__. When no copy can be made, a fresh RuntimeError is raised
-// instead, with the shared exception as its __cause__ (only read, never
-// raised, by this thread).
 [[noreturn]] void RaiseForWaiter(const JitState& st, const nb::object& error) {
   nb::object copy = CopyException(error.ptr());
   if (!copy.is_valid()) {

@@ -1,5 +1,5 @@
 // ftjit: the Python objects the signature floor raises and builds (see
-// pyutil/imported.h): ftjit.errors' argument errors, the context hook's
+// Imported): ftjit.errors' argument errors, the context hook's
 // record type, and the record types of ftjit._signature that
 // ExportSignature fills.
 #pragma once

@@ -1,21 +1,14 @@
-// ftjit: canonical compiler contexts, counted by their users (see interned_context.h).
-//
-// Shared state: the table of interned contexts (g_contexts.items()), guarded by
-// g_contexts_mu; each InternedContext's `users`, an atomic counted by
-// lookups under that lock (so a releaser re-checks it there), and its
-// `weak`, an atomic. The header's table has them all.
-//
-// Lock order: g_contexts.mu is a leaf (pyutil/leaf_table.h): only user
-// counts are written and pointers moved under it.
+// ftjit: canonical compiler contexts, counted by their users. The state,
+// its protection and the lock order: see InternedContext.
 #include "signature/interned_context.h"
 
 #include <new>
 #include <utility>
 #include <vector>
 
+#include "primitives/small_vector.h"
 #include "pyutil/errors.h"
 #include "pyutil/leaf_table.h"
-#include "primitives/small_vector.h"
 
 namespace ftjit {
 
@@ -27,9 +20,8 @@ namespace {
 // Never destroyed.
 LeafTable<InternedContext*>& g_contexts = *new LeafTable<InternedContext*>(256);
 
-// a == b for two context objects, with a raised error taken as "not equal"
-// (see Isolation in the header; a KeyboardInterrupt as pyutil/errors.h's
-// policy says).
+// a == b for two context objects, a raised error taken as "not equal" (see
+// CanonicalContext; ClearErrorKeepingInterrupt).
 bool EqualOrNot(PyObject* a, PyObject* b) {
   if (a == b) return true;
   int r = PyObject_RichCompareBool(a, b, Py_EQ);

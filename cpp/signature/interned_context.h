@@ -3,41 +3,28 @@
 //
 // A compiler's context() (e.g. JAX's trace context) builds a fresh tuple on
 // every call. Signatures key on it, and the hit path compares keys without
-// running Python, so every call of a context equal to one already seen is
-// given that context's canonical object (InternedContext), compared by
-// identity. Each thread remembers its last context (thread_memos.h) and
-// reuses its canonical object while context() returns the very same items.
+// running Python, so each context is given the canonical object of an equal
+// one seen before (InternedContext), compared by identity.
 //
 // Lifetime: an InternedContext counts its users: stored signatures (entry
 // keys), and lookups while they compare. The last user to let go removes it
-// from the table and drops its object (on an attached thread: the object's
-// destructor may run Python). So a per-model context object dies with the
-// last function using it, instead of living for the process.
+// from the table and drops its object (attached, no lock held: its
+// destructor may run Python), so a context dies with the last function
+// using it. Thread memos (ContextMemo) hold it weakly (`weak`): the struct
+// stays allocated, never its object. A memo remembers its context's items
+// (uncounted pointers) and reuses the canonical object while context()
+// returns the very same items: when they compare identical and the context
+// still has users *after* the comparison, every remembered item was alive
+// at that instant, so the fresh items are those very objects (never others
+// at reused addresses).
 //
-// Thread memos (thread_memos.h) hold their last context weakly: a memo
-// keeps the InternedContext struct allocated (`weak`), never its object, so
-// a context dies with its last signature even while a memo of a thread that
-// will never call again remembers it. A memo remembers the items of its
-// context's key (uncounted pointers) and reuses the canonical object while
-// context() returns the very same items: when the items compare equal and
-// the context still has users *after* the comparison, its object, and so
-// every remembered item, was alive at that instant, so the fresh items are
-// those very objects (never others at reused addresses).
-//
-// A probe signature (built on a call's stack) borrows the canonical object
-// its memo found, uncounted: no Python code runs until it is probed (the hit
-// path compares contexts by their InternedContext's identity: the memo keeps
-// the struct allocated meanwhile) or adopted. Adopt() counts it, and fails
-// when the context lost its last user meanwhile (another thread dropped the
-// last function using it): the caller then builds the signature again. The
-// fresh context's objects stay in the probe until then (`anchor`), so no
-// drop of theirs can run Python in that window.
-//
-// Isolation: candidates are compared with ==, and a comparison that raises is
-// taken as "not equal" (the error cleared): a context with a broken __eq__
-// fails only the calls that carry it (their signatures compare it again, with
-// errors propagating, on their slow path), never unrelated contexts of equal
-// hash.
+// A probe signature borrows the canonical object its memo found, uncounted:
+// no Python code runs until it is probed (the hit path compares the
+// InternedContext's identity; the memo keeps the struct allocated) or
+// adopted. Adopt() counts it, and fails when the context lost its last user
+// meanwhile: the caller builds the signature again. Until then the probe
+// holds the fresh context's objects (`anchor`), so no drop of theirs can
+// run Python in that window.
 //
 //   | member                      | protection                                  |
 //   |-----------------------------|---------------------------------------------|
@@ -46,13 +33,13 @@
 //   |                             | lookups (so a releaser re-checks under it), |
 //   |                             | by Adopt only while above 0 (a CAS)         |
 //   | InternedContext::weak       | atomic (memos' references, plus one)        |
-//   | the table (interned_context.cc) | guarded by g_contexts.mu, a leaf lock   |
+//   | the table (g_contexts)      | guarded by g_contexts.mu, a leaf lock       |
 //
 // Lock order: g_contexts.mu is a leaf, held only around Python-free steps
 // (counting users, editing the table): candidates' __eq__ and the drop of a
 // dead context's object run after it is released, and no other lock is
-// taken under it. Only the test hook LockSignatureLocksForTest (signature.cc)
-// holds it together with another lock, g_dtypes.mu, taken first.
+// taken under it. Only the test hook LockSignatureLocksForTest holds it
+// together with another lock, g_dtypes.mu, taken first.
 #pragma once
 
 #include <Python.h>
@@ -68,7 +55,7 @@ struct InternedContext {
   Py_hash_t hash;
   std::atomic<int64_t> users{1};
   // Memos holding this struct, plus one for all its users together; the
-  // struct is freed when it reaches 0 (see Lifetime above).
+  // struct is freed when it reaches 0.
   std::atomic<int64_t> weak{1};
 };
 
@@ -107,14 +94,17 @@ class ContextRef {
   bool counted_ = false;
 };
 
-// A thread memo's weak reference to an interned context (see Lifetime
-// above): keeps the struct allocated, never its object. Python-free.
+// A thread memo's weak reference: keeps the struct allocated, never its
+// object. Python-free.
 void RetainWeak(InternedContext* c);
 void ReleaseWeak(InternedContext* c);
 
 // The canonical context equal to `ctx` (hash `h`): a counted interned one,
 // found or newly interned, or, past the table's bound, `ctx` itself, owned.
-// Runs __eq__ of candidates (outside the lock); never raises for them.
+// Runs __eq__ of candidates (outside the lock), one that raises counting as
+// "not equal" (the error cleared): a context with a broken __eq__ fails only
+// the calls that carry it (their slow path compares it again, errors
+// propagating), never unrelated contexts of equal hash.
 ContextRef CanonicalContext(PyObject* ctx, Py_hash_t h);
 
 // Lets go of one user of `c` (may drop it: attached thread, no lock held).
@@ -123,7 +113,7 @@ void ReleaseContext(InternedContext* c);
 // How many contexts are interned now (tests, diagnostics).
 size_t InternedContextCount();
 
-// For a forked child's only thread (leaf_mutex.h).
+// For a forked child's only thread.
 void ReinitContextLockInChild();
 // Tests only: takes or releases the table's lock.
 void LockContextsForTest(bool lock);

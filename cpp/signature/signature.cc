@@ -1,28 +1,27 @@
-// ftjit: the signature code's process-wide state (interned names and dtypes) and its init/fork hooks.
-//
-// The code that builds, compares and prints signatures is in the
-// signature_*.cc files (signature.h lists them).
+// ftjit: the signature code's process-wide state (interned names and
+// dtypes) and its init and fork hooks.
 //
 //   | state                   | protection                                      |
 //   |-------------------------|-------------------------------------------------|
-//   | g_names (declared in    | made here at module init (InitSignatures),      |
-//   |   signature_internal.h),| fixed afterwards                                |
-//   |   Numpy()               |                                                 |
+//   | g_names, Numpy()        | made here at module init (InitSignatures),      |
+//   |                         | fixed afterwards                                |
 //   | g_dtypes (InternDtype)  | a LeafTable: guarded by its leaf lock; strong   |
 //   |                         | references, never removed (process lifetime)    |
 //
-// Lock order: g_dtypes.mu is a leaf (pyutil/leaf_table.h). Only the test
-// hook LockSignatureLocksForTest holds it together with another lock: it
-// takes g_dtypes.mu, then the contexts table's.
+// Lock order: g_dtypes.mu is a leaf. Only the test hook
+// LockSignatureLocksForTest holds it together with another lock: it takes
+// g_dtypes.mu, then the contexts table's.
+#include "signature/signature.h"
+
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstddef>
 #include <vector>
 
-#include "signature/interned_context.h"
+#include <nanobind/nanobind.h>
+
 #include "pyutil/leaf_table.h"
-#include "signature/signature.h"
+#include "signature/interned_context.h"
 #include "signature/signature_internal.h"
 
 namespace ftjit {
@@ -35,10 +34,9 @@ PyObject* Interned(const char* s) {
   return o;  // immortal for our purposes: kept for the module's lifetime
 }
 
-// Process-wide interned dtypes: the few dtype objects a program's arrays
-// use, kept alive until the process exits, so that signatures may pin them
-// (PinnedRef) instead of counting references. Identity only (Python-free);
-// bounded: past 256 a dtype is simply not interned. Never destroyed.
+// Process-wide interned dtypes, kept alive until exit so that signatures
+// may pin them (PinnedRef). Identity only (Python-free); bounded: past 256
+// a dtype is simply not interned. Never destroyed.
 LeafTable<PyObject*>& g_dtypes = *new LeafTable<PyObject*>(256);
 
 }  // namespace
@@ -61,11 +59,9 @@ void InitSignatures() {
                         Interned("weak_type"), Interned("_fields"), Interned("aval"),
                         Interned("__jax_array__")};
   }
-  // numpy is a dependency of ftjit: its types are looked up once, here.
-  // Where it cannot be imported (the build's stub generator imports this
-  // module in an isolated build environment, which has no numpy), there can
-  // be no numpy arrays either: the types stay null, which the builder reads
-  // as "not numpy".
+  // Where numpy cannot be imported (the build's stub generator imports this
+  // module in an isolated build environment), there can be no numpy arrays
+  // either: the types stay null, which the builder reads as "not numpy".
   NumpyTypes& t = Numpy();
   if (!t.ndarray) {
     PyObject* numpy = PyImport_ImportModule("numpy");

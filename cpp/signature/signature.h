@@ -4,16 +4,9 @@
 // A CallSignature is built on the caller's stack, hashed once, and becomes an
 // immutable cache key (shared, read by many threads) once inserted. Building
 // and comparing may run Python code (`__hash__`, `__eq__`, properties, the
-// pytree hook), so they must never run under a C++ lock.
-//
-// Where the code is: signature_spec.cc (a function's SignatureSpec, set up
-// once), signature_build.cc (BuildSignature), signature_flatten.cc and
-// signature_leaf.h (the pytree walk and leaf signatures),
-// signature_compare.cc (Equals, FastEquals), signature_print.cc (ToString,
-// and the texts of exported records), signature_export.cc (ExportSignature),
-// signature_errors.cc (what bad arguments raise), signature.cc (the
-// process-wide state). The few helpers defined in this header run per call
-// or per leaf: defined here, they inline into the builder (no LTO).
+// pytree hook), so they must never run under a C++ lock. The few helpers
+// defined in this header run per call or per leaf: defined here, they
+// inline into the builder (the build uses no LTO).
 //
 //   | object                  | protection                                   |
 //   |-------------------------|----------------------------------------------|
@@ -23,16 +16,17 @@
 //   |   ContextHook,          |   construction (until the GC's tp_clear      |
 //   |   DirectGetters         |   empties an unreachable one)                |
 //   | Numpy()                 | set once at module init, fixed afterwards    |
-//   | interned names, dtypes  | signature.cc                                 |
+//   | g_names, g_dtypes       | InitSignatures, InternDtype                  |
 //
 // Lock order: building takes two leaf locks, each briefly and never both at
-// once: g_dtypes.mu (signature.cc) when an aval is remembered, and
-// g_contexts.mu (interned_context.h) when a context is canonicalised or let
-// go (also when a signature holding one is destroyed). Comparing and
-// printing take none.
+// once: g_dtypes.mu (InternDtype) when a dtype is interned (an aval
+// remembered, a numpy array's dtype first pinned by this thread), and
+// g_contexts.mu (CanonicalContext, ReleaseContext) when a context is
+// canonicalised or let go (also when a signature holding one is destroyed).
+// Comparing and printing take none.
 #pragma once
 
-#include <nanobind/nanobind.h>
+#include <Python.h>
 
 #include <cstdint>
 #include <exception>
@@ -40,32 +34,31 @@
 #include <string>
 #include <vector>
 
-#include "signature/interned_context.h"
+#include <nanobind/nanobind.h>
+
 #include "primitives/small_vector.h"
+#include "signature/interned_context.h"
 
 namespace ftjit {
 
 namespace nb = nanobind;
 
-// kLast: the last kind (a new one goes before it, and kLast names it).
+// kLast: the last kind (a new one goes before it, and kLast names it; see
+// docs/design.md, "Adding a hook, adding a leaf kind").
 enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex, kLast = kComplex };
 // Each kind's name, indexed by LeafKind: the `kind` of an exported record
-// (ftjit._signature.Leaf; the core's _leaf_kinds(), which is
-// ftjit._signature.LEAF_KINDS), and how a scalar leaf prints. A new kind:
-// its enumerator above, its name here, where the builder makes it
-// (Builder::FlattenNode), and how a warm-up spec rebuilds it
-// (ftjit._specs._SCALARS).
+// (ftjit._signature.LEAF_KINDS is the core's _leaf_kinds()), and how a
+// scalar leaf prints.
 inline constexpr const char* kLeafKindNames[] = {"array", "bool", "int", "float", "complex"};
 static_assert(sizeof(kLeafKindNames) / sizeof(kLeafKindNames[0]) == static_cast<size_t>(LeafKind::kLast) + 1,
               "one name per LeafKind, in its order");
 inline const char* LeafKindName(LeafKind kind) { return kLeafKindNames[static_cast<size_t>(kind)]; }
 
 // A reference that is either owned (a strong reference) or pinned: borrowed
-// from an object that a process-wide intern table keeps alive until the
-// process exits (dtypes, contexts). Pinned references write no reference
-// count, so threads building signatures of the same dtype or context do not
-// bounce that object's count between cores (an atomic on free-threaded
-// builds). Move-only.
+// from an object that a process-wide intern table keeps alive until exit
+// (InternDtype). Pinned references write no reference count, so threads
+// building signatures of the same dtype do not bounce its count (an atomic
+// on free-threaded builds) between cores. Move-only.
 class PinnedRef {
  public:
   PinnedRef() = default;
@@ -150,7 +143,7 @@ struct CallSignature {
   SmallVector<int64_t, 16> dims;
   SmallVector<nb::object, 2> statics;  // positional statics, then keyword ones
   SmallVector<nb::object, 2> kwnames;  // all keyword names, sorted
-  ContextRef context;                  // from the compiler's context hook (interned_context.h)
+  ContextRef context;                  // the compiler's context, canonical (see InternedContext)
   // The arguments' hash without placements; `hash` mixes the placements'
   // and the context's into it. `table_hash` is what the ready table keys
   // on: `hash`, or `args_hash` for a function whose executables check the
@@ -163,27 +156,22 @@ struct CallSignature {
   bool partial = false;
   bool jax_style_errors = false;       // from SignatureSpec, see there
 
-  // Exact equality. Runs Python `__eq__` for static arguments, dict keys,
-  // node keys, dtypes and the context (after the cheap C++ comparisons), so it
-  // may re-enter anything and may throw nb::python_error.
+  // Exact equality. Runs `__eq__` of statics, dict keys, node keys, dtypes
+  // and the context (after the cheap C++ comparisons): may re-enter anything.
   bool Equals(const CallSignature& other) const;
 
   // Equality decided without running Python code, for a probe made under a
-  // lock: every part compares by identity, or by C comparison of exact
-  // builtin values (int, float, str, bytes, bool, None, and tuples of them).
-  // kUnknown when some part is a distinct object that only __eq__ can
-  // compare (a fresh dtype, node key, sharding, context or static of
-  // another type); the caller then falls back to Equals(). Never throws.
-  // `this` is the stored signature; a partial `probe` (built without
-  // context and placements: the hit path of a function whose executables
-  // check them) matches every stored signature of its arguments, whatever
-  // their context and placements.
+  // lock: by identity, or by C comparison of exact builtin values (int,
+  // float, str, bytes, bool, None, tuples of them); kUnknown when only __eq__
+  // can decide (the caller then falls back to Equals()). `this` is the
+  // stored signature; a partial `probe` matches every stored signature of
+  // its arguments, whatever their context and placements.
   enum class FastEq : uint8_t { kEqual, kNotEqual, kUnknown };
   FastEq FastEquals(const CallSignature& probe) const noexcept;
 
   // Counts this signature as a user of its interned context (which it may
   // only borrow from its thread's memo until then): call before any Python
-  // code can run with it, except on the hit path (interned_context.h).
+  // code can run with it, except on the hit path (see InternedContext).
   // False when that context lost its last user meanwhile: build the
   // signature again.
   [[nodiscard]] bool AdoptContext() { return context.Adopt(); }
@@ -207,9 +195,9 @@ struct NeedsFallback : std::exception {
 // CompilerHooks.context, read once per jitted function (SignatureSpec::
 // SetContext): a plain context() callable, or an ftjit.ContextHooks record
 // (whose docstrings document each field), read by field name. Pointers are
-// borrowed from SignatureSpec::context_objects, a tuple the spec owns that
-// holds every object read (not from the record: a frozen dataclass can still
-// be changed with object.__setattr__); fixed afterwards.
+// borrowed from SignatureSpec::context_objects, a tuple the spec owns (not
+// from the record: a frozen dataclass can still be changed with
+// object.__setattr__); fixed afterwards.
 struct ContextHook {
   PyObject* context = nullptr;          // context() -> hashable, or null
   PyObject* probe = nullptr;            // probe(probe_arg) is probe_ok, or null
@@ -223,25 +211,20 @@ struct ContextHook {
   PyObject* committed_types = nullptr;  // tuple of types, or null (none)
   PyObject* committed_attr = nullptr;   // str, with committed_types
   PyObject* sharding_attr = nullptr;    // str, with committed_types
-  // ContextHooks.extras: getter(arg) for each, read after context() and
-  // keyed with it (e.g. JAX configs in jax.jit's key but not in
-  // trace_context()).
+  // ContextHooks.extras: getter(arg) for each, keyed with context().
   static constexpr size_t kMaxExtras = 8;
   PyObject* extra_getters[kMaxExtras] = {};
   PyObject* extra_args[kMaxExtras] = {};
   size_t num_extras = 0;
-  // Types of argument specs (jax.ShapeDtypeStruct) whose `sharding`, when not
-  // None, is their placement, keyed as a committed array's is; null if none.
+  // ContextHooks.spec_types (a tuple), or null.
   PyObject* spec_types = nullptr;
 
   // Reads `context` (None, a callable, or a ContextHooks) and puts every
   // object the hook borrows into `objects` (a new tuple). A wrong field is a
-  // TypeError naming it ("CompilerHooks.context.probe must be callable or
-  // None, got 3"). Runs Python.
+  // TypeError naming it. Runs Python.
   static ContextHook Read(nb::handle context, nb::object& objects);
-  // Throws NeedsFallback when the call must not be cached: the probe says so
-  // (e.g. a JAX trace is active in this thread). Runs Python (the probe).
-  // Per call: inline (as are the per-leaf checks below).
+  // Throws NeedsFallback when the probe says the call must not be cached
+  // (JAX: a trace is active in this thread). Runs the probe.
   void CheckProbe() const {
     if (!probe) return;
     PyObject* r = PyObject_CallOneArg(probe, probe_arg);
@@ -251,20 +234,17 @@ struct ContextHook {
     if (!ok) throw NeedsFallback{};
   }
   // Throws NeedsFallback when an item of `ctx` named in `requires` is not the
-  // required object (e.g. jax_disable_jit is on); TypeError when `ctx` is no
-  // tuple.
+  // required object (JAX: jax_disable_jit is on); TypeError when `ctx` is
+  // no tuple.
   void CheckRequires(PyObject* ctx) const;
-  // Whether a call now must defer (the probe or `requires` says so). Runs
-  // Python; throws what the hooks raise. For a call whose arguments failed
-  // to build before its context was read (a deferring call would not have
-  // looked at them).
+  // Whether a call now must defer (the probe or `requires` says so), for a
+  // call whose arguments failed to build before its context was read. Runs
+  // Python.
   bool Defers() const;
-  // `type` is one of committed_types or a subclass (the MRO walk starts with
-  // `type` itself: an exact match is the first probe).
+  // `type` is one of committed_types or a subclass.
   bool IsCommittedType(PyTypeObject* type) const {
     if (!committed_types) return false;
-    // Exact matches first (the common case: jax's one array type), without
-    // walking any MRO.
+    // Exact matches first (jax's one array type), without walking any MRO.
     for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(committed_types); i < n; ++i) {
       if (PyTuple_GET_ITEM(committed_types, i) == reinterpret_cast<PyObject*>(type)) return true;
     }
@@ -336,23 +316,15 @@ struct SignatureSpec {
   std::vector<AvalType> aval_types;          // exact types read through .aval
   nb::object plain_types_owner;              // keeps plain_types alive
   nb::object aval_types_owner;               // keeps aval_types alive
-  // The executables check the context and placements themselves
-  // (CompilerHooks.context_in_executable): the hit path builds partial
-  // signatures and the ready table keys on the arguments alone
-  // (cpp/jit/thread_executables.cc).
+  // CompilerHooks.context_in_executable: the hit path builds partial
+  // signatures and the ready table keys on the arguments alone.
   bool context_in_executable = false;
-  // A static argument's failing __eq__ is reported as jax.jit reports it: a
-  // ValueError ("static arguments should be comparable using __eq__...")
-  // whose message ends with the original error rendered by nanobind, with no
-  // __cause__, exactly as jaxlib raises it. Otherwise the original propagates.
+  // Errors in jax.jit's words (see RaiseStaticComparisonError); otherwise
+  // the original propagates.
   bool jax_style_errors = false;
+  nb::object placement_label;  // sharding -> str, or null: str(sharding)
 
-  // How a committed leaf's placement prints (sharding -> str), or null:
-  // str(sharding).
-  nb::object placement_label;
-
-  // Every Python object the spec owns, each once (for the GC: the owner's
-  // traverse and clear).
+  // Every Python object the spec owns, each once (the GC's traverse, clear).
   template <class F>
   void ForEachObject(F&& f) {
     for (nb::object& o : static_argnames) f(o);
@@ -375,8 +347,7 @@ struct SignatureSpec {
     aval_types.clear();
   }
 
-  // Reads CompilerHooks.context into `hook` (once, not per call); see
-  // ContextHook::Read.
+  // Reads CompilerHooks.context into `hook` (ContextHook::Read).
   void SetContext(nb::handle context);
   // Adds an exact aval type and resolves its getters (after SetContext,
   // which names the committed attribute). The caller keeps `type` alive
@@ -405,72 +376,11 @@ struct SignatureSpec {
   }
 };
 
-// Builds the signature of a vectorcall into `out` (which must be empty).
-// Hooks:
-//   pytree_flatten(obj) -> None (obj is not a pytree node), False (obj is
-//       a value the compiler alone can handle: the call throws
-//       NeedsFallback, as for fallback_types), or (node_key, children):
-//       node_key hashable, children a tuple or list.
-//     pytree_flatten may instead be an ftjit.RegistryFlatten (the JAX
-//       compiler's; registry_flatten and defer_leaf, read by field name at
-//       jit()): flatten_one_level(obj) -> None (a leaf) or (children, node
-//       data), a registry's C++ method called directly, each node keyed by
-//       (type(obj), node data); defer_leaf(leaf) -> true when a leaf that is
-//       no array (a hijax value, a token) must take the fallback (asked
-//       only before reporting it unsupported).
-//       Consulted for objects that are not None/tuple/list/dict/namedtuple,
-//       exact Python scalars, numpy arrays and scalars, or of an exact type
-//       in plain_types/aval_types, before duck-typed arrays (objects with
-//       .dtype/.shape) and int/float/complex subclasses (leaves of the base
-//       kind): a registered node wins even if it also has .dtype/.shape.
-//   context() -> hashable object folded into the signature (ContextHook).
-//       When it returns a tuple whose items are the very objects of this
-//       thread's previous context, the previous hash is reused (no
-//       re-hashing). It is called before the arguments are flattened, after
-//       the ContextHooks probe (when probe(probe_arg) is not probe_ok, the
-//       call throws NeedsFallback before anything else is looked at: e.g. a
-//       JAX trace is active in this thread, and closed-over tracers must
-//       never be compiled into a cached entry); then `requires` is checked
-//       (NeedsFallback: e.g. jax_disable_jit is on) and the extras are read
-//       (the context part of the signature is then one tuple of context()'s
-//       items, or context() itself, followed by the extras). A leaf of one
-//       of committed_types whose committed_attr is true has the object at
-//       its sharding_attr in its signature (hashed, compared with __eq__),
-//       as jax.jit keys it; so has a leaf of spec_types (allow_specs) whose
-//       `sharding` is not None, so that precompile() of a sharded spec makes
-//       the entry that calls with such arrays hit.
-//   custom_namedtuple(type) -> bool: whether a namedtuple type is registered
-//       as a custom node of pytree_flatten's registry (JAX honours such a
-//       registration over its namedtuple handling), so that its instances
-//       are flattened by pytree_flatten; otherwise (or without the hook)
-//       namedtuples are flattened as tuples keyed by their type. Asked on
-//       every namedtuple node (a registration is seen at once): in C when the
-//       hook is a dict's bound __contains__ (JAX's registry), else by a call.
-//   fallback_types: a leaf that is an instance of one of these (e.g. a JAX
-//       tracer inside an outer transformation) makes BuildSignature throw
-//       NeedsFallback: such calls must not be cached. Leaves whose exact type
-//       is in plain_types or aval_types, numpy arrays and numpy scalars skip
-//       the isinstance check.
-//   aval_types: exact types whose dtype/shape/weak_type are read from
-//       `obj.aval` (one attribute lookup instead of three properties).
-// Throws nb::python_error; invalid leaves raise UnsupportedArgumentError and
-// unhashable statics UnhashableStaticArgumentError (ftjit.errors).
-// `allow_specs`: leaves of the hook's spec_types (jax.ShapeDtypeStruct)
-// stand for arrays of that shape (precompile, warmup); otherwise such a leaf
-// is a TypeError (a call cannot execute with one), as in jax.jit.
-// `leaf_objects`, when given, receives the leaves themselves (strong
-// references), in the signature's order: the positional arguments, then the
-// keyword ones sorted by name, each depth-first (dict values by sorted key,
-// a registered node's children as its flatten gives them); statics left out.
-// An executable that takes leaves is called with them (flatten once).
-// `partial`: the context and committed placements are left out (the hit
-// path of a function whose executables check them); such a signature only
-// probes the ready table, a miss builds the whole one.
-//
-// The leaves are borrowed where the call's argument array holds them (an
-// argument that is itself a leaf, or an item of a tuple argument, which
-// cannot change while the call runs), owned otherwise (an item of a list,
-// a dict's value, a node's child: another thread may replace it).
+// A call's leaves, for an executable that takes them: borrowed where the
+// call's argument array holds them (an argument, an item of a tuple
+// argument: they cannot change while the call runs), owned otherwise (an
+// item of a list, a dict's value, a node's child: another thread may
+// replace it).
 class LeafObjects {
  public:
   void PushBorrowed(PyObject* leaf) { ptrs_.push_back(leaf); }
@@ -490,20 +400,46 @@ class LeafObjects {
   SmallVector<PyObject*, 8> ptrs_;
   SmallVector<nb::object, 2> owned_;
 };
+// Builds the signature of a vectorcall into `out` (which must be empty),
+// with the hooks of ftjit.CompilerHooks (whose docstrings give each one's
+// protocol) as read into `spec`:
+// - The context first: the probe, context() (`requires` checked), the
+//   extras. A call that must defer throws NeedsFallback before its
+//   arguments are looked at: closed-over tracers must never be compiled
+//   into a cached entry. When context()'s items are the very objects of
+//   this thread's last context, that context's hash is reused.
+// - Nodes: None, tuple, list, dict and namedtuple in C++ (a namedtuple that
+//   custom_namedtuple names is the registry's: asked on every node, so a
+//   registration is seen at once); exact scalars, numpy arrays and scalars
+//   and exact plain_types/aval_types are leaves at once. Anything else is
+//   checked against fallback_types (NeedsFallback), then pytree_flatten (a
+//   registered node wins over .dtype/.shape), then read as a duck-typed
+//   array, then as an int/float/complex subclass (a leaf of the base kind).
+// - A committed leaf of committed_types has its placement in its signature,
+//   as jax.jit keys it; so has a spec_types leaf whose `sharding` is not
+//   None, so that precompile() of a sharded spec makes the entry its arrays
+//   hit.
+// Invalid leaves raise UnsupportedArgumentError, unhashable statics
+// UnhashableStaticArgumentError. `allow_specs`: spec_types leaves stand for
+// arrays (precompile, warmup); otherwise such a leaf is a TypeError, as in
+// jax.jit. `leaf_objects` receives the leaves themselves in the signature's
+// order (the positional arguments, then the keyword ones sorted by name,
+// each depth-first; statics left out). `partial`: the context and
+// placements left out (the hit path of a function whose executables check
+// them); such a signature only probes the ready table.
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args,
                     size_t nargs, PyObject* kwnames, CallSignature& out, bool allow_specs = false,
                     LeafObjects* leaf_objects = nullptr, bool partial = false);
 
-// numpy's array and scalar base types, which the builder checks per leaf:
-// imported at module init (InitSignatures), fixed afterwards.
+// numpy's array and scalar base types: imported at module init, fixed
+// afterwards.
 struct NumpyTypes {
   PyObject* ndarray = nullptr;  // numpy.ndarray
   PyObject* generic = nullptr;  // numpy.generic
   // An exact ndarray's rank, dimensions and dtype are read from its C
-  // struct, as numpy's own C API macros (PyArray_NDIM, PyArray_DIMS,
-  // PyArray_DESCR) read them in every compiled extension: no attribute call
-  // and no reference count of the (shared) dtype. Set at module init when a
-  // check on a real array agreed with .ndim, .shape and .dtype.
+  // struct, as numpy's C API macros (PyArray_NDIM, ...) read them in every
+  // compiled extension: no attribute call, no reference count of the shared
+  // dtype. Set at module init when a real array's struct agreed with it.
   bool read_fields = false;
 };
 
@@ -524,32 +460,28 @@ inline NumpyTypes& Numpy() {
   return types;
 }
 
-// The signature as Python records (ftjit/_signature.py: Signature of Node,
-// Leaf and Static trees). `sig` must own or count its context (a stored
-// key, or one adopted). Runs Python.
+// The signature as ftjit._signature records (a Signature of Node, Leaf and
+// Static trees). `sig` must own or count its context (a stored key, or one
+// adopted). Runs Python.
 nb::object ExportSignature(const CallSignature& sig);
 
-// Miss explanations' texts (ftjit._explain.describe), from the one printer:
-// (text, leaf texts) of `tree`, a record of ExportSignature (a Leaf, Node or
-// Static), printed as ToString prints an argument but with each leaf shown
-// as "*", and each leaf's own text, in order. Placements print through
-// `placement_label` (None: str(sharding)). Runs Python; TypeError for what
-// is no record.
+// Miss explanations' texts, from the one printer: (text, leaf texts) of
+// `tree`, a record as ExportSignature makes them, printed as ToString prints
+// an argument but with each leaf shown as "*", and each leaf's own text.
+// TypeError for what is no record.
 nb::object RecordTexts(nb::handle tree, nb::handle placement_label);
 // Registers the core's _record_texts and _leaf_kinds (kLeafKindNames).
 void RegisterSignatureRecords(nb::module_& m);
 
-// Module init: makes the objects the builder uses (interned names) before
-// any call can need them. Runs Python; call once, from the module's init.
+// Module init: makes the objects the builder uses (g_names, Numpy()).
 void InitSignatures();
 
-// For a forked child's only thread (see leaf_mutex.h): re-initialises the
-// builder's process-wide locks (interned dtypes and contexts).
+// For a forked child's only thread: re-initialises the builder's
+// process-wide locks (interned dtypes and contexts).
 void ReinitSignatureLocksInChild();
-// Tests only: the hot path's Python-free comparison of two static values,
-// run with the recursion budget used up (as for a call at the recursion
-// limit); says "equal", "not equal" or "unknown", and whether it left an
-// error set (it must not: it runs under a lock, on the hot path).
+// Tests only: the hot path's Python-free comparison of two static values at
+// the recursion limit: "equal", "not equal" or "unknown", and whether it
+// left an error set (it must not: it runs under a lock, on the hot path).
 const char* DebugFastEqualsAtRecursionLimit(PyObject* a, PyObject* b, bool* error_set);
 // Tests only (_core._debug_hold_locks): takes or releases those locks.
 void LockSignatureLocksForTest(bool lock);

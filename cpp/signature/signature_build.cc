@@ -1,22 +1,13 @@
-// ftjit: BuildSignature: the order of a call's work, its static arguments and its context's hash.
+// ftjit: BuildSignature: the order of a call's work, its static arguments
+// and its context's hash.
 //
-// The context hook first (a call that must defer does so before its
-// arguments are looked at), then the positional arguments (static ones
-// hashed here, dynamic ones flattened: signature_flatten.cc), the keyword
-// arguments sorted by name, and last the context's hash and canonical
-// object, reused from this thread's memo while the context's items are.
+// Shared state: this thread's memos (ThreadMemos); the spec is fixed after
+// construction; the signature being built is the caller's own.
 //
-// Shared state: this thread's memos (thread_memos.h: the owning thread
-// only). The spec is fixed after the jitted function's construction; the
-// signature being built is the caller's own, on its stack.
-//
-// Lock order: takes no lock itself. The context's canonical object comes
-// from CanonicalContext (interned_context.h), which takes g_contexts.mu, a
-// leaf, around Python-free steps only; array leaves may take g_dtypes.mu
-// (signature_leaf.h), also a leaf. Everything else may run Python (hooks,
-// __hash__), so BuildSignature must never run under a C++ lock.
+// Lock order: takes no lock itself. CanonicalContext takes g_contexts.mu
+// and array leaves g_dtypes.mu, leaves both, around Python-free steps only.
+// Everything else may run Python (hooks, __hash__): never under a C++ lock.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstddef>
 #include <cstring>
@@ -24,11 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include <nanobind/nanobind.h>
+
+#include "primitives/small_vector.h"
 #include "signature/interned_context.h"
 #include "signature/signature.h"
 #include "signature/signature_builder.h"
 #include "signature/signature_internal.h"
-#include "primitives/small_vector.h"
 #include "signature/thread_memos.h"
 
 namespace ftjit {
@@ -58,15 +51,12 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describ
   return Mix(std::hash<const void*>()(Py_TYPE(value)), static_cast<size_t>(h));
 }
 
-// Hash of the call's context, and its canonical object (interned_context.h).
-// A context hook typically builds a fresh tuple of the same config objects
-// on every call, and hashing and canonicalising it is the expensive part:
-// when the items (and extras) are the very objects of this thread's last
-// context, that context's canonical object and hash are reused.
-//
-// With extras (values of the hook's extra getters), the key is one tuple of
-// the context's items (or the context itself, if not a tuple) followed by
-// the extras.
+// Hash of the call's context, and its canonical object. Hashing and
+// canonicalising the fresh tuple a context hook builds is the expensive
+// part: when its items (and extras) are the very objects of this thread's
+// last context, that context's canonical object and hash are reused. With
+// extras, the key is one tuple of the context's items (or the context
+// itself, if not a tuple) followed by the extras.
 //
 // On return `ctx` either borrows its canonical object from this thread's
 // memo, or owns a counted reference (or the object itself, past the table's
@@ -82,7 +72,7 @@ Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, Conte
   size_t num_head = is_tuple ? static_cast<size_t>(PyTuple_GET_SIZE(c)) : 1;
   if (memo.ctx && (is_tuple || num_extras > 0) && memo.items.size() == num_head + num_extras) {
     // Item by item, identity only; then whether the context still has users
-    // (after the comparison: see Lifetime in interned_context.h).
+    // (after the comparison: see InternedContext, Lifetime).
     bool same = std::memcmp(head, memo.items.data(), sizeof(PyObject*) * num_head) == 0;
     for (size_t i = 0; same && i < num_extras; ++i) same = extras[i].ptr() == memo.items[num_head + i];
     if (same && memo.ctx->users.load(std::memory_order_acquire) > 0) {
@@ -155,11 +145,8 @@ void FinishHash(CallSignature& out, size_t placements, SmallVector<nb::object, 4
 void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nargs,
                     PyObject* kwnames, CallSignature& out, bool allow_specs, LeafObjects* leaf_objects,
                     bool partial) {
-  // The context first: a call that must defer (a JAX trace is active, jit is
-  // disabled) defers before its arguments are looked at, whatever they are.
-  // A partial signature (a function whose executables check the context:
-  // the hit path) reads none.
-  const ContextHook& hook = spec.hook;  // unpacked once, by SetContextFn
+  // The context first (see the declaration); a partial signature reads none.
+  const ContextHook& hook = spec.hook;  // read once, by SignatureSpec::SetContext
   SmallVector<nb::object, 4> extras;
   if (!partial) ReadContext(hook, out, extras);
   out.partial = partial;

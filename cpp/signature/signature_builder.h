@@ -1,37 +1,33 @@
-// ftjit: the Builder, which walks one call's arguments into its CallSignature and hash (private).
-//
-// Used by signature_build.cc (which drives it); its methods are defined in
-// signature_flatten.cc (the pytree walk), signature_leaf.h (leaf signatures)
-// and signature_errors.cc (its error messages).
+// ftjit: the Builder, which walks one call's arguments into its
+// CallSignature and hash (private to BuildSignature).
 //
 // Shared state: none. A Builder lives on the stack of one call, in one
-// thread: its fields are that call's; the spec and hook it reads are fixed
-// after the jitted function's construction; `memos_` is the calling thread's
-// own (thread_memos.h).
+// thread; the spec and hook it reads are fixed after the jitted function's
+// construction; `memos_` is the calling thread's own.
 //
-// Lock order: a Builder holds no lock. Recording an aval (StoreAval) takes
-// g_dtypes.mu (InternDtype), a leaf, briefly; everything else it does may run
-// Python (properties, __hash__, __lt__ of dict keys, the pytree hooks), so it
-// must never run under a C++ lock.
+// Lock order: a Builder holds no lock. StoreAval and ReadNumpyFields take
+// g_dtypes.mu (InternDtype), a leaf, briefly; everything else may run Python
+// (properties, __hash__, __lt__ of dict keys, the pytree hooks), so it must
+// never run under a C++ lock.
 //
-// Inlining: the methods declared `inline` run once per node or per leaf and
-// are used only by signature_flatten.cc, which defines them (the tree walk)
-// or includes their definitions (signature_leaf.h): one translation unit, so
-// the compiler may inline them into the walk (the build does not use LTO).
-// Flatten() is defined here, as signature_build.cc calls it per argument.
+// Inlining: the methods declared `inline` run once per node or per leaf.
+// FlattenNode's translation unit defines them or includes their definitions
+// (signature_leaf.h), so that they inline into the walk (the build uses no
+// LTO). Flatten() is defined here: BuildSignature calls it per argument.
 #pragma once
 
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <exception>
+#include <string>
 
+#include <nanobind/nanobind.h>
+
+#include "primitives/small_vector.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
-#include "primitives/small_vector.h"
 #include "signature/thread_memos.h"
 
 namespace ftjit {
@@ -69,7 +65,7 @@ class Builder {
     Py_LeaveRecursiveCall();
   }
 
-  // One node or leaf, by its type (signature_flatten.cc).
+  // One node or leaf, by its type.
   void FlattenNode(PyObject* obj);
 
   size_t hash() const { return h_; }  // the arguments' without placements
@@ -91,12 +87,10 @@ class Builder {
     size_t hash = 0;
   };
 
-  // The pytree walk (signature_flatten.cc). TryCustom (called from
-  // FlattenNode only) and TryRegistry (from TryCustom only) are forced
-  // inline: the compiler inlines a function called once by itself only when
-  // it has internal linkage, as they had while the Builder was private to
-  // one file (without it, a call whose argument holds two custom nodes ran
-  // 1.3% more instructions).
+  // The pytree walk. TryCustom (called from FlattenNode only) and
+  // TryRegistry (from TryCustom only) are forced inline: the compiler
+  // inlines a function called once on its own only when it has internal
+  // linkage, which members do not.
   inline void Scalar(PyObject* obj, LeafKind kind);
   // Keeps the leaf `obj` for an executable that takes leaves, when asked to.
   void KeepLeaf(PyObject* obj) {
@@ -121,7 +115,7 @@ class Builder {
   __attribute__((always_inline)) inline bool TryRegistry(PyObject* obj);
   __attribute__((always_inline)) inline bool TryCustom(PyObject* obj);
 
-  // Leaf signatures (signature_leaf.h).
+  // Leaf signatures.
   inline bool IsKnownArrayType(PyTypeObject* type) const;
   static inline bool ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& memos);
   static inline void ReadNumpyFields(PyObject* obj, ArrayShape& s, ThreadMemos& memos);
@@ -129,7 +123,7 @@ class Builder {
   static inline void StoreAval(AvalMemo& memo, PyObject* aval, const ArrayShape& s);
   inline bool TryArray(PyObject* obj);
 
-  // Error messages naming the argument (signature_errors.cc).
+  // Error messages naming the argument.
   [[noreturn]] void Unsupported(PyObject* obj);
   [[noreturn]] void NotAnArgument(PyObject* obj, const ArrayShape& s);
   // Raises ValueError when a spec's shape has a negative dimension, or more

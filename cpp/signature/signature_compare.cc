@@ -1,17 +1,17 @@
-// ftjit: equality of call signatures: exact (Equals, may run __eq__) and Python-free (FastEquals).
+// ftjit: equality of call signatures: exact (Equals, may run __eq__) and
+// Python-free (FastEquals).
 //
-// Shared state: none. A stored signature is immutable once inserted (its
-// objects are only read); the probe is the calling thread's own.
-//
-// Lock order: takes no locks. FastEquals is Python-free and never throws,
-// so the hit path runs it inside an epoch read section (entry_store.h),
-// where nothing may block or call out; Equals runs __eq__ and must never run
-// under a C++ lock.
+// Shared state: none (a stored signature is immutable; the probe is the
+// calling thread's own). Lock order: takes no locks. FastEquals is
+// Python-free and never throws, so the hit path runs it inside an epoch
+// read section (EpochDomain), where nothing may block or call out; Equals
+// runs __eq__ and must never run under a C++ lock.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstddef>
 #include <cstring>
+
+#include <nanobind/nanobind.h>
 
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
@@ -139,7 +139,6 @@ inline bool SameNames(const CallSignature& a, const CallSignature& b) noexcept {
 }  // namespace
 
 CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const noexcept {
-  // A partial probe compares the arguments only: see the declaration.
   const bool whole = !o.partial;
   if (table_hash != o.table_hash || !SameHeader(*this, o, whole)) return FastEq::kNotEqual;
   FastEq result = FastEq::kEqual;
@@ -165,7 +164,7 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
   }
   if (whole && context.is_valid()) {
     // Interned contexts by their struct's identity: a probe's borrowed one
-    // may have lost its object meanwhile (interned_context.h), never its struct.
+    // may have lost its object meanwhile, never its struct.
     if (context.interned() || o.context.interned()) {
       meet(context.interned() == o.context.interned() ? FastEq::kEqual : FastEq::kUnknown);
     } else {

@@ -1,25 +1,22 @@
-// ftjit: the errors bad arguments raise while a signature is built or compared, and error helpers.
+// ftjit: the errors bad arguments raise while a signature is built or
+// compared, and ThrowWithCause. Messages name the function and the
+// argument (in jax.jit's words when the spec asks for them). Off the hot
+// path: nothing here runs while a call's signature is built successfully
+// (CheckSpecShape checks specs only).
 //
-// Messages name the function and the argument (in jax.jit's words when the
-// spec asks for them). ThrowWithCause and ClearErrorKeepingInterrupt serve
-// the whole core.
-//
-// Shared state: none (the error classes, pyutil/imported.h, are imported at
-// their first use, then fixed). Off the hot path: nothing here runs while a signature is
-// built successfully (Unsupported may instead send the call to the
-// compiler's fallback, for a leaf the compiler defers).
-//
-// Lock order: takes no locks. Building a message runs Python (repr()/str()
-// of the argument's name, keys and dtype), so none of this may run under a
-// C++ lock.
+// Shared state: none (the error classes are Imported at first use, then
+// fixed). Lock order: takes no locks. Building a message runs Python
+// (repr()/str() of the argument's name, keys and dtype): never under a C++
+// lock.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <string>
 
+#include <nanobind/nanobind.h>
+
 #include "pyutil/errors.h"
-#include "signature/imports.h"
 #include "pyutil/py_compat.h"
+#include "signature/imports.h"
 #include "signature/signature.h"
 #include "signature/signature_builder.h"
 #include "signature/signature_internal.h"
@@ -63,15 +60,15 @@ void Builder::UnsortableDictKeys() {
                      "arguments must be mutually comparable (e.g. all str)");
 }
 
-// jax.jit's TypeError for an argument spec (jax.ShapeDtypeStruct) passed
-// in a call, in its words: "Argument 'x['a']' of shape float32[2] of type
-// <class 'jax.ShapeDtypeStruct'> is not a valid JAX type."
 std::string Builder::ShapeText(const ArrayShape& s) {
   std::string shape = (s.dtype.is_valid() ? Str(s.dtype.ptr()) : std::string()) + "[";
   for (size_t i = 0; i < s.dims.size(); ++i) shape += (i ? "," : "") + std::to_string(s.dims[i]);
   return shape + "]";
 }
 
+// jax.jit's TypeError for an argument spec (jax.ShapeDtypeStruct) passed
+// in a call, in its words: "Argument 'x['a']' of shape float32[2] of type
+// <class 'jax.ShapeDtypeStruct'> is not a valid JAX type."
 void Builder::NotAnArgument(PyObject* obj, const ArrayShape& s) {
   std::string msg = "Argument " + PathText() + " of shape " + ShapeText(s) + " of type " +
                     Repr(reinterpret_cast<PyObject*>(Py_TYPE(obj))) +
@@ -163,12 +160,9 @@ void UnhashableStatic(const SignatureSpec& spec, PyObject* value, const std::str
   ThrowWithCause(kUnhashableStaticArgumentError.Get(), msg);
 }
 
-// Raises jax.jit's report of a static argument whose __eq__ raised, as jax
-// raises it: jaxlib's C++ throws std::invalid_argument with this message,
-// whose tail is nanobind's rendering of the original error (its stack, frame
-// by frame, then "Type: message"); nanobind turns it into a plain ValueError
-// with no __cause__ (and no __context__ beyond an exception being handled).
-// The original exception is dropped with `err`.
+// jaxlib's C++ throws std::invalid_argument with this message, whose tail
+// is nanobind's rendering of the original error (its stack, then "Type:
+// message"), and nanobind turns it into a plain ValueError.
 void RaiseStaticComparisonError(nb::python_error& err, PyObject* a, PyObject* b) {
   std::string message =
       "static arguments should be comparable using __eq__.The following error was raised when "

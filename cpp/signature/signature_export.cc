@@ -1,4 +1,4 @@
-// ftjit: a call signature as Python records (ftjit/_signature.py): its
+// ftjit: a call signature as Python records (ftjit._signature): its
 // arguments as trees of Node, Leaf and Static, and its context. The one
 // description of a signature that Python code reads (miss explanations,
 // warmup_specs); nothing in Python flattens arguments again. And back: a
@@ -9,11 +9,12 @@
 // the caller's own. Lock order: takes no lock; builds Python objects, so it
 // never runs under a C++ lock.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nanobind/nanobind.h>
 
 #include "signature/imports.h"
 #include "signature/signature.h"

@@ -1,29 +1,26 @@
-// ftjit: the pytree walk of a call's arguments into its signature (Builder: signature_builder.h).
+// ftjit: the pytree walk of a call's arguments into its signature
+// (Builder::FlattenNode), with the leaf methods included so that they
+// inline into the walk.
 //
-// None, Python scalars, tuples, lists, dicts and namedtuples in C++; other
-// nodes through the compiler's pytree hook or registry; array leaves by
-// signature_leaf.h, included here so that they inline into the walk.
+// Shared state: none (see Builder). Containers being walked are read with
+// strong references: another thread may mutate a list or dict meanwhile.
 //
-// Shared state: none. The Builder is one call's, on its thread's stack
-// (signature_builder.h); the spec it reads is fixed after the jitted
-// function's construction; containers being walked are read with strong
-// references (a list or dict may be mutated by another thread meanwhile).
-//
-// Lock order: takes no lock of its own (leaves: see signature_leaf.h). Every
+// Lock order: takes no lock of its own (leaves: InternDtype's). Every
 // step may run Python (__hash__ and __lt__ of dict keys, the pytree hooks,
-// array properties), so the walk never runs under a C++ lock.
+// array properties): never under a C++ lock.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <string>
 #include <utility>
 
+#include <nanobind/nanobind.h>
+
+#include "primitives/small_vector.h"
 #include "pyutil/py_compat.h"
 #include "signature/signature.h"
 #include "signature/signature_builder.h"
 #include "signature/signature_internal.h"
 #include "signature/signature_leaf.h"
-#include "primitives/small_vector.h"
 
 namespace ftjit {
 
@@ -138,10 +135,9 @@ inline void Builder::Dict(PyObject* obj) {
   }
 }
 
-// Whether namedtuple `type` is a custom node of the registry (see
-// SignatureSpec::custom_namedtuple), asked every time (registrations made
-// at any time are seen): when the hook is a dict's __contains__ (JAX's
-// registry), a C lookup in that dict; otherwise a call of the hook.
+// Whether namedtuple `type` is a custom node of the registry, asked every
+// time (a registration is seen at once): a C lookup when the hook is a
+// dict's __contains__ (JAX's registry), else a call of the hook.
 inline bool Builder::IsCustomNamedTuple(PyTypeObject* type) {
   if (spec_.custom_namedtuple_dict.is_valid()) {
     int r = PyDict_Contains(spec_.custom_namedtuple_dict.ptr(), reinterpret_cast<PyObject*>(type));

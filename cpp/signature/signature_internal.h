@@ -1,21 +1,22 @@
-// ftjit: private to the signature_*.cc files: hash mixing, tree tokens, interned names, message text.
+// ftjit: private to the signature floor: hash mixing, tree tokens,
+// interned names, message text.
 //
-// Shared state: g_names (and the Names it points to), made at module init
-// by InitSignatures (signature.cc) and fixed afterwards: read without a
-// lock. The dtype table behind InternDtype is signature.cc's.
+// Shared state: g_names, made at module init by InitSignatures and fixed
+// afterwards: read without a lock.
 //
-// Lock order: InternDtype takes g_dtypes.mu (signature.cc), a leaf; nothing
-// else declared here takes a lock. Repr, Str and the error raisers run
-// Python: never under a C++ lock.
+// Lock order: InternDtype takes g_dtypes.mu, a leaf; nothing else declared
+// here takes a lock. Repr, Str and the error raisers run Python: never
+// under a C++ lock.
 #pragma once
 
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nanobind/nanobind.h>
 
 #include "pyutil/errors.h"
 #include "signature/signature.h"
@@ -29,7 +30,7 @@ inline size_t Mix(size_t h, size_t v) {
   return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
 }
 
-// Tree tokens (see NodeKind in signature.h).
+// Tree tokens (see NodeKind).
 inline uint32_t Token(NodeKind kind, size_t arity) {
   return static_cast<uint32_t>(kind) | (static_cast<uint32_t>(arity) << 8);
 }
@@ -51,19 +52,18 @@ struct Names {
 // deadlock a free-threaded interpreter (thread A holds the C++ init guard
 // and detaches waiting for the intern lock; thread B blocks on the guard
 // still attached; a stop-the-world then waits for B forever; jax#28385).
-// Fixed after module init.
 inline const Names* g_names = nullptr;
 inline const Names& N() { return *g_names; }
 
-// Interns `dtype` in the process-wide table (signature.cc), so signatures
-// may pin it (PinnedRef); false past the table's bound. Identity only,
+// Interns `dtype` in the process-wide table (g_dtypes), so signatures may
+// pin it (PinnedRef); false past the table's bound. Identity only,
 // Python-free; takes g_dtypes.mu.
 bool InternDtype(PyObject* dtype);
 
 // Keyword names compared by content (no user code runs).
 inline int CompareNames(PyObject* a, PyObject* b) {
   if (a == b) return 0;
-  return PyUnicode_Compare(a, b);  // exact content comparison; no user code
+  return PyUnicode_Compare(a, b);
 }
 
 // A preorder walk's place in a signature (the printer's, the exporter's):
@@ -88,15 +88,14 @@ class SignatureCursor {
   size_t t_ = 0, a_ = 0, l_ = 0, d_ = 0, st_ = 0;
 };
 
-// Text of an object for a message (signature_print.cc): repr(o) / str(o),
+// Text of an object for a message: repr(o) / str(o),
 // or a placeholder when that fails (the error cleared, a KeyboardInterrupt
 // kept: ClearErrorKeepingInterrupt). They run __repr__/__str__.
 std::string Repr(PyObject* o);
 std::string Str(PyObject* o);
 
 // The first argument tree of `sig` as ToString prints it, but with each leaf
-// shown as "*" and its own text appended to `leaf_texts`, in order (the
-// Printer's; for RecordTexts). Runs Python.
+// shown as "*" and its own text appended to `leaf_texts` (for RecordTexts).
 std::string PrintArgument(const CallSignature& sig, PyObject* placement_label, std::vector<std::string>& leaf_texts);
 
 // build() (a message part that may run repr()/str()) with the pending error
@@ -108,15 +107,15 @@ std::string WithErrorAside(Build&& build) {
   return build();
 }
 
-// Errors raised outside the builder (signature_errors.cc).
-
 // UnhashableStaticArgumentError for static argument `which` (its position
 // or name, as the message says it), caused by the pending TypeError.
 [[noreturn]] void UnhashableStatic(const SignatureSpec& spec, PyObject* value,
                                    const std::string& which);
 
-// Raises jax.jit's report of a static argument whose __eq__ raised `err`
-// (see signature_errors.cc); the original exception is dropped with `err`.
+// Raises jax.jit's report of a static argument whose __eq__ raised `err`,
+// as jaxlib raises it: a ValueError whose message ends with nanobind's
+// rendering of the original error, with no __cause__ (the original is
+// dropped with `err`).
 [[noreturn]] void RaiseStaticComparisonError(nb::python_error& err, PyObject* a, PyObject* b);
 
 }  // namespace ftjit

@@ -1,25 +1,22 @@
-// ftjit: leaf signatures: an array leaf's dtype, shape, weak type and placement (Builder, inline).
+// ftjit: leaf signatures: an array leaf's dtype, shape, weak type and
+// placement. Inline definitions of Builder methods, for the pytree walk's
+// translation unit only (see Builder).
 //
-// The dtype, shape and weak type are read from the array, or from its
-// abstract value through this thread's aval memo; committed arrays and
-// sharded specs add their placement. Inline definitions of Builder methods,
-// included by signature_flatten.cc only: they run once per leaf, so they
-// live in the pytree walk's translation unit (see signature_builder.h).
+// Shared state: none of its own. The memos are this thread's; the spec and
+// hook are fixed after the jitted function's construction; Numpy() and N()
+// after module init.
 //
-// Shared state: none of its own. The aval memo and the hash memos are this
-// thread's (thread_memos.h); the spec and hook are fixed after the jitted
-// function's construction; Numpy() and N() are fixed after module init.
-//
-// Lock order: StoreAval takes g_dtypes.mu (InternDtype), a leaf; nothing
-// else here takes a lock. Reading attributes runs Python (properties,
-// __hash__ of dtypes and shardings): never call these under a C++ lock.
+// Lock order: StoreAval and ReadNumpyFields take g_dtypes.mu (InternDtype),
+// a leaf; nothing else here takes a lock. Reading attributes runs Python (properties,
+// __hash__ of dtypes and shardings): never under a C++ lock.
 #pragma once
 
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstdint>
 #include <utility>
+
+#include <nanobind/nanobind.h>
 
 #include "pyutil/py_compat.h"
 #include "signature/signature.h"
@@ -30,9 +27,8 @@
 namespace ftjit {
 
 // Hash of a long-lived, immutable object (a dtype, a sharding), remembered
-// per thread (thread_memos.h): their hashes walk Python-level state (numpy's
-// dtype hash walks the descriptor, a sharding's __hash__ is Python code), and
-// they are mostly long-lived singletons.
+// per thread: their hashes walk Python-level state (numpy's dtype hash walks
+// the descriptor, a sharding's __hash__ is Python code).
 inline Py_hash_t MemoHash(HashMemo& memo, PyObject* obj) {
   Py_hash_t h = memo.Hash(obj);
   if (h == -1) throw nb::python_error();
@@ -120,10 +116,9 @@ inline bool Builder::ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& m
   return true;
 }
 
-// The last few abstract values (jax avals) this thread read, with what
-// ReadArrayShape found in them (thread_memos.h). An aval is immutable and
-// shared by every output array of one compiled computation, so chained
-// calls (outputs fed back as inputs) skip re-reading dtype/shape/weak_type.
+// What ReadArrayShape found in an aval this thread read lately. An aval is
+// immutable and shared by every output array of one compiled computation,
+// so chained calls (outputs fed back as inputs) skip re-reading them.
 inline bool Builder::FindAval(const AvalMemo& memo, PyObject* aval, ArrayShape& s) {
   for (const AvalMemo::Slot& slot : memo.slots) {
     if (slot.aval != aval) continue;
@@ -154,10 +149,8 @@ inline void Builder::StoreAval(AvalMemo& memo, PyObject* aval, const ArrayShape&
   Py_XDECREF(old_dtype);
 }
 
-// An array leaf: dtype, shape, weak type (and placement, for committed
-// arrays of the hook's committed_types). False, leaving `out_` untouched,
-// if `obj` is not array-like (no .dtype, or a shape that is not a tuple of
-// ints).
+// An array leaf: dtype, shape, weak type and placement. False, leaving
+// `out_` untouched, if `obj` is not array-like.
 inline bool Builder::TryArray(PyObject* obj) {
   ArrayShape s;
   const AvalType* via_aval = nullptr;
@@ -180,11 +173,10 @@ inline bool Builder::TryArray(PyObject* obj) {
     return false;
   }
   // A committed array runs where it lives, so its placement is part of the
-  // signature (what jax.jit keys on); an uncommitted one may be moved and
-  // shares the signature of a numpy array. Placements are hashed apart
-  // (p_, by leaf), and left out of a partial signature.
-  // For an aval type, whether it is a committed type was settled (and its
-  // getter resolved) when the function was jitted (AddAvalType).
+  // signature (as jax.jit keys it); an uncommitted one may be moved and
+  // shares the signature of a numpy array. Placements are hashed apart (p_,
+  // by leaf). An aval type's committed getter was resolved at jit()
+  // (AddAvalType).
   nb::object sharding;
   if (partial_) {
     // The executable checks placements (context_in_executable).

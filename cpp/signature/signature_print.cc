@@ -1,24 +1,20 @@
-// ftjit: the readable form of a call signature, e.g. "f(float32[8,128], int, n=3)"; Repr and Str.
+// ftjit: the readable form of a call signature, e.g. "f(float32[8,128],
+// int, n=3)": the one printer of signatures (messages, cache listings, and
+// through RecordTexts miss explanations); Repr and Str.
 //
-// For error messages, hooks, cache listings and miss explanations (the one
-// printer of signatures: ftjit._explain gets its texts from here, through
-// RecordTexts); Repr and Str are the text of Python objects every message of
-// the signature code uses.
-//
-// Shared state: none. A CallSignature being printed is immutable (a stored
-// key) or the caller's own (a probe); the spec's placement_label is fixed
-// after the function's construction.
-//
-// Lock order: takes no locks. Printing runs Python (__repr__, __str__, the
-// placement_label hook), so it must never run under a C++ lock.
+// Shared state: none (a signature printed is immutable or the caller's own;
+// the spec's placement_label is fixed). Lock order: takes no locks.
+// Printing runs Python (__repr__, __str__, placement_label): never under a
+// C++ lock.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nanobind/nanobind.h>
 
 #include "pyutil/errors.h"
 #include "signature/signature.h"

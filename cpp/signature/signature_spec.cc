@@ -1,24 +1,18 @@
-// ftjit: a jitted function's SignatureSpec, set up once: its context hook read, getters resolved.
+// ftjit: a jitted function's SignatureSpec, set up once: its context hook
+// read (ContextHook::Read), aval getters resolved (DirectGetter); and the
+// per-call check of the hook's `requires`.
 //
-// The compiler's context hook (CompilerHooks.context: a callable, or an
-// ftjit.ContextHooks read by field name) is validated and read (ContextHook), the
-// aval types' property getters resolved (DirectGetter); plus the per-call
-// check of the hook's `requires`. The per-leaf and per-call helpers that
-// must inline into the builder are defined in signature.h.
-//
-// Shared state: none of its own. A spec (and the hook and getters in it) is
-// written only while its JitFunction is constructed, by the constructing
-// thread, and is fixed afterwards (until the GC's tp_clear empties an
-// unreachable JitFunction's); calls in any thread only read it.
-//
-// Lock order: takes no locks. Setting up runs Python (attribute lookups on
-// the hooks and on types); CheckRequires is Python-free.
+// Shared state: none of its own (a spec is written while its JitFunction is
+// constructed, then fixed: see SignatureSpec). Lock order: takes no locks.
+// Setting up runs Python (attribute lookups on the hooks and on types);
+// CheckRequires is Python-free.
 #include <Python.h>
-#include <nanobind/nanobind.h>
 
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nanobind/nanobind.h>
 
 #include "signature/imports.h"
 #include "signature/signature.h"

@@ -1,11 +1,6 @@
-// ftjit: per-thread memos and their release with the thread's Python state (see thread_memos.h).
-//
-// Shared state: g_key, the thread-state dict key, made at module init and
-// fixed afterwards. Each thread's memos are its own (a thread_local holder,
-// released through a capsule in its thread-state dict): see the header.
-//
-// Lock order: takes no lock of its own (releasing a context may take
-// g_contexts.mu, a leaf: interned_context.h).
+// ftjit: per-thread memos and their release with the thread's Python state.
+// State: see ThreadMemos. Lock order: takes no lock of its own (releasing a
+// context may take g_contexts.mu, a leaf).
 #include "signature/thread_memos.h"
 
 #include <memory>
@@ -28,9 +23,9 @@ void ReleaseCapsule(PyObject* capsule) {
   delete memos;
 }
 
-// The dict key, made once at module init (InitThreadMemos): making (and so
-// interning) a key string per thread raced inside CPython 3.13.5t's string
-// interning (TSAN: immortalize_interned against a concurrent lookup).
+// The dict key, made once at module init: interning a key string per
+// thread races inside CPython 3.13.5t's string interning (TSAN:
+// immortalize_interned against a concurrent lookup).
 PyObject* g_key = nullptr;
 
 void Register(const std::shared_ptr<ThreadMemos>& memos) {

@@ -2,25 +2,22 @@
 // shardings, recently read avals, the last compiler context), and their
 // release when the thread ends.
 //
-// Each thread's memos hold references (so a remembered address cannot be
-// reused by another object). They are released with the thread's Python
-// state: the first use registers a capsule in the thread state's dict, and
-// CPython clears that dict, thread attached, when the thread ends (and for
-// the main thread at interpreter shutdown), whichever thread does the
-// clearing. The memos are then empty until the thread's next use, which
-// registers again. A thread whose state is never cleared (none is, of a
-// thread the interpreter never knew) keeps its memos: C++ thread exit, which
-// runs with no thread state, only frees memory, never a Python object.
-//
-// Accessed by the owning thread only, except for the release, which runs
-// when that thread is in CPython's thread-state teardown (not in ftjit).
+// The memos hold references (so a remembered address cannot be reused by
+// another object). They are released with the thread's Python state: the
+// first use registers a capsule in the thread state's dict, which CPython
+// clears, thread attached, when the thread ends (the main thread's at
+// interpreter shutdown), whichever thread does the clearing; the next use
+// registers again. A thread whose state is never cleared (a thread the
+// interpreter never knew) keeps its memos: C++ thread exit, with no thread
+// state, only frees memory, never a Python object.
 //
 //   | state                      | protection                                 |
 //   |----------------------------|--------------------------------------------|
-//   | a thread's ThreadMemos     | its owning thread only (see above)         |
+//   | a thread's ThreadMemos     | its owning thread only; released in        |
+//   |                            | CPython's teardown of its thread state     |
 //   | t_memos                    | thread-local                               |
-//   | the thread-state dict key  | made at module init (InitThreadMemos),     |
-//   |   (thread_memos.cc)        | fixed afterwards                           |
+//   | g_key (the thread-state    | made at module init (InitThreadMemos),     |
+//   |   dict key)                | fixed afterwards                           |
 //
 // Lock order: takes no lock of its own. Dropping a hash or aval memo's
 // reference may run Python (a finaliser); the context memo's weak reference
@@ -32,8 +29,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "signature/interned_context.h"
 #include "primitives/small_vector.h"
+#include "signature/interned_context.h"
 
 namespace ftjit {
 
@@ -67,8 +64,8 @@ struct AvalMemo {
 };
 
 // The last interned context this thread looked up whose key is a tuple,
-// held weakly (interned_context.h, Lifetime): the struct, its hash and the
-// key's items as they were (uncounted pointers, compared by identity only).
+// held weakly (see InternedContext): the struct, its hash and the key's
+// items as they were (uncounted pointers, compared by identity only).
 // Python-free to update and to release.
 struct ContextMemo {
   InternedContext* ctx = nullptr;  // weak reference, or null
@@ -78,9 +75,8 @@ struct ContextMemo {
   void Release();
 };
 
-// Dtypes this thread found interned (process-wide, kept until exit:
-// signature.cc's InternDtype), which a signature may pin without a
-// reference count. Uncounted, and never released: they outlive the thread.
+// Dtypes this thread found interned (InternDtype: kept until exit), which a
+// signature may pin without a reference count. Never released.
 struct PinnedDtypes {
   static constexpr int kSlots = 8;
   PyObject* items[kSlots] = {};
