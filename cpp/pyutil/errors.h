@@ -10,8 +10,9 @@
 // - A pending Ctrl-C: a KeyboardInterrupt that reaches a place where the core
 //   would propagate an error propagates. Where the core swallows an error
 //   raised by Python code it runs for itself (a context's __eq__, repr() for
-//   a message, a logging hook, copying an exception for a waiter, isinstance
-//   on a hostile class), ClearErrorKeepingInterrupt() clears it: on the main
+//   a message or for the JitFunction's own repr, a logging hook, copying an
+//   exception for a waiter), ClearErrorKeepingInterrupt() clears it (each
+//   path tested in tests/test_interrupts.py): on the main
 //   thread under Python's default SIGINT handler the interrupt is re-armed,
 //   so the interpreter's next signal check raises it; elsewhere it is
 //   dropped (re-arming there would interrupt the main thread for another
