@@ -6,6 +6,7 @@ Tests create their own compilers and caches inside the test body: fixtures
 would be shared by the parallel copies of one test.
 """
 
+import ast
 import functools
 import gc
 import importlib
@@ -44,6 +45,7 @@ __all__ = [
     "gc_collect_until",
     "meta_dataclass",
     "named",
+    "parse_python",
     "reachable_from",
     "require_module",
     "require_tcp",
@@ -326,6 +328,17 @@ import uuid as _uuid
 
 _level_lock = threading.Lock()
 _level_users = {}  # logger name -> [count, saved level]; guarded by _level_lock
+
+
+_parse_lock = threading.Lock()
+
+
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+    """ast.parse under one process-wide lock: CPython 3.11's is not thread-safe
+    (its AST converter keeps a global recursion depth; under pytest-run-parallel
+    it failed with 'AST constructor recursion depth mismatch')."""
+    with _parse_lock:
+        return ast.parse(source, filename)
 
 
 def unique_name(prefix="fn"):

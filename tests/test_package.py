@@ -8,12 +8,11 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
 
 import ftjit
-from helpers import child_env
+from helpers import child_env, parse_python
 
 PACKAGE = pathlib.Path(ftjit.__file__).resolve().parent
 
@@ -86,15 +85,11 @@ def test_installed_package_missing_its_core_says_reinstall(tmp_path):
     assert "reinstall ftjit from where it came from (ftjit is not on PyPI)" in last
 
 
-_PARSE_LOCK = threading.Lock()
-
-
 def _package_level_imports(path: pathlib.Path) -> list[str]:
     """Imports in `path` that go through the package's __init__ rather
     than naming a submodule: `from . import x`, `import ftjit`, `from ftjit import x`."""
     found = []
-    with _PARSE_LOCK:  # CPython 3.11's ast.parse is not thread-safe (pytest-run-parallel runs 8 of these at once)
-        tree = ast.parse(path.read_text(), str(path))
+    tree = parse_python(path.read_text(), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if (node.level == 1 and node.module is None) or (node.level == 0 and node.module == "ftjit"):

@@ -5,11 +5,11 @@ import inspect
 import pathlib
 import re
 import sys
-import threading
 
 import ftjit
 import ftjit._core
 import pytest
+from helpers import parse_python
 
 
 def test_core_stub_is_installed_and_typed():
@@ -24,16 +24,8 @@ def test_core_stub_is_installed_and_typed():
     assert "def clear_caches() -> None" in text
 
 
-_PARSE_LOCK = threading.Lock()
-
-
-def _parse(source: str) -> ast.Module:
-    with _PARSE_LOCK:  # CPython 3.11's ast.parse is not thread-safe (pytest-run-parallel runs 8 of these at once)
-        return ast.parse(source)
-
-
 def _stub_class(name: str) -> ast.ClassDef:
-    tree = _parse(pathlib.Path(ftjit._core.__file__).with_name("_core.pyi").read_text())
+    tree = parse_python(pathlib.Path(ftjit._core.__file__).with_name("_core.pyi").read_text())
     (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
     return cls
 
@@ -73,13 +65,13 @@ def _nanobind_declaration(fn) -> tuple[ast.FunctionDef, str | None]:
     ((sig, doc, defaults),) = fn.__nb_signature__
     for i, value in enumerate(defaults or ()):
         sig = sig.replace(f"\\={i}", value) if isinstance(value, str) else sig.replace(f"\\{i}", repr(value))
-    (node,) = _parse(sig + ": ...").body
+    (node,) = parse_python(sig + ": ...").body
     return node, doc
 
 
 def _slot_declaration(name: str, slot) -> ast.FunctionDef:
     """A C slot's signature as CPython reports it (its __text_signature__), as a def."""
-    (node,) = _parse(f"def {name}{inspect.signature(slot)}: ...").body
+    (node,) = parse_python(f"def {name}{inspect.signature(slot)}: ...").body
     return node
 
 
@@ -104,7 +96,7 @@ def test_the_stub_declares_jitfunction_as_the_type_defines_it():
     stub = {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
     live = {name: value for name, value in vars(jf_type).items() if name not in NOT_DECLARED}
     assert sorted(stub) == sorted(live)
-    (header,) = _parse(jf_type.__nb_signature__ + ": ...").body
+    (header,) = parse_python(jf_type.__nb_signature__ + ": ...").body
     assert [_annotation(b) for b in cls.bases] == [_annotation(b) for b in header.bases] == ["Generic[_P, _R]"]
     assert ast.get_docstring(cls) == inspect.cleandoc(jf_type.__doc__)
     slots = []
