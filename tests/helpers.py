@@ -10,6 +10,7 @@ import ast
 import functools
 import gc
 import importlib
+import inspect
 import os
 import socket
 import subprocess
@@ -36,6 +37,7 @@ __all__ = [
     "ContextCompiler",
     "CountingCompiler",
     "LogCapture",
+    "builtin_signature",
     "child_env",
     "classes_can_die",
     "decorated_double",
@@ -330,15 +332,24 @@ _level_lock = threading.Lock()
 _level_users = {}  # logger name -> [count, saved level]; guarded by _level_lock
 
 
-_parse_lock = threading.Lock()
+# CPython 3.11's AST converter keeps its recursion depth in module state, not per
+# thread: a garbage collection inside it can run a finalizer that switches threads,
+# and another thread's conversion then fails it with "AST constructor recursion
+# depth mismatch". Everything in the suite that builds an AST goes through here:
+# ast.parse, and inspect.signature of a builtin (it parses __text_signature__).
+_ast_lock = threading.Lock()
 
 
 def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
-    """ast.parse under one process-wide lock: CPython 3.11's is not thread-safe
-    (its AST converter keeps a global recursion depth; under pytest-run-parallel
-    it failed with 'AST constructor recursion depth mismatch')."""
-    with _parse_lock:
+    """ast.parse, one thread at a time."""
+    with _ast_lock:
         return ast.parse(source, filename)
+
+
+def builtin_signature(obj) -> inspect.Signature:
+    """inspect.signature of a builtin or C slot, one thread at a time."""
+    with _ast_lock:
+        return inspect.signature(obj)
 
 
 def unique_name(prefix="fn"):

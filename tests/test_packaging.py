@@ -9,7 +9,7 @@ import sys
 import ftjit
 import ftjit._core
 import pytest
-from helpers import parse_python
+from helpers import builtin_signature, parse_python
 
 
 def test_core_stub_is_installed_and_typed():
@@ -71,7 +71,7 @@ def _nanobind_declaration(fn) -> tuple[ast.FunctionDef, str | None]:
 
 def _slot_declaration(name: str, slot) -> ast.FunctionDef:
     """A C slot's signature as CPython reports it (its __text_signature__), as a def."""
-    (node,) = parse_python(f"def {name}{inspect.signature(slot)}: ...").body
+    (node,) = parse_python(f"def {name}{builtin_signature(slot)}: ...").body
     return node
 
 
