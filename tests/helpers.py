@@ -37,6 +37,7 @@ __all__ = [
     "ContextCompiler",
     "CountingCompiler",
     "LogCapture",
+    "ThreadContextCompiler",
     "builtin_signature",
     "child_env",
     "classes_can_die",
@@ -491,6 +492,22 @@ class ContextCompiler:
         return self.cur
 
     def __call__(self, fun, args, kwargs):
+        return fun
+
+
+class ThreadContextCompiler:
+    """A compiler whose context is this thread's ``cur`` (a threading.local),
+    counting its compiles in ``calls``."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self.calls = 0
+
+    def context(self):
+        return getattr(self.local, "cur", None)
+
+    def __call__(self, fun, args, kwargs):
+        self.calls += 1
         return fun
 
 

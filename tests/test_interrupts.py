@@ -20,7 +20,7 @@ import pytest
 
 import ftjit
 
-from helpers import CountingCompiler, run_threads
+from helpers import CountingCompiler, ThreadContextCompiler, run_threads
 
 pytestmark = pytest.mark.thread_unsafe(reason="sets the SIGINT handler, runs code on the main thread")
 
@@ -54,23 +54,10 @@ class _Ctx:
         return isinstance(other, _Ctx) and other.key == self.key
 
 
-class _ContextCompiler:
-    def __init__(self):
-        self.local = threading.local()
-        self.calls = 0
-
-    def context(self):
-        return getattr(self.local, "cur", None)
-
-    def __call__(self, fun, args, kwargs):
-        self.calls += 1
-        return fun
-
-
 def _context_eq_path():
     """A context equal in hash to an interned one, whose __eq__ raises."""
     once = _Once()
-    comp = _ContextCompiler()
+    comp = ThreadContextCompiler()
     f = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
 
     def call():

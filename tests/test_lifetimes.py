@@ -18,7 +18,7 @@ import weakref
 import pytest
 
 import ftjit
-from helpers import child_env, classes_can_die, gc_collect_until, run_threads
+from helpers import ThreadContextCompiler, child_env, classes_can_die, gc_collect_until, run_threads
 
 
 class _Config:
@@ -34,27 +34,12 @@ class _Config:
         return hash(self.key)
 
 
-class _ContextCompiler:
-    """A compiler whose context is this thread's ``cur`` (a threading.local)."""
-
-    def __init__(self):
-        self.local = threading.local()
-        self.calls = 0
-
-    def context(self):
-        return getattr(self.local, "cur", None)
-
-    def __call__(self, fun, args, kwargs):
-        self.calls += 1
-        return fun
-
-
 @pytest.mark.thread_unsafe(reason="counts the process-wide interned contexts")
 def test_a_context_dies_with_the_last_signature_using_it():
     """Five models, each with its own config as the compiler context: once a
     model's function is gone, its config is collected, although this
     thread's memo saw it last; the process keeps nothing of it."""
-    comp = _ContextCompiler()
+    comp = ThreadContextCompiler()
     # This thread's memo moves onto a context a live function keeps: what
     # it held before (another test's, perhaps used by nothing else) goes now,
     # not during the count below.
@@ -82,7 +67,7 @@ def test_a_context_dies_with_the_last_signature_using_it():
     assert baseline(3.0) == 3.0
 
 
-class _TupleContextCompiler(_ContextCompiler):
+class _TupleContextCompiler(ThreadContextCompiler):
     """A compiler whose context is a tuple of this thread's ``cur`` objects,
     built afresh on every call (as JAX's is): the items are the same objects
     call after call, so the thread's memo reuses the canonical context."""
@@ -92,7 +77,7 @@ class _TupleContextCompiler(_ContextCompiler):
 
 
 @pytest.mark.thread_unsafe(reason="waits for the process-wide interned contexts to go")
-@pytest.mark.parametrize("compiler_type", [_ContextCompiler, _TupleContextCompiler])
+@pytest.mark.parametrize("compiler_type", [ThreadContextCompiler, _TupleContextCompiler])
 @pytest.mark.parametrize("caller", ["this thread", "a thread that stays alive"])
 def test_the_context_of_dropped_functions_dies_though_a_thread_saw_it_last(compiler_type, caller):
     """The issue's case: five functions, each with its own context object
@@ -153,7 +138,7 @@ def test_a_context_whose_eq_raises_fails_only_its_own_calls():
 
         __hash__ = _Config.__hash__
 
-    comp = _ContextCompiler()
+    comp = ThreadContextCompiler()
     bad = Broken(("same", "hash"))
     comp.local.cur = bad
     f = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
@@ -176,7 +161,7 @@ def test_short_lived_threads_leave_no_memos_behind():
     is alive."""
     import numpy as np
 
-    comp = _ContextCompiler()
+    comp = ThreadContextCompiler()
     fn = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
     refs = []
     lock = threading.Lock()

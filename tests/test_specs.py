@@ -502,6 +502,15 @@ class Options:
     tags: tuple
 
 
+def _saved_then_edited(path, jf, edit):
+    """Saves jf's specs to path, then rewrites the file with edit applied to its JSON."""
+    ftjit.save_specs(path, jf)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
 def _pair_function():
     """A function whose saved file has both entry kinds the damage below
     edits: a dict, a namedtuple, array and scalar leaves, and statics."""
@@ -633,11 +642,7 @@ def test_a_damaged_file_is_one_report_line_saying_where_and_the_start_goes_on(tm
     tmp_path = _private(tmp_path)
     edit, where, what = DAMAGE[damage]
     jf = _pair_function()
-    path = tmp_path / "specs.json"
-    ftjit.save_specs(path, jf)
-    data = json.loads(path.read_text())
-    edit(data)
-    path.write_text(json.dumps(data))
+    path = _saved_then_edited(tmp_path / "specs.json", jf, edit)
     key = f"{jf.__module__}:{jf.__qualname__}"
     saved = ftjit.load_specs(path)  # never raises
     assert type(saved.error) is ValueError
@@ -770,11 +775,7 @@ def test_an_entry_this_process_cannot_use_is_its_own_report_line_and_the_rest_wa
     tmp_path = _private(tmp_path)
     edit, reason = UNUSABLE[case]
     jf = _pair_function()
-    path = tmp_path / "specs.json"
-    ftjit.save_specs(path, jf)
-    data = json.loads(path.read_text())
-    edit(data)
-    path.write_text(json.dumps(data))
+    path = _saved_then_edited(tmp_path / "specs.json", jf, edit)
     saved = ftjit.load_specs(path)
     assert saved.error is None
     newest, oldest = [s.signature for s in jf.signatures()]
