@@ -126,6 +126,47 @@ def test_the_context_of_dropped_functions_dies_though_a_thread_saw_it_last(compi
             assert not t.is_alive()
 
 
+class _SharedContextCompiler:
+    """A compiler whose context is one object for every thread and call."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def context(self):
+        return self.ctx
+
+    def __call__(self, fun, args, kwargs):
+        return fun
+
+
+@pytest.mark.thread_unsafe(reason="runs its own 8 threads in rounds; 8 copies at once only slow 2 cores")
+def test_a_context_that_functions_in_many_threads_drop_together_is_dropped_once():
+    """Functions of one context made, called and dropped in 8 threads at
+    once, round after round: the context dies and is interned again each
+    round, and its object loses exactly the references the core took.
+    The last user's release once decremented first and re-checked under the
+    table's lock; a lookup could count the context in between, use it and
+    release it itself, and both threads then dropped it: a double
+    Py_DECREF (a segfault in pytest-run-parallel on 3.13t)."""
+    ctx = ("shared", object())
+    comp = _SharedContextCompiler(ctx)
+    before = sys.getrefcount(ctx)
+    rounds, n = 1000, 8
+    barrier = threading.Barrier(n)
+
+    def work(i):
+        for _ in range(rounds):
+            jf = ftjit.jit(lambda x: x + 1, compiler=comp, cache=ftjit.FunctionCache())
+            assert jf(1.0) == 2.0 and jf(2) == 3 and jf(3) == 4  # two signatures: a miss, a miss, a hit
+            info = jf.cache_info()
+            assert (info.misses, info.hits, info.compiles) == (2, 1, 2)
+            del jf  # this thread's signatures release the context now
+            barrier.wait(30)  # all threads' releases, then all next lookups, at once
+
+    run_threads(n, work, timeout=120)
+    assert sys.getrefcount(ctx) == before
+
+
 def test_a_context_whose_eq_raises_fails_only_its_own_calls():
     """Contexts are interned process-wide and compared with ==: a broken
     __eq__ must not make an unrelated context of equal hash fail."""

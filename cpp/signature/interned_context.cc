@@ -113,13 +113,21 @@ void ReleaseWeak(InternedContext* c) {
 }
 
 void ReleaseContext(InternedContext* c) {
-  if (c->users.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Above one user, a plain decrement (the caller's count keeps it above
+  // zero). The last user's decrement happens under the lock, and only then:
+  // lookups count candidates under it and Adopt never counts from zero, so
+  // a count that reaches zero there stays zero, and exactly one thread
+  // removes the context and drops its object. (Decrementing first and
+  // re-checking under the lock let a lookup revive and release it
+  // meanwhile: two threads then both saw zero and both dropped it.)
+  int64_t n = c->users.load(std::memory_order_relaxed);
+  while (n > 1) {
+    if (c->users.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return;
+  }
   bool dead = false;
   {
-    // Re-checked under the lock: a lookup may have taken it up meanwhile
-    // (lookups count their candidates under this lock).
     LockGuard<LeafMutex> lock(g_contexts.mu);
-    if (c->users.load(std::memory_order_acquire) == 0) {
+    if (c->users.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       auto& table = g_contexts.items();
       for (auto it = table.begin(); it != table.end(); ++it) {
         if (*it == c) {

@@ -30,8 +30,10 @@
 //   |-----------------------------|---------------------------------------------|
 //   | InternedContext::obj, hash  | fixed after construction                    |
 //   | InternedContext::users      | atomic; incremented under g_contexts.mu by  |
-//   |                             | lookups (so a releaser re-checks under it), |
-//   |                             | by Adopt only while above 0 (a CAS)         |
+//   |                             | lookups, by Adopt only while above 0 (a     |
+//   |                             | CAS); decremented by CAS while above 1, and |
+//   |                             | from 1 only under g_contexts.mu, with the   |
+//   |                             | removal: 0 is reached once, and is final    |
 //   | InternedContext::weak       | atomic (memos' references, plus one)        |
 //   | the table (g_contexts)      | guarded by g_contexts.mu, a leaf lock       |
 //
