@@ -292,3 +292,61 @@ def test_a_copy_whose_call_failed_is_made_afresh():
     assert comp.compiles == 1
     info = jf.cache_info()
     assert (info.hits, info.misses) == (2, 1)
+
+
+class _FlakyKey:
+    """A context item equal by name, whose __eq__ raises once after ``fail_once()``."""
+
+    _fail = threading.local()
+
+    def __init__(self, name):
+        self.name = name
+
+    @classmethod
+    def fail_once(cls):
+        cls._fail.armed = True
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __eq__(self, other):
+        if getattr(self._fail, "armed", False):
+            self._fail.armed = False
+            raise RuntimeError("flaky __eq__")
+        return isinstance(other, _FlakyKey) and other.name == self.name
+
+    def __repr__(self):
+        return f"_FlakyKey({self.name!r})"
+
+
+class _TupleContextCopyCompiler(CopyCompiler):
+    """CopyCompiler whose context is a fresh tuple of the thread's value on
+    every call (as JAX's is), so the thread's memo reuses its interned one."""
+
+    def context(self):
+        with self.lock:
+            self.context_reads += 1
+        return ("mode", getattr(self.local, "value", "A"))
+
+
+def test_a_context_interned_twice_still_reaches_its_entrys_copy():
+    """Equal contexts can be interned apart: two threads interning at once,
+    or, as here, an interning lookup whose __eq__ raised (taken as "not
+    equal"). A copy's miss under the second one is its entry's own context
+    all the same: the copy runs its program and caches it. (It compared the
+    interned contexts by identity, went back to the same entry, and called
+    the same copy's miss again, until RecursionError.)"""
+    comp = _TupleContextCopyCompiler()
+    jf = _jitted(comp)
+    comp.set_context(_FlakyKey("B"))
+    assert jf(1) == (_FlakyKey("B"), 2)
+
+    def other(i):
+        comp.set_context(_FlakyKey("B"))  # equal, another object
+        _FlakyKey.fail_once()  # this thread's interning compares it with the first one: a duplicate
+        return [jf(2), jf(3)]
+
+    assert run_threads(1, other) == [[(_FlakyKey("B"), 3), (_FlakyKey("B"), 4)]]
+    assert comp.compiles == 1
+    info = jf.cache_info()
+    assert (info.compiles, info.misses, info.size) == (1, 1, 1)

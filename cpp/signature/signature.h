@@ -182,8 +182,10 @@ struct CallSignature {
 };
 
 // Whether two signatures of the same arguments (equal but for what a
-// partial one leaves out) have equal contexts and placements: interned
-// contexts by identity, other objects with __eq__ (may run Python, throw).
+// partial one leaves out) have equal contexts and placements: the same
+// interned context at once, else with __eq__, as other objects (may run
+// Python, throw). Two equal contexts can be interned apart (CanonicalContext
+// interns concurrent equal ones, or one whose __eq__ raised, as they come).
 bool SameContextAndPlacements(const CallSignature& a, const CallSignature& b);
 
 // Thrown by BuildSignature when the call must take the compiler's fallback

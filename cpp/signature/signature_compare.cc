@@ -215,8 +215,7 @@ bool SameContextAndPlacements(const CallSignature& a, const CallSignature& b) {
     if (x.is_valid() != y.is_valid() || (x.is_valid() && !SameObjectOrEqual(x.ptr(), y.ptr()))) return false;
   }
   InternedContext* x = a.context.interned();
-  InternedContext* y = b.context.interned();
-  if (x && y) return x == y;  // interning makes equal live contexts one object
+  if (x && x == b.context.interned()) return true;
   if (!a.context.is_valid() || !b.context.is_valid()) return a.context.is_valid() == b.context.is_valid();
   return SameObjectOrEqual(a.context.ptr(), b.context.ptr());
 }
