@@ -18,7 +18,7 @@ import weakref
 import pytest
 
 import ftjit
-from helpers import ThreadContextCompiler, child_env, classes_can_die, gc_collect_until, run_threads
+from helpers import ContextCompiler, ThreadContextCompiler, child_env, classes_can_die, gc_collect_until, run_threads
 
 
 class _Config:
@@ -126,19 +126,6 @@ def test_the_context_of_dropped_functions_dies_though_a_thread_saw_it_last(compi
             assert not t.is_alive()
 
 
-class _SharedContextCompiler:
-    """A compiler whose context is one object for every thread and call."""
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-
-    def context(self):
-        return self.ctx
-
-    def __call__(self, fun, args, kwargs):
-        return fun
-
-
 @pytest.mark.thread_unsafe(reason="runs its own 8 threads in rounds; 8 copies at once only slow 2 cores")
 def test_a_context_that_functions_in_many_threads_drop_together_is_dropped_once():
     """Functions of one context made, called and dropped in 8 threads at
@@ -149,7 +136,8 @@ def test_a_context_that_functions_in_many_threads_drop_together_is_dropped_once(
     release it itself, and both threads then dropped it: a double
     Py_DECREF (a segfault in pytest-run-parallel on 3.13t)."""
     ctx = ("shared", object())
-    comp = _SharedContextCompiler(ctx)
+    comp = ContextCompiler()
+    comp.cur = ctx  # one context object for every thread and call
     before = sys.getrefcount(ctx)
     rounds, n = 1000, 8
     barrier = threading.Barrier(n)
