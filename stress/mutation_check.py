@@ -35,7 +35,7 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "compile-once latch: a waiter compiles too",
-        "cpp/jit/call.cc",
+        "cpp/jit/wait.cc",
         "    if (found.inserted) return {std::move(found.entry), true, false, nullptr};\n",
         "    if (found.inserted || (found.entry->latch.state() == CompileLatch::State::kCompiling &&\n"
         "                           found.entry->latch.owner() != ThisThreadOwner()))\n"

@@ -63,15 +63,18 @@ struct CompilePublisher {
 // compile(fun, args, kwargs): the executable. TypeError for something that
 // cannot be called (a failed compile, counted and not cached, rather than an
 // entry that raises "'int' object is not callable" on every call).
-nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  size_t nargs = PyVectorcall_NARGS(nargsf);
-  nb::object a = nb::steal(PyTuple_New(nargs));
+nb::object RunCompiler(const Call& c) {
+  JitState& st = c.st;
+  const CallArgs& args = c.args;
+  nb::object a = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(args.nargs)));
   nb::object kw = nb::steal(PyDict_New());
   if (!a.is_valid() || !kw.is_valid()) throw nb::python_error();
-  for (size_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(a.ptr(), i, Py_NewRef(args[i]));
-  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (size_t i = 0; i < args.nargs; ++i) PyTuple_SET_ITEM(a.ptr(), i, Py_NewRef(args.items[i]));
+  Py_ssize_t nkw = args.kwnames ? PyTuple_GET_SIZE(args.kwnames) : 0;
   for (Py_ssize_t k = 0; k < nkw; ++k) {
-    if (PyDict_SetItem(kw.ptr(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) != 0) throw nb::python_error();
+    if (PyDict_SetItem(kw.ptr(), PyTuple_GET_ITEM(args.kwnames, k), args.items[args.nargs + k]) != 0) {
+      throw nb::python_error();
+    }
   }
   PyObject* call_args[] = {st.fun.ptr(), a.ptr(), kw.ptr()};
   nb::object exe = LeakingOnForcedUnwind(
@@ -91,29 +94,35 @@ nb::object RunCompiler(JitState& st, PyObject* const* args, size_t nargsf, PyObj
   return exe;
 }
 
+// What calls of a compiled signature run (the payload's fields).
+struct Executable {
+  nb::object exe;         // the executable (null for ThreadExecutables: each thread makes its own)
+  nb::object make_local;  // ThreadExecutables.make, or null
+  nb::object own_miss;    // ThreadExecutables.own_miss, or null
+  bool takes_leaves = false;
+};
+
 // The hooks' executable_for(compiled, args, kwargs, leaves), the statics
-// left out of args and kwargs with strip_static: the executable to keep,
-// and in `takes_leaves` whether it takes the leaves. TypeError for an
-// answer of another shape.
-nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* args, size_t nargsf,
-                         PyObject* kwnames, const LeafObjects& leaves, bool& takes_leaves, nb::object& make_local,
-                         nb::object& own_miss) {
-  size_t nargs = PyVectorcall_NARGS(nargsf);
+// left out of args and kwargs with strip_static. TypeError for an answer of
+// another shape.
+Executable ExecutableFor(const Call& c, nb::object compiled) {
+  JitState& st = c.st;
+  const CallArgs& args = c.args;
   nb::object dyn = nb::steal(PyList_New(0));
   nb::object kw = nb::steal(PyDict_New());
-  nb::object leaf_tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(leaves.size())));
+  nb::object leaf_tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(c.leaves.size())));
   if (!dyn.is_valid() || !kw.is_valid() || !leaf_tuple.is_valid()) throw nb::python_error();
-  for (size_t i = 0; i < nargs; ++i) {
-    if (st.strip_static && st.spec.IsStaticPosition(i, nargs)) continue;
-    if (PyList_Append(dyn.ptr(), args[i]) != 0) throw nb::python_error();
+  for (size_t i = 0; i < args.nargs; ++i) {
+    if (st.strip_static && st.spec.IsStaticPosition(i, args.nargs)) continue;
+    if (PyList_Append(dyn.ptr(), args.items[i]) != 0) throw nb::python_error();
   }
-  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  Py_ssize_t nkw = args.kwnames ? PyTuple_GET_SIZE(args.kwnames) : 0;
   for (Py_ssize_t k = 0; k < nkw; ++k) {
-    PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+    PyObject* name = PyTuple_GET_ITEM(args.kwnames, k);
     if (st.strip_static && st.spec.IsStaticName(name)) continue;
-    if (PyDict_SetItem(kw.ptr(), name, args[nargs + k]) != 0) throw nb::python_error();
+    if (PyDict_SetItem(kw.ptr(), name, args.items[args.nargs + k]) != 0) throw nb::python_error();
   }
-  for (size_t i = 0; i < leaves.size(); ++i) PyTuple_SET_ITEM(leaf_tuple.ptr(), i, Py_NewRef(leaves[i]));
+  for (size_t i = 0; i < c.leaves.size(); ++i) PyTuple_SET_ITEM(leaf_tuple.ptr(), i, Py_NewRef(c.leaves[i]));
   nb::object dyn_tuple = nb::steal(PyList_AsTuple(dyn.ptr()));
   if (!dyn_tuple.is_valid()) throw nb::python_error();
   PyObject* call_args[] = {compiled.ptr(), dyn_tuple.ptr(), kw.ptr(), leaf_tuple.ptr()};
@@ -122,12 +131,10 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
   PyObject* t = r.ptr();
   if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 3 && PyCallable_Check(PyTuple_GET_ITEM(t, 0)) &&
       PyCallable_Check(PyTuple_GET_ITEM(t, 1)) && PyBool_Check(PyTuple_GET_ITEM(t, 2))) {
-    // ThreadExecutables(make, own_miss, takes_leaves): the copy shared by
-    // the threads past the exclusive shards now; each thread's own later.
-    make_local = nb::borrow(PyTuple_GET_ITEM(t, 0));
-    own_miss = nb::borrow(PyTuple_GET_ITEM(t, 1));
-    takes_leaves = PyTuple_GET_ITEM(t, 2) == Py_True;
-    return MakeCopy(make_local);
+    // ThreadExecutables(make, own_miss, takes_leaves): each thread makes its
+    // own copy at its first call (Invoke).
+    return Executable{nb::object(), nb::borrow(PyTuple_GET_ITEM(t, 0)), nb::borrow(PyTuple_GET_ITEM(t, 1)),
+                      PyTuple_GET_ITEM(t, 2) == Py_True};
   }
   if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 || !PyCallable_Check(PyTuple_GET_ITEM(t, 0)) ||
       !PyBool_Check(PyTuple_GET_ITEM(t, 1))) {
@@ -137,15 +144,13 @@ nb::object ExecutableFor(JitState& st, nb::object compiled, PyObject* const* arg
                  st.spec.fun_name.c_str(), t);
     throw nb::python_error();
   }
-  takes_leaves = PyTuple_GET_ITEM(t, 1) == Py_True;
-  return nb::borrow(PyTuple_GET_ITEM(t, 0));
+  return Executable{nb::borrow(PyTuple_GET_ITEM(t, 0)), nb::object(), nb::object(), PyTuple_GET_ITEM(t, 1) == Py_True};
 }
 
 // Compile's body; `publisher` publishes the latch however it ends.
-void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf,
-                 PyObject* kwnames, const LeafObjects& leaves, const Entry* adopted, bool provisional,
-                 CompilePublisher& publisher) {
-  Counters& c = st.store->counters();
+void CompileBody(Call& c, const EntryPtr& e, const Entry* adopted, bool provisional, CompilePublisher& publisher) {
+  JitState& st = c.st;
+  Counters& counters = st.store->counters();
   nb::object error;  // the guard's refusal, or what the compile raised
   // The guard counts `e` before it takes an LRU slot: an eviction that slot
   // causes must not make room under the limit for `e` itself. A provisional
@@ -160,29 +165,23 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
   // A call that adopts a warmed saved spec found a compiled signature: a
   // hit; any other compile (or a refused adoption) is the call's miss.
   if (adopted && !error.is_valid()) {
-    const int shard = ThisThread().shard;
-    c.hits.Add(shard);
-    e->shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
+    st.store->CountHit(e.get(), e->slots.Get(c.t.index), c.t.index);
   } else {
-    c.misses.fetch_add(1, std::memory_order_relaxed);
+    counters.misses.fetch_add(1, std::memory_order_relaxed);
   }
+  c.counted = true;
   st.store->AdmitLru(e);
   auto t0 = std::chrono::steady_clock::now();
-  nb::object exe, make_local, own_miss;
-  bool takes_leaves = false;
+  Executable exe;
   if (error.is_valid()) {
     // refused: nothing runs
   } else if (adopted) {
-    exe = adopted->payload.executable;
-    make_local = adopted->payload.make_local;
-    own_miss = adopted->payload.own_miss;
-    takes_leaves = adopted->payload.takes_leaves;
+    const CompiledPayload& p = adopted->payload;
+    exe = Executable{p.executable, p.make_local, p.own_miss, p.takes_leaves};
   } else {
     try {
-      exe = RunCompiler(st, args, nargsf, kwnames);
-      if (st.executable_for.is_valid()) {
-        exe = ExecutableFor(st, std::move(exe), args, nargsf, kwnames, leaves, takes_leaves, make_local, own_miss);
-      }
+      exe.exe = RunCompiler(c);
+      if (st.executable_for.is_valid()) exe = ExecutableFor(c, std::move(exe.exe));
     } catch (const std::exception&) {
       error = CaughtError();
     }
@@ -201,32 +200,32 @@ void CompileBody(JitState& st, const EntryPtr& e, PyObject* const* args, size_t 
     ThrowError(std::move(error));
   }
   uint64_t nanos = NanosSince(t0);
-  e->payload.executable = std::move(exe);
-  e->payload.make_local = std::move(make_local);
-  e->payload.own_miss = std::move(own_miss);
-  e->payload.takes_leaves = takes_leaves;
-  e->payload.compile_seconds = adopted ? adopted->payload.compile_seconds : static_cast<double>(nanos) * 1e-9;
-  e->payload.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;
+  CompiledPayload& p = e->payload;
+  p.executable = std::move(exe.exe);
+  p.make_local = std::move(exe.make_local);
+  p.own_miss = std::move(exe.own_miss);
+  p.takes_leaves = exe.takes_leaves;
+  p.compile_seconds = adopted ? adopted->payload.compile_seconds : static_cast<double>(nanos) * 1e-9;
+  p.compiled_order = g_compile_order.fetch_add(1, std::memory_order_relaxed) + 1;
   if (!adopted) {  // an adoption compiled nothing (its warm-up did, and was counted)
-    c.compiles.fetch_add(1, std::memory_order_relaxed);
-    c.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
+    counters.compiles.fetch_add(1, std::memory_order_relaxed);
+    counters.compile_nanos.fetch_add(nanos, std::memory_order_relaxed);
   }
   publisher.done = true;
   if (provisional) st.store->MarkProvisional(e);  // before the latch: finders see it ready and provisional
   e->latch.Publish(CompileLatch::State::kReady);
   if (!provisional) st.store->Published(e);
-  if (!adopted) LogCompile(st, *e, e->payload.compile_seconds, nullptr);
+  if (!adopted) LogCompile(st, *e, p.compile_seconds, nullptr);
 }
 
 }  // namespace
 
-void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
-             const LeafObjects& leaves, const Entry* adopted, bool provisional) {
-  CompilePublisher publisher{st, e};
+void Compile(Call& c, const EntryPtr& e, const Entry* adopted, bool provisional) {
+  CompilePublisher publisher{c.st, e};
   // Should CPython end this thread at interpreter shutdown (it took the GIL
   // back in the compiler), there is no thread state to report anything with:
   // the publisher must not run Python.
-  LeakingOnForcedUnwind([&] { CompileBody(st, e, args, nargsf, kwnames, leaves, adopted, provisional, publisher); },
+  LeakingOnForcedUnwind([&] { CompileBody(c, e, adopted, provisional, publisher); },
                         [&] { publisher.done = true; });
 }
 

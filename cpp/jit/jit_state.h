@@ -129,21 +129,57 @@ nb::object ErrorForWaiters(const nb::object& original);
 nb::object NewJitFunction(std::unique_ptr<JitState> st);
 void RegisterConstruction(nb::module_& m);
 
-// --- a compile, by the thread that inserted the entry --------------------------
+// --- the call pipeline (docs/design.md, "The way a call flows") ---------------
+//
+//   Build -> Probe -> Hit | Miss -> Resolve -> Compile/Wait -> Invoke
+//
+// A call is one value (Call) that every stage takes. Invoke calls an
+// entry's executable, or this thread's own copy of it (ThreadExecutables);
+// a copy that meets a context it has not served calls the core back
+// (ContextMiss), which runs the same pipeline again for the whole signature.
 
-// This thread inserted `e` (its miss): runs the guard, links `e` into the
-// LRU, compiles, and publishes the executable, or the error to every waiter
-// (abandoned, when this thread was interrupted: a waiter compiles again).
-// With `adopted` (the provisional entry whose slot `e` took), `e` takes its
-// executable instead of compiling. With `provisional` (a saved spec's
-// warm-up), the guard does not run and `e` is published provisional: in the
-// map, unlisted, uncounted until adopted.
-void Compile(JitState& st, const EntryPtr& e, PyObject* const* args, size_t nargsf, PyObject* kwnames,
-             const LeafObjects& leaves, const Entry* adopted = nullptr, bool provisional = false);
+// A call's arguments as the vectorcall slot got them (borrowed for the
+// call): `nargs` positional ones, then one per name in `kwnames`.
+struct CallArgs {
+  PyObject* const* items;
+  size_t nargs;
+  PyObject* kwnames;  // a tuple, or null
+  size_t nargsf;      // nargs, with PY_VECTORCALL_ARGUMENTS_OFFSET as the caller gave it
+  CallArgs(PyObject* const* a, size_t nargs_f, PyObject* kw)
+      : items(a), nargs(PyVectorcall_NARGS(nargs_f)), kwnames(kw), nargsf(nargs_f) {}
+};
 
-// --- the call and wait path ---------------------------------------------------
+using Slot = Entry::Slot;
 
-// The entry of a signature after the hit path missed: one this thread
+// One call as it flows through the pipeline: its arguments, the signature
+// and leaves built of them, and whether its hit (or miss, or wait) is
+// counted yet. On the caller's stack; the stages below take it.
+struct Call {
+  Call(JitState& s, const CallArgs& a) : st(s), args(a), t(ThisThread()) {}
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  JitState& st;
+  const CallArgs& args;
+  const ThreadCtx& t;
+  CallSignature sig;
+  LeafObjects leaves;  // kept only where executables may take them (executable_for)
+  bool counted = false;
+};
+
+// Build: the call's signature into c.sig (whole, or `partial`: without
+// context and placements, for a probe of a function whose executables
+// check them); false when the call must take the compiler's fallback.
+// `allow_specs`: array specs stand for arrays (precompile, warm-up).
+bool Build(Call& c, bool partial, bool allow_specs = false);
+// Build, whole, with c.sig's context adopted (built again while its
+// context dies meanwhile).
+bool BuildAdopted(Call& c, bool allow_specs = false);
+// The whole pipeline: the vectorcall's body.
+nb::object RunCall(JitState& st, const CallArgs& args);
+// The call through the compiler's fallback (uncached).
+nb::object Fallback(const Call& c);
+
+// The entry of a signature after the probe missed: one this thread
 // inserted and must compile, or a ready one (found ready, or waited for).
 struct Resolved {
   EntryPtr entry;
@@ -153,64 +189,44 @@ struct Resolved {
   // payload the compile takes instead of compiling.
   EntryPtr adopted;
 };
-// `sig` must have adopted its context. An abandoned compile is looked up
-// again (this thread may compile it). With `adopt`, a provisional entry
-// found ready is adopted (a call, a precompile); without, it is found as any
-// ready entry (another saved spec's warm-up). Counts waits; the caller
-// counts the rest.
+// Resolve: `sig` must have adopted its context. An abandoned compile is
+// looked up again (this thread may compile it). With `adopt`, a provisional
+// entry found ready is adopted (a call, a precompile); without, it is
+// found as any ready entry (another saved spec's warm-up). Counts waits;
+// the caller counts the rest.
 Resolved Resolve(JitState& st, CallSignature& sig, bool adopt = true);
-// Calls `exe` with the call's leaves when `takes_leaves`, else with its
-// arguments; made again through the fallback when it fails with one of
-// st.redo_types.
-nb::object CallExecutable(JitState& st, PyObject* exe, bool takes_leaves, PyObject* const* args, size_t nargsf,
-                          PyObject* kwnames, const LeafObjects& leaves);
-// The call through the compiler's fallback (uncached).
-nb::object CallFallbackOf(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
-// A call whose partial signature (context_in_executable) missed: builds its
-// whole signature into `sig`, then finds, compiles or waits for its entry.
-nb::object CallWhole(JitState& st, CallSignature& sig, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
-                     PyObject* kwnames, LeafObjects& leaves);
 
-// --- ThreadExecutables: copies per thread that check the context ---------------
+// Compile: this thread inserted `e` (its miss): runs the guard, links `e`
+// into the LRU, compiles, and publishes the executable, or the error to
+// every waiter (abandoned, when this thread was interrupted: a waiter
+// compiles again). With `adopted` (the provisional entry whose slot `e`
+// took), `e` takes its executable instead of compiling. With `provisional`
+// (a saved spec's warm-up), the guard does not run and `e` is published
+// provisional: in the map, unlisted, uncounted until adopted. Counts the
+// call's miss (or an adoption's hit).
+void Compile(Call& c, const EntryPtr& e, const Entry* adopted = nullptr, bool provisional = false);
 
-// Whether `e`'s executable is ThreadExecutables (a copy per thread).
-bool UsesCopies(const Entry& e);
-// A new copy from ThreadExecutables.make (given the core's miss and eager
-// callbacks); TypeError for a non-callable.
-nb::object MakeCopy(const nb::object& make_local);
-// Calls ready entry `e`, whose hit (or miss) the caller counted: its
-// executable, or this thread's own copy of it.
-nb::object CallEntry(JitState& st, Entry& e, const ThreadCtx& t, PyObject* const* args, size_t nargsf,
-                     PyObject* kwnames, const LeafObjects& leaves);
-// A call of a function whose executables check the context (the hit path
-// reads none).
-nb::object CallContextInExecutable(JitState& st, CallSignature& sig, PyObject* const* args, size_t nargsf,
-                                   PyObject* kwnames);
-// Registers _context_miss and _eager (and keeps them for the copies).
-void RegisterThreadExecutables(nb::module_& m);
-
-// A call of the jitted function (the vectorcall's body).
-nb::object Call(JitState& st, PyObject* const* args, size_t nargsf, PyObject* kwnames);
 // precompile(*args, **kwargs): compiles this signature if it is not cached;
 // true if this call compiled it. Executes nothing.
-bool Precompile(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+bool Precompile(JitState& st, const CallArgs& args);
 // _precompile_saved(*args, **kwargs) (see its docstring): compiles a
 // provisional entry while max_signatures leaves room. Executes nothing.
 enum class PrecompileSaved { kNoRoom = -1, kCached = 0, kCompiled = 1 };
-PrecompileSaved PrecompileSavedSpec(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+PrecompileSaved PrecompileSavedSpec(JitState& st, const CallArgs& args);
 // The max_signatures guard, in the thread about to compile `e`: counts it,
 // and explains the miss when asked to (ftjit._explain.on_miss writes the
 // text). Past the limit, on_excess="raise" throws RecompileLimitError (the
 // compile must not run); "warn" warns once per store and compiles. Compiles
 // asked for ahead of traffic are counted, never explained.
 void Guard(JitState& st, const EntryPtr& e);
-// The adopted signature of these arguments (array specs stand for arrays);
-// false when the call would take the compiler's fallback.
-bool BuildAdopted(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames, CallSignature& sig,
-                  LeafObjects* leaves = nullptr);
 // The readable signature these arguments would have ("f(<traced>)" for a
 // call that would take the fallback).
-std::string SignatureOf(JitState& st, PyObject* const* args, size_t nargs, PyObject* kwnames);
+std::string SignatureOf(JitState& st, const CallArgs& args);
+// A new copy from ThreadExecutables.make (given the core's miss and eager
+// callbacks); TypeError for a non-callable.
+nb::object MakeCopy(const nb::object& make_local);
+// Registers _context_miss and _eager (and keeps them for the copies).
+void RegisterThreadExecutables(nb::module_& m);
 // disable_jit(): this thread's nesting depth. Read by every call: inline,
 // trivially destructible (no thread-local guard).
 inline thread_local int t_jit_disabled = 0;

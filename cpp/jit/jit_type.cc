@@ -97,9 +97,7 @@ class VectorcallArgs {
     }
     kwnames_ = nb::tuple(names);
   }
-  PyObject* const* args() const { return items_.data(); }
-  size_t nargs() const { return nargs_; }
-  PyObject* kwnames() const { return kwnames_.is_valid() ? kwnames_.ptr() : nullptr; }
+  CallArgs args() const { return CallArgs(items_.data(), nargs_, kwnames_.is_valid() ? kwnames_.ptr() : nullptr); }
 
  private:
   size_t nargs_;
@@ -127,7 +125,7 @@ extern "C" PyObject* JitFunction_vectorcall(PyObject* self, PyObject* const* arg
       [&]() -> PyObject* {
         CheckNotCleared(st);
         if (JitDisabledDepth() > 0) return StealOrThrow(PyObject_Vectorcall(st.fun.ptr(), args, nargsf, kwnames)).release().ptr();
-        return Call(st, args, nargsf, kwnames).release().ptr();
+        return RunCall(st, CallArgs(args, nargsf, kwnames)).release().ptr();
       },
       static_cast<PyObject*>(nullptr));
   Py_LeaveRecursiveCall();
@@ -324,7 +322,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
         return Method(self, [&](JitState& st) {
           AheadOfTraffic ahead;  // not a miss to explain
           VectorcallArgs call(args, kwargs);
-          return nb::bool_(Precompile(st, call.args(), call.nargs(), call.kwnames()));
+          return nb::bool_(Precompile(st, call.args()));
         });
       },
       "def precompile(self, " + pargs + ") -> bool",
@@ -408,9 +406,10 @@ void DefineMethods(nb::handle type, const std::string& module) {
   method(
       [](const JitSelf& self) {
         return Method(self, [](JitState& st) -> nb::object {
-          CallSignature sig;
-          if (!BuildAdopted(st, nullptr, 0, nullptr, sig) || !sig.context.is_valid()) return nb::none();
-          return nb::borrow(sig.context.ptr());
+          CallArgs none(nullptr, 0, nullptr);
+          Call c(st, none);
+          if (!BuildAdopted(c, /*allow_specs=*/true) || !c.sig.context.is_valid()) return nb::none();
+          return nb::borrow(c.sig.context.ptr());
         });
       },
       "def _current_context(self) -> typing.Any",
@@ -421,7 +420,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
         return Method(self, [&](JitState& st) {
           AheadOfTraffic ahead;
           VectorcallArgs call(args, kwargs);
-          return nb::int_(static_cast<int>(PrecompileSavedSpec(st, call.args(), call.nargs(), call.kwnames())));
+          return nb::int_(static_cast<int>(PrecompileSavedSpec(st, call.args())));
         });
       },
       "def _precompile_saved(self, *args: typing.Any, **kwargs: typing.Any) -> int",
@@ -434,9 +433,10 @@ void DefineMethods(nb::handle type, const std::string& module) {
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) -> nb::object {
           VectorcallArgs call(args, kwargs);
-          CallSignature sig;
-          if (!BuildAdopted(st, call.args(), call.nargs(), call.kwnames(), sig)) return nb::none();
-          return ExportSignature(sig);
+          CallArgs view = call.args();
+          Call c(st, view);
+          if (!BuildAdopted(c, /*allow_specs=*/true)) return nb::none();
+          return ExportSignature(c.sig);
         });
       },
       "def _signature_record_of(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any",
@@ -447,7 +447,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) {
           VectorcallArgs call(args, kwargs);
-          return nb::str(SignatureOf(st, call.args(), call.nargs(), call.kwnames()).c_str());
+          return nb::str(SignatureOf(st, call.args()).c_str());
         });
       },
       "def _signature_of(self, *args: typing.Any, **kwargs: typing.Any) -> str",

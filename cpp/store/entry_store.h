@@ -9,7 +9,7 @@
 // (default constructible), Mutex (StdMutex or LeafMutex), FastEquals
 // (noexcept, Python-free: kEqual, kNotEqual or kUnknown), Equals (may
 // re-enter, may throw), TableHash (what the ready table keys on: the hash,
-// or a part of it for FindReadyLocal) and Epochs() (one domain for all).
+// or a part of it, shared by the entries a redirect joins) and Epochs() (one domain for all).
 //
 //   StoreEntry (shared_ptr held by the map slot, the LRU, threads on the slow
 //   path and, while the ready table lists it, itself: listing.self; freed by
@@ -18,12 +18,11 @@
 //   | latch, lru            | CompileLatch, SharedLru                       |
 //   | payload               | written by the compiling thread before        |
 //   |                       | Publish(); read after observing the state     |
-//   | shards[i].hits        | relaxed atomics, one cache line per shard     |
-//   | shards[i].in_flight   | seq_cst atomics, same lines (see InFlight)    |
-//   | shards[i].local       | the thread holding shard i only (exclusive    |
-//   |                       | but in kSharedShard, where it is unused)      |
-//   | left_map (LeaveMap),  | seq_cst atomics, written once each            |
-//   |   unlinked, claimed   |                                               |
+//   | slots (EntrySlot)     | PerThread: a thread's own line; hits relaxed, |
+//   |                       | in_flight seq_cst (see InFlight), the rest    |
+//   |                       | the holding thread's only                     |
+//   | unlinked, claimed,    | seq_cst atomics, written once each            |
+//   |   left_map            |                                               |
 //   | counted               | atomic: set by Admit, cleared once on leaving |
 //   |                       | the map                                       |
 //   | provisional           | atomic: set before the latch is published,    |
@@ -39,10 +38,11 @@
 //   | newest_               | FTJIT_GUARDED_BY(publish_mu_)                 |
 //   | publish_mu_           | leaf lock: serialises the writes of ready_;   |
 //   |                       | guards newest_ and every entry's listing      |
-//   | counters_             | relaxed atomics (hits sharded per thread)     |
+//   | counters_             | relaxed atomics (hits striped: StripedCounter)|
 //   | counted_              | relaxed atomic: admitted entries in the map   |
 //   | provisional_          | relaxed atomic: provisional entries in the map|
-//   | removals_             | seq_cst atomic: entries that left the map     |
+//   | removals_             | seq_cst atomics: entries that left the map,   |
+//   |                       | per bucket (redirects' validity)              |
 //
 // Lock order: map_'s lock, the LRU's, publish_mu_ and the epoch domain's are
 // leaves, never held together, but Published takes map_'s lock inside
@@ -85,8 +85,6 @@
 // down once.
 #pragma once
 
-#include <pthread.h>
-
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -103,135 +101,16 @@
 #include "primitives/epoch.h"
 #include "primitives/listing_table.h"
 #include "primitives/locks.h"
+#include "primitives/per_thread.h"
 #include "primitives/reentrant_map.h"
 #include "primitives/shared_lru.h"
 #include "primitives/thread_annotations.h"
+#include "store/thread_slot.h"
 
 namespace ftjit {
 
-// Each thread takes the lowest free of kMaxThreadShards shards, exclusively
-// until it ends (ThreadSlot); threads past that share kSharedShard. So up to
-// kMaxThreadShards threads write different cache lines on a hit, and a
-// thread's shard of an entry (StoreEntry::Shard::local among them) is used
-// by that thread alone, then by the next thread to take the shard.
-constexpr int kMaxThreadShards = 16;
-constexpr int kSharedShard = kMaxThreadShards;
-constexpr int kShards = kMaxThreadShards + 1;
-static_assert(kMaxThreadShards <= 32, "the free shards are the bits of a uint32_t");
-
-// The taken bits of the exclusive shards. A shard's own fields are handed
-// over through the epoch domain's and the threads' own synchronisation,
-// never through this word.
-class ShardAllocator {
- public:
-  int Acquire() {
-    uint32_t taken = taken_.load(std::memory_order_relaxed);
-    for (;;) {
-      if (taken == kAll) return kSharedShard;
-      int i = __builtin_ctz(~taken);
-      if (taken_.compare_exchange_weak(taken, taken | (1u << i), std::memory_order_acq_rel)) return i;
-    }
-  }
-  void Release(int shard) {
-    if (shard >= 0 && shard < kMaxThreadShards) taken_.fetch_and(~(1u << shard), std::memory_order_acq_rel);
-  }
-  // In a forked child's only thread: only its own shard is taken.
-  void ResetInChild(int keep) {
-    taken_.store(keep >= 0 && keep < kMaxThreadShards ? 1u << keep : 0u, std::memory_order_relaxed);
-  }
-
- private:
-  static constexpr uint32_t kAll = kMaxThreadShards == 32 ? ~0u : (1u << kMaxThreadShards) - 1;
-  std::atomic<uint32_t> taken_{0};
-};
-
-// This thread's epoch record and shard, taken on first use and read on every
-// call from trivially destructible thread-locals (no guard, no
-// registration). Both go back when the thread's C++ thread-locals are
-// destroyed (Holder), and the thread is marked exited: a use after that (a
-// later destructor dropping a jitted function) takes a fresh record, never
-// the released one, which another thread may hold by then (two threads
-// announcing on one record would let a reclaim free what one of them
-// reads). A POSIX thread-specific key gives that late record back (a record
-// taken in the last round of key destructors stays held, never shared).
-//   | t_ctx_, t_ready_, | thread-local; written by the thread itself only |
-//   |   t_exited_       |                                                 |
-//   | Shards()          | ShardAllocator (atomic)                         |
-template <class Traits>
-class ThreadSlot {
- public:
-  using Domain = EpochDomain<typename Traits::Mutex>;
-  struct Ctx {
-    typename Domain::Record* rec;
-    int shard;
-  };
-  static const Ctx& Get() {
-    const Ctx* p = t_ready_;  // one thread-local read on every call
-    return p ? *p : Slow();
-  }
-  static ShardAllocator& Shards() {
-    static ShardAllocator shards;
-    return shards;
-  }
-
- private:
-  struct Holder {
-    ~Holder() {
-      if (t_ctx_.rec) Domain::Release(t_ctx_.rec);
-      Shards().Release(t_ctx_.shard);
-      t_ctx_.rec = nullptr;
-      t_ready_ = nullptr;
-      t_exited_ = true;
-    }
-  };
-  static const Ctx& Slow() {
-    t_ctx_.shard = Shards().Acquire();
-    if (t_exited_) {
-      static const pthread_key_t late_key = [] {
-        pthread_key_t k;
-        pthread_key_create(&k, [](void* rec) {
-          Domain::Release(static_cast<typename Domain::Record*>(rec));
-          Shards().Release(t_ctx_.shard);
-          t_ctx_.rec = nullptr;
-          t_ready_ = nullptr;
-        });
-        return k;
-      }();
-      t_ctx_.rec = Traits::Epochs().Acquire();
-      pthread_setspecific(late_key, t_ctx_.rec);
-      t_ready_ = &t_ctx_;
-      return t_ctx_;
-    }
-    thread_local Holder holder;  // constructed once: gives the record back at exit
-    t_ctx_.rec = Traits::Epochs().Acquire();
-    t_ready_ = &t_ctx_;
-    return t_ctx_;
-  }
-  static inline thread_local Ctx t_ctx_{nullptr, 0};
-  static inline thread_local const Ctx* t_ready_ = nullptr;  // &t_ctx_ while it holds a record
-  static inline thread_local bool t_exited_ = false;
-};
-
-// A relaxed counter split over cache-line-sized shards.
-template <int kShards>
-class ShardedCounter {
- public:
-  void Add(int shard) { shards_[shard % kShards].n.fetch_add(1, std::memory_order_relaxed); }
-  uint64_t Load() const {
-    uint64_t total = 0;
-    for (const Shard& s : shards_) total += s.n.load(std::memory_order_relaxed);
-    return total;
-  }
-
- private:
-  struct alignas(64) Shard {
-    std::atomic<uint64_t> n{0};
-  };
-  std::array<Shard, kShards> shards_;
-};
-
 struct StoreCounters {
-  ShardedCounter<kShards> hits;
+  StripedCounter hits;
   std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
   std::atomic<uint64_t> compile_nanos{0}, wait_nanos{0};
 };
@@ -239,17 +118,22 @@ struct StoreCounters {
 template <class Traits>
 class EntryStore;
 
-// A thread's own executables of an entry, in its exclusive shard: `exe`, the
-// entry's own, and where a context change sent this thread (FindReadyLocal):
-// `target`, another entry of the same store (the same arguments under this
-// thread's context now), whose own executable `via` is, valid while no entry
-// has left the store's map since it was set (`gen`: removals_ then).
+// A thread's part of an entry (PerThread: one per thread index, made on the
+// thread's first call of the entry, on a cache line of its own): its hits
+// and in-flight calls, its own executable of the entry (`copy`: the
+// extension's ThreadExecutables), and where a context change sent it
+// (`redirect`: another entry of the same store, the same arguments under
+// this thread's context now; valid while its bucket's removal count is
+// still `redirect_gen`, see EntryStore::FindReady). Only the thread holding
+// the index writes it (the next thread to take the index inherits it); the
+// others read hits and in_flight.
 template <class Exe>
-struct LocalSlot {
-  Exe exe{};
-  Exe via{};
-  void* target = nullptr;  // a StoreEntry of the same store; never owned
-  uint64_t gen = 0;
+struct alignas(64) EntrySlot {
+  std::atomic<uint64_t> hits{0};
+  std::atomic<int64_t> in_flight{0};
+  Exe copy{};
+  void* redirect = nullptr;  // a StoreEntry of the same store; never owned
+  uint64_t redirect_gen = 0;
 };
 
 // See Listing.
@@ -276,16 +160,12 @@ struct StoreEntry {
   CompileLatch latch;
   typename Traits::Payload payload;
 
-  struct alignas(64) Shard {
-    std::atomic<uint64_t> hits{0};
-    std::atomic<int64_t> in_flight{0};
-    LocalSlot<typename Traits::LocalExe> local;
-  };
-  std::array<Shard, kShards> shards;
+  using Slot = EntrySlot<typename Traits::LocalExe>;
+  PerThread<Slot> slots;  // each thread's part of the entry
   std::atomic<bool> unlinked{false};
   std::atomic<bool> claimed{false};
   std::atomic<bool> counted{false};  // counted in its store's Count()
-  std::atomic<bool> left_map{false};
+  std::atomic<bool> left_map{false};  // set once, before its bucket's removal count moves (LeaveMap)
   enum : uint8_t { kNotProvisional = 0, kProvisional = 1, kAdopted = 2 };
   std::atomic<uint8_t> provisional{kNotProvisional};
   EntryListing<StoreEntry> listing FTJIT_GUARDED_BY(store_raw->publish_mu_);
@@ -293,12 +173,12 @@ struct StoreEntry {
 
   uint64_t Hits() const {
     uint64_t total = 0;
-    for (const Shard& s : shards) total += s.hits.load(std::memory_order_relaxed);
+    slots.ForEach([&](const Slot& s) { total += s.hits.load(std::memory_order_relaxed); });
     return total;
   }
   int64_t InFlight() const {
     int64_t total = 0;
-    for (const Shard& s : shards) total += s.in_flight.load(std::memory_order_seq_cst);
+    slots.ForEach([&](const Slot& s) { total += s.in_flight.load(std::memory_order_seq_cst); });
     return total;
   }
 
@@ -348,78 +228,97 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     UnlistAll();
   }
 
-  // The hit path: probes the ready table in a read section; on a hit counts
-  // it and this thread in flight on the entry and returns it, and the caller
-  // calls its payload (taking no reference) and ends with FinishCall. Nothing
-  // shared is written: each thread has its own shard line, and the LRU's
-  // `referenced` bit is written only after an eviction scan cleared it. Null
-  // when the probe cannot decide or finds nothing: the caller calls
-  // AfterMiss, then FindOrInsert. Never runs Python.
-  Entry* FindReady(const Sig& sig, typename EpochDomain<Mutex>::Record* rec, int shard) {
-    auto& epochs = Traits::Epochs();
-    epochs.EnterRead(rec);
-    Entry* e = Probe(*ready_.Load(), sig);
-    if (e) {
-      e->shards[shard].in_flight.fetch_add(1, std::memory_order_seq_cst);
-      CountHit(e, shard);
-    }
-    // A hit: FinishCall's LeaveRead frees what this section held back. A
-    // miss: the caller's AfterMiss, once it may run deleters.
-    epochs.ExitRead(rec);
-    return e;
-  }
+  using Slot = typename Entry::Slot;
+  using Record = typename EpochDomain<Mutex>::Record;
 
-  // The hit path of a function whose executables check the context (and
-  // keep a copy per thread: LocalSlot). As FindReady, but the hit is not
-  // counted (the executable may find its context changed and miss: the
-  // caller counts it on the entry that served it), and `*target` is set to
-  // the entry this thread's shard of `e` redirects to, counted in flight
-  // too, while the redirect is valid (no entry left the map since it was
-  // set: the target is then listed and cannot be freed before this section
-  // ends); else to `e`. The caller ends the call with FinishCall on both
-  // (once if they are one) and resets a stale redirect (its executable is
-  // Python's to drop).
-  Entry* FindReadyLocal(const Sig& sig, typename EpochDomain<Mutex>::Record* rec, int shard, Entry** target) {
+  // What a hit holds in flight (see InFlight): the entry the probe found
+  // (`head`) and, where this thread's slot of it redirects validly, the
+  // redirect's target; else the head again. Slots are this thread's.
+  struct Held {
+    Entry* head = nullptr;
+    Slot* head_slot = nullptr;
+    Entry* target = nullptr;
+    Slot* target_slot = nullptr;
+    explicit operator bool() const { return head != nullptr; }
+  };
+
+  // The hit path: probes the ready table in a read section; on a hit counts
+  // this thread in flight on the entry found and, with `follow_redirect` (a
+  // probe by arguments alone), on its redirect's target (valid while no entry of its bucket left the map since it was set: the
+  // target is then listed, and cannot be freed before this section ends; a
+  // stale one is forgotten here), and returns them. The caller calls the
+  // target's payload (taking no reference to the entry), counts the hit
+  // (CountHit) and ends with Release. Nothing shared is written: the slots
+  // are this thread's lines, and the LRU's `referenced` bit is written only
+  // after an eviction scan cleared it. Empty when the probe cannot decide or
+  // finds nothing: the caller calls AfterMiss, then FindOrInsert. Never
+  // runs Python.
+  Held FindReady(const Sig& sig, Record* rec, size_t index, bool follow_redirect) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
-    Entry* e = Probe(*ready_.Load(), sig);
-    *target = e;
-    if (e) {
-      e->shards[shard].in_flight.fetch_add(1, std::memory_order_seq_cst);
-      const LocalSlot<typename Traits::LocalExe>& local = e->shards[shard].local;
-      if (local.target && local.gen == removals_.load(std::memory_order_seq_cst)) {
-        Entry* t = static_cast<Entry*>(local.target);
-        if (!t->left_map.load(std::memory_order_seq_cst)) {
-          t->shards[shard].in_flight.fetch_add(1, std::memory_order_seq_cst);
-          *target = t;
+    Held h;
+    if (Entry* e = Probe(*ready_.Load(), sig)) {
+      Slot& s = e->slots.Get(index);
+      s.in_flight.fetch_add(1, std::memory_order_seq_cst);
+      h = Held{e, &s, e, &s};
+      if (s.redirect && follow_redirect) {
+        if (s.redirect_gen == RedirectGen(sig)) {
+          auto* t = static_cast<Entry*>(s.redirect);
+          Slot& ts = t->slots.Get(index);
+          ts.in_flight.fetch_add(1, std::memory_order_seq_cst);
+          h.target = t;
+          h.target_slot = &ts;
+        } else {
+          s.redirect = nullptr;  // its target may be gone
         }
       }
     }
+    // A hit: Release's LeaveRead frees what this section held back. A miss:
+    // the caller's AfterMiss, once it may run deleters.
     epochs.ExitRead(rec);
-    return e;
+    return h;
   }
-  // The generation a redirect is valid in.
-  uint64_t removals() const { return removals_.load(std::memory_order_seq_cst); }
+  // Ends the calls FindReady held. May run deleters: the caller holds no lock.
+  [[gnu::noinline]] static void Release(const Held& h, Record* rec) {
+    if (h.target != h.head) FinishCall(h.target, *h.target_slot, rec);
+    FinishCall(h.head, *h.head_slot, rec);
+  }
 
-  void CountHit(Entry* e, int shard) {
-    e->shards[shard].hits.fetch_add(1, std::memory_order_relaxed);
-    counters_.hits.Add(shard);
+  // The removal count a redirect of entries of `sig`'s arguments (its
+  // TableHash) is valid under: read it before the probe that finds the
+  // target, and pass it to Redirect.
+  uint64_t RedirectGen(const Sig& sig) const {
+    return removals_[Traits::TableHash(sig) % kRedirectBuckets].load(std::memory_order_seq_cst);
+  }
+  // Sends this thread's later calls that find `head` to `target` (another
+  // entry of this store of the same arguments, held, found listed by a
+  // probe made after `gen` was read), or back to the head (target == head).
+  // `slot`: the head's slot of this thread, held. An entry can stay listed
+  // a while after it left the map: one that left before `gen` was read is
+  // no target (checked here), and one that leaves later moves the count.
+  static void Redirect(Entry* head, Slot& slot, Entry* target, uint64_t gen) {
+    if (target != head && target->left_map.load(std::memory_order_seq_cst)) target = head;
+    slot.redirect = target == head ? nullptr : target;
+    slot.redirect_gen = gen;
+  }
+
+  void CountHit(Entry* e, Slot& slot, size_t index) {
+    slot.hits.fetch_add(1, std::memory_order_relaxed);
+    counters_.hits.Add(index);
     SharedLru<EntryPtr, Mutex>::Touch(e);
   }
 
-  // After FindReady returned null, at the first point where the caller may
-  // run deleters (in the extension, once its signature no longer borrows
-  // from its thread's memo): frees what the probe held back.
-  static void AfterMiss(typename EpochDomain<Mutex>::Record* rec) {
-    Traits::Epochs().FreeHeldBack(rec);
-  }
+  // After FindReady returned nothing, at the first point where the caller
+  // may run deleters (in the extension, once its signature no longer
+  // borrows from its thread's memo): frees what the probe held back.
+  static void AfterMiss(Record* rec) { Traits::Epochs().FreeHeldBack(rec); }
 
-  // Ends a call that FindReady counted in flight (see InFlight). May run
+  // Ends a call counted in flight (FindReady, Enter; see InFlight). May run
   // deleters (drop payloads): the caller holds no lock.
-  static void FinishCall(Entry* e, typename EpochDomain<Mutex>::Record* rec, int shard) {
+  static void FinishCall(Entry* e, Slot& slot, Record* rec) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
-    e->shards[shard].in_flight.fetch_sub(1, std::memory_order_seq_cst);
+    slot.in_flight.fetch_sub(1, std::memory_order_seq_cst);
     bool mine = e->ClaimIfIdle();
     epochs.LeaveRead(rec);
     if (mine) epochs.Retire(e, &Entry::Delete);
@@ -654,14 +553,14 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
         &undecided);
   }
 
-  // After every removal of `e` from the map: it stops counting, and is
-  // marked gone for FindReadyLocal's redirects (left_map first, then the
-  // generation, both before the caller unlists it).
+  // After every removal of `e` from the map: it stops counting, and the
+  // redirects to entries of its arguments' bucket are void (before the
+  // caller unlists it).
   void LeaveMap(Entry& e) {
     Uncount(e);
     Unprovision(e);
     e.left_map.store(true, std::memory_order_seq_cst);
-    removals_.fetch_add(1, std::memory_order_seq_cst);
+    removals_[Traits::TableHash(*e.sig) % kRedirectBuckets].fetch_add(1, std::memory_order_seq_cst);
   }
 
   void Uncount(Entry& e) {
@@ -740,7 +639,10 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   StoreCounters counters_;
   std::atomic<int64_t> counted_{0};
   std::atomic<int64_t> provisional_{0};
-  std::atomic<uint64_t> removals_{0};
+  // Entries that left the map, per bucket of their TableHash: a redirect
+  // is void once its bucket's count moved (RedirectGen).
+  static constexpr size_t kRedirectBuckets = 64;
+  std::array<std::atomic<uint64_t>, kRedirectBuckets> removals_{};
 };
 
 }  // namespace ftjit

@@ -223,6 +223,7 @@ void AfterForkInChildCaches() {
     c->functions.ReinitLockInChild();
   }
   g_epochs->AfterForkInChild(ThisThread().rec);
+  ThreadSlot<PyEntryTraits>::AfterForkInChild();
   std::vector<std::shared_ptr<FunctionStore>> all = LiveStores();
   for (auto& fe : all) fe->ReinitLocksInChild();
   // Every lock is usable again: the orphans can go.

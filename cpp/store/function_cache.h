@@ -42,12 +42,11 @@ namespace ftjit {
 namespace nb = nanobind;
 
 struct CompiledPayload {
-  // What calls run: the compiled executable, or (ThreadExecutables) the
-  // copy shared by threads past the exclusive shards (kSharedShard).
+  // What calls run: the compiled executable; null for ThreadExecutables,
+  // whose make_local(miss, eager) makes each thread's own copy (kept in its
+  // EntrySlot), and own_miss runs the program for that copy's miss in this
+  // entry's own context (both null otherwise).
   nb::object executable;
-  // ThreadExecutables: make_local(miss, eager) makes a thread's own copy
-  // (StoreEntry::Shard::local), own_miss runs the program for that copy's
-  // miss in this entry's own context; null otherwise.
   nb::object make_local;
   nb::object own_miss;
   // `executable` is called with the call's leaves alone (the hooks'

@@ -61,8 +61,8 @@ enum class FastEq { kEqual, kNotEqual, kUnknown };
 thread_local bool t_pause_in_probe = false;
 std::atomic<bool> g_in_probe{false}, g_probe_go{false};
 
-// What a thread keeps in its shard of an entry: plain fields, so that
-// ThreadSanitizer reports two threads using one exclusive shard at once.
+// What a thread keeps in its slot of an entry: plain fields, so that
+// ThreadSanitizer reports two threads using one slot at once.
 struct TestLocal {
   const void* owner = nullptr;
   uint64_t uses = 0;
@@ -95,6 +95,13 @@ using Lru = Store::Lru;
 using Entry = Store::Entry;
 using State = ftjit::CompileLatch::State;
 
+// A hit of this thread's index, as the entry found (FindReady, no redirect
+// followed), and its end.
+Entry* Find(Store& store, const TestSig& sig, Domain::Record* rec, size_t index) {
+  return store.FindReady(sig, rec, index, /*follow_redirect=*/false).head;
+}
+void Finish(Entry* e, Domain::Record* rec, size_t index) { Store::FinishCall(e, *e->slots.Find(index), rec); }
+
 TestSig SigOf(int key) { return TestSig{static_cast<size_t>(key) * 0x9e3779b97f4a7c15ULL, key}; }
 
 // Per key: how many compiles ran, and how many run now. With `strict`, a
@@ -115,12 +122,12 @@ struct Ledger {
 // Returns the value the call used (-1: a compile it waited for was
 // abandoned and it looked again... never here) and checks the canary.
 int CallOnce(Store& store, int key, Ledger& ledger, ftjit::EpochDomain<TestMutex>::Record* rec,
-             int shard) {
-  TestSig sig = SigOf(key);
-  if (Entry* e = store.FindReady(sig, rec, shard)) {
+             size_t index, size_t hash = 0) {
+  TestSig sig = hash ? TestSig{hash, key} : SigOf(key);
+  if (Entry* e = Find(store, sig, rec, index)) {
     CHECK_EQ(e->payload.canary.load(std::memory_order_relaxed), kAlive);
     int v = e->payload.value;
-    Store::FinishCall(e, rec, shard);
+    Finish(e, rec, index);
     return v;
   }
   Store::AfterMiss(rec);
@@ -168,13 +175,13 @@ void RunCallsAgainstEvictions(int clearers) {
   auto deadline = std::chrono::steady_clock::now() + 1500ms;
   ftjit_test::RunThreads(kCallers + clearers, [&](size_t i) {
     auto* rec = Slot::Get().rec;
-    int shard = static_cast<int>(i) % ftjit::kMaxThreadShards;
+    size_t index = Slot::Get().index;
     std::mt19937 rng(static_cast<unsigned>(i));
     while (std::chrono::steady_clock::now() < deadline) {
       int s = static_cast<int>(rng() % kStores);
       if (i < static_cast<size_t>(kCallers)) {
         int key = static_cast<int>(rng() % kKeys);
-        CHECK_EQ(CallOnce(*stores[s], key, *ledgers[s], rec, shard), key * 2);
+        CHECK_EQ(CallOnce(*stores[s], key, *ledgers[s], rec, index), key * 2);
         calls.fetch_add(1, std::memory_order_relaxed);
       } else {
         stores[s]->Clear();
@@ -254,18 +261,18 @@ void TestInFlightEntryOutlivesItsUnlinking() {
   auto& epochs = TestTraits::Epochs();
   auto* rec = Slot::Get().rec;
   CHECK_EQ(CallOnce(*store, 1, ledger, rec, 0), 2);
-  Entry* e = store->FindReady(SigOf(1), rec, 0);  // a call in flight
+  Entry* e = Find(*store, SigOf(1), rec, 0);  // a call in flight
   CHECK(e != nullptr);
-  Entry* e2 = store->FindReady(SigOf(1), rec, 3);  // and another, on another shard
+  Entry* e2 = Find(*store, SigOf(1), rec, 3);  // and another, as index 3 (no thread holds it here)
   CHECK(e2 == e);
   store->Clear();  // unlinked from the map, the LRU and the table (retired, then freed)
   CHECK_EQ(epochs.retired_count(), size_t{0});
   CHECK_EQ(g_live_payloads.load(), int64_t{1});  // still alive: two calls in flight
   CHECK_EQ(e->payload.canary.load(), kAlive);
-  CHECK(store->FindReady(SigOf(1), rec, 0) == nullptr);  // no new call finds it
-  Store::FinishCall(e, rec, 3);
+  CHECK(Find(*store, SigOf(1), rec, 0) == nullptr);  // no new call finds it
+  Finish(e, rec, 3);
   CHECK_EQ(g_live_payloads.load(), int64_t{1});
-  Store::FinishCall(e, rec, 0);  // the last: frees it
+  Finish(e, rec, 0);  // the last: frees it
   CHECK_EQ(g_live_payloads.load(), int64_t{0});
 }
 
@@ -279,13 +286,13 @@ void TestInFlightRacesWithClears() {
   auto deadline = std::chrono::steady_clock::now() + 1000ms;
   ftjit_test::RunThreads(5, [&](size_t i) {
     auto* rec = Slot::Get().rec;
-    int shard = static_cast<int>(i);
+    size_t index = Slot::Get().index;
     while (std::chrono::steady_clock::now() < deadline) {
       if (i == 0) {
         store->Clear();
         std::this_thread::yield();
       } else {
-        CHECK_EQ(CallOnce(*store, 1, ledger, rec, shard), 2);
+        CHECK_EQ(CallOnce(*store, 1, ledger, rec, index), 2);
       }
     }
   });
@@ -313,13 +320,13 @@ void RunRetirementRacingAReader(bool hit) {
     // A miss probes the same slot (equal hash) and finds another key there.
     TestSig probe{SigOf(1).hash, hit ? 1 : 3};
     t_pause_in_probe = true;
-    Entry* e = store->FindReady(probe, t.rec, t.shard);
+    Entry* e = Find(*store, probe, t.rec, t.index);
     t_pause_in_probe = false;
     CHECK_EQ(e != nullptr, hit);
     if (e) {
       CHECK_EQ(e->payload.canary.load(), kAlive);  // in flight: still alive
       CHECK_EQ(e->payload.value, 2);
-      Store::FinishCall(e, t.rec, t.shard);
+      Finish(e, t.rec, t.index);
     } else {
       CHECK_EQ(epochs.retired_count(), size_t{1});  // still held back...
       Store::AfterMiss(t.rec);                      // ...until the caller may free
@@ -386,11 +393,11 @@ void TestLateUseAfterThreadExitTakesAFreshRecord() {
     while ((rec = epochs.Acquire()) != want) others.push_back(rec);
     // Reads through it, stopping mid-probe while the late use runs.
     t_pause_in_probe = true;
-    Entry* e = g_late_store->FindReady(SigOf(1), rec, 5);
+    Entry* e = Find(*g_late_store, SigOf(1), rec, 5);
     t_pause_in_probe = false;
     CHECK(e != nullptr);
     CHECK_EQ(e->payload.canary.load(), kAlive);  // not freed under the reader
-    Store::FinishCall(e, rec, 5);  // frees it
+    Finish(e, rec, 5);  // frees it
     Domain::Release(rec);
     for (Domain::Record* r : others) Domain::Release(r);
   });
@@ -466,11 +473,11 @@ void TestNewestReadyIsPublishOrderAcrossUnlistings() {
   order.push_back(again);
   check(3);
   for (int k = 0; k < 3000; ++k) {
-    Entry* e = store->FindReady(SigOf(k), rec, 0);
+    Entry* e = Find(*store, SigOf(k), rec, 0);
     CHECK_EQ(e != nullptr, entries[k] != nullptr);
     if (e) {
       CHECK_EQ(e->payload.value, k * 2);
-      Store::FinishCall(e, rec, 0);
+      Finish(e, rec, 0);
     } else {
       Store::AfterMiss(rec);
     }
@@ -541,11 +548,11 @@ void TestHitsFindExactlyTheListedEntriesWhilePublishingAndDiscarding() {
       while (std::chrono::steady_clock::now() < deadline) {
         int key = static_cast<int>(rng() % kKeys);
         uint64_t s1 = state[key].load(std::memory_order_seq_cst);
-        Entry* e = store->FindReady(SigOf(key), t.rec, t.shard);
+        Entry* e = Find(*store, SigOf(key), t.rec, t.index);
         if (e) {
           CHECK_EQ(e->payload.canary.load(std::memory_order_relaxed), kAlive);
           CHECK_EQ(e->payload.value, key * 2);
-          Store::FinishCall(e, t.rec, t.shard);
+          Finish(e, t.rec, t.index);
         } else {
           Store::AfterMiss(t.rec);
         }
@@ -623,13 +630,13 @@ bool WarmProvisional(Store& store, int key, int64_t limit = -1) {
 // leaves, as a compile past max_signatures does). Returns the value used,
 // or -1 when the limit refused it.
 int CallAdopting(Store& store, int key, int64_t limit, std::atomic<int>& adoptions,
-                 ftjit::EpochDomain<TestMutex>::Record* rec, int shard) {
+                 ftjit::EpochDomain<TestMutex>::Record* rec, size_t index) {
   TestSig sig = SigOf(key);
-  if (Entry* e = store.FindReady(sig, rec, shard)) {
+  if (Entry* e = Find(store, sig, rec, index)) {
     CHECK_EQ(e->payload.canary.load(std::memory_order_relaxed), kAlive);
     CHECK(e->provisional.load() == Entry::kNotProvisional);  // never listed while provisional
     int v = e->payload.value;
-    Store::FinishCall(e, rec, shard);
+    Finish(e, rec, index);
     return v;
   }
   Store::AfterMiss(rec);
@@ -684,7 +691,7 @@ void TestProvisionalEntriesAreAdoptedOnFirstUse() {
   CHECK_EQ(store->size(), size_t{4});
   CHECK_EQ(store->ready_size(), size_t{0});
   CHECK_EQ(lru->size(), size_t{4});
-  CHECK(store->FindReady(SigOf(0), rec, 0) == nullptr);  // unlisted: the hit path cannot see it
+  CHECK(Find(*store, SigOf(0), rec, 0) == nullptr);  // unlisted: the hit path cannot see it
   Store::AfterMiss(rec);
 
   CHECK_EQ(CallAdopting(*store, 0, /*limit=*/2, adoptions, rec, 0), 0);
@@ -769,56 +776,144 @@ void TestProvisionalAdoptionsRaceWithClears() {
 }
 
 
-// Live threads hold distinct shards: the first kMaxThreadShards at once an
-// exclusive one each (the lowest free), the rest kSharedShard; a thread that
-// ends gives its shard back to the next. Each thread then uses its shard's
-// `local` of one hot entry with plain writes: ThreadSanitizer would report
-// two threads on one exclusive shard.
-void TestShardsAreExclusiveAmongLiveThreads() {
+// Live threads hold distinct indices, the lowest free ones, however many
+// (no bound: all kThreads at once get one each); a thread that ends gives
+// its index back to the next. Each thread then uses its slot's `copy` of
+// one hot entry with plain writes: ThreadSanitizer would report two threads
+// on one slot.
+void TestIndicesAreExclusiveAmongLiveThreads() {
   auto lru = std::make_shared<Lru>(8);
   auto store = std::make_shared<Store>(lru);
   auto* main_rec = Slot::Get().rec;
+  const size_t main_index = Slot::Get().index;
   Ledger ledger(1, /*strict=*/true);
-  CHECK_EQ(CallOnce(*store, 0, ledger, main_rec, Slot::Get().shard), 0);
-  const int kThreads = ftjit::kMaxThreadShards + 4;
+  CHECK_EQ(CallOnce(*store, 0, ledger, main_rec, main_index), 0);  // compiles
+  CHECK_EQ(CallOnce(*store, 0, ledger, main_rec, main_index), 0);  // a hit: the main thread's slot
+  const int kThreads = 40;
   for (int round = 0; round < 3; ++round) {
-    std::vector<int> shards(kThreads, -1);
+    std::vector<size_t> indices(kThreads, SIZE_MAX);
     ftjit_test::Barrier all_in(kThreads);
     ftjit_test::RunThreads(kThreads, [&](size_t i) {
       const Slot::Ctx& t = Slot::Get();
-      shards[i] = t.shard;
-      all_in.Arrive();  // every thread holds its shard now
-      for (int k = 0; k < 2000; ++k) {
-        Entry* e = store->FindReady(SigOf(0), t.rec, t.shard);
+      indices[i] = t.index;
+      all_in.Arrive();  // every thread holds its index now
+      for (int k = 0; k < 500; ++k) {
+        Entry* e = Find(*store, SigOf(0), t.rec, t.index);
         CHECK(e != nullptr);
-        if (t.shard != ftjit::kSharedShard) {
-          TestLocal& local = e->shards[t.shard].local.exe;
-          local.owner = &shards[i];
-          ++local.uses;
-          CHECK(local.owner == &shards[i]);
-        }
-        Store::FinishCall(e, t.rec, t.shard);
+        TestLocal& local = e->slots.Get(t.index).copy;
+        local.owner = &indices[i];
+        ++local.uses;
+        CHECK(local.owner == &indices[i]);
+        Finish(e, t.rec, t.index);
       }
     });
-    std::vector<int> exclusive;
-    int shared = 0;
-    for (int sh : shards) {
-      if (sh == ftjit::kSharedShard) {
-        ++shared;
-      } else {
-        CHECK(sh >= 0 && sh < ftjit::kMaxThreadShards);
-        exclusive.push_back(sh);
-      }
-    }
-    std::sort(exclusive.begin(), exclusive.end());
-    CHECK(std::adjacent_find(exclusive.begin(), exclusive.end()) == exclusive.end());  // distinct
-    // Every exclusive shard but the main thread's went to this round's threads.
-    CHECK_EQ(exclusive.size(), static_cast<size_t>(ftjit::kMaxThreadShards - 1));
-    CHECK_EQ(shared, kThreads - (ftjit::kMaxThreadShards - 1));
+    std::sort(indices.begin(), indices.end());
+    CHECK(std::adjacent_find(indices.begin(), indices.end()) == indices.end());  // distinct
+    CHECK(!std::binary_search(indices.begin(), indices.end(), main_index));      // not the main thread's
+    // The lowest free ones: below kThreads + 1 (the main thread holds one).
+    CHECK(indices.back() <= static_cast<size_t>(kThreads));
   }
   uint64_t uses = 0;
-  for (const auto& sh : store->Entries()[0]->shards) uses += sh.local.exe.uses;
-  CHECK_EQ(uses, static_cast<uint64_t>(3 * (ftjit::kMaxThreadShards - 1) * 2000));
+  size_t slots = 0;
+  store->Entries()[0]->slots.ForEach([&](const Entry::Slot& s) {
+    uses += s.copy.uses;
+    ++slots;
+  });
+  CHECK_EQ(uses, static_cast<uint64_t>(3 * kThreads * 500));  // the main thread's slot has none
+  CHECK_EQ(slots, static_cast<size_t>(kThreads + 1));  // each index's slot, handed on round to round
+}
+
+// A redirect (a thread's slot of the head sending its calls to another
+// entry of the same TableHash) is followed by probes that ask for it, and
+// holds until an entry of its bucket leaves the map: a removal elsewhere
+// leaves it be, one in its bucket voids it (then forgotten).
+void TestRedirectsLastUntilTheirBucketLosesAnEntry() {
+  auto lru = std::make_shared<Lru>(16);
+  auto store = std::make_shared<Store>(lru);
+  Ledger ledger(8, /*strict=*/true);
+  const ftjit::ThreadSlot<TestTraits>::Ctx& t = Slot::Get();
+  const size_t h = SigOf(1).hash;  // keys 1 and 2 share it: one bucket, as one call's contexts do
+  CHECK_EQ(CallOnce(*store, 1, ledger, t.rec, t.index, h), 2);
+  CHECK_EQ(CallOnce(*store, 2, ledger, t.rec, t.index, h), 4);
+  CHECK_EQ(CallOnce(*store, 3, ledger, t.rec, t.index), 6);  // another bucket (most likely: checked below)
+  CHECK(SigOf(3).hash % 64 != h % 64);
+  Store::EntryPtr two = store->Find(TestSig{h, 2});
+  Store::EntryPtr three = store->Find(SigOf(3));
+  const TestSig one{h, 1};
+  Store::Held held = store->FindReady(one, t.rec, t.index, true);
+  CHECK(held.head == held.target && held.head->payload.value == 2);
+  const uint64_t gen = store->RedirectGen(one);
+  Store::Redirect(held.head, *held.head_slot, two.get(), gen);
+  Store::Release(held, t.rec);
+  held = store->FindReady(one, t.rec, t.index, true);
+  CHECK(held.target == two.get() && held.head->payload.value == 2);
+  Store::Release(held, t.rec);
+  held = store->FindReady(one, t.rec, t.index, false);  // a whole-signature probe: no redirect
+  CHECK(held.target == held.head);
+  Store::Release(held, t.rec);
+  store->Discard(three);  // another bucket's removal
+  held = store->FindReady(one, t.rec, t.index, true);
+  CHECK(held.target == two.get());
+  Store::Release(held, t.rec);
+  store->Discard(two);  // the redirect's bucket
+  held = store->FindReady(one, t.rec, t.index, true);
+  CHECK(held.target == held.head);
+  CHECK(held.head_slot->redirect == nullptr);  // forgotten
+  Store::Release(held, t.rec);
+  two.reset();
+  three.reset();
+  store.reset();
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+
+// Threads follow their redirects to an entry another thread keeps
+// discarding and compiling again, set anew each time from a probe that
+// found the target listed (as ContextMiss does): a thread never reaches a
+// freed target (its canary), and nothing leaks.
+void TestRedirectsRaceWithRemovalsOfTheirTarget() {
+  auto lru = std::make_shared<Lru>(16);
+  auto store = std::make_shared<Store>(lru);
+  Ledger ledger(4, /*strict=*/false);
+  const size_t h = SigOf(1).hash;
+  CHECK_EQ(CallOnce(*store, 1, ledger, Slot::Get().rec, Slot::Get().index, h), 2);
+  auto deadline = std::chrono::steady_clock::now() + 1000ms;
+  std::atomic<uint64_t> followed{0};
+  ftjit_test::RunThreads(5, [&](size_t i) {
+    const Slot::Ctx& t = Slot::Get();
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (i == 0) {
+        if (Store::EntryPtr two = store->Find(TestSig{h, 2})) store->Discard(two);
+        std::this_thread::yield();
+        continue;
+      }
+      Store::Held held = store->FindReady(TestSig{h, 1}, t.rec, t.index, true);
+      if (!held) {
+        Store::AfterMiss(t.rec);
+        continue;
+      }
+      CHECK_EQ(held.target->payload.canary.load(), kAlive);
+      if (held.target != held.head) {
+        CHECK_EQ(held.target->payload.value, 4);
+        followed.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        // Set the redirect as ContextMiss does: the count first, then a probe.
+        const uint64_t gen = store->RedirectGen(TestSig{h, 2});
+        Store::Held two = store->FindReady(TestSig{h, 2}, t.rec, t.index, false);
+        if (two) {
+          Store::Redirect(held.head, *held.head_slot, two.head, gen);
+          Store::Release(two, t.rec);
+        } else {
+          Store::AfterMiss(t.rec);
+          CHECK_EQ(CallOnce(*store, 2, ledger, t.rec, t.index, h), 4);
+        }
+      }
+      Store::Release(held, t.rec);
+    }
+  });
+  CHECK(followed.load() > 0);
+  store.reset();
+  CHECK_EQ(TestTraits::Epochs().retired_count(), size_t{0});
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
 }
 
 }  // namespace
@@ -837,7 +932,9 @@ int main() {
   RUN_TEST(TestLateUseAfterThreadExitTakesAFreshRecord);
   RUN_TEST(TestProvisionalEntriesAreAdoptedOnFirstUse);
   RUN_TEST(TestProvisionalAdoptionsRaceWithClears);
-  RUN_TEST(TestShardsAreExclusiveAmongLiveThreads);
+  RUN_TEST(TestIndicesAreExclusiveAmongLiveThreads);
+  RUN_TEST(TestRedirectsLastUntilTheirBucketLosesAnEntry);
+  RUN_TEST(TestRedirectsRaceWithRemovalsOfTheirTarget);
   RUN_TEST(TestNewestReadyIsPublishOrderAcrossUnlistings);
   RUN_TEST(TestHitsFindExactlyTheListedEntriesWhilePublishingAndDiscarding);
   std::fprintf(stderr, "all EntryStore tests passed\n");

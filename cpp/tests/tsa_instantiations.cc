@@ -20,8 +20,10 @@
 #include "primitives/epoch.h"
 #include "primitives/listing_table.h"
 #include "primitives/locks.h"
+#include "primitives/per_thread.h"
 #include "primitives/reentrant_map.h"
 #include "primitives/shared_lru.h"
+#include "primitives/thread_indices.h"
 #include "store/entry_store.h"
 
 #ifdef FTJIT_TSA_LEAF_MUTEX
@@ -67,6 +69,7 @@ template class SharedLru<tsa::NodePtr, TsaMutex>;
 template class EpochDomain<TsaMutex>;
 template class ListingTable<tsa::Node>;
 template class ThreadSlot<tsa::Traits>;
+template class PerThread<tsa::Node>;
 template struct StoreEntry<tsa::Traits>;
 template class EntryStore<tsa::Traits>;
 }  // namespace ftjit
