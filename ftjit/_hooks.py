@@ -102,6 +102,13 @@ class ContextHooks:
     #: when not None, is keyed as a committed array's placement, so that
     #: ``precompile`` of a sharded spec makes the entry its arrays hit.
     spec_types: tuple[type, ...] = ()
+    #: Positions of ``context()``'s items (a tuple context; needs ``context``)
+    #: that select no entry: read (``requires`` may name one), but left out
+    #: of the signature, so that a change of one alone reuses what was
+    #: compiled before it, in every thread (JAX: the configs of its trace
+    #: context that jax.jit's own key leaves out). A call that misses for
+    #: another reason compiles under their values then.
+    unkeyed: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

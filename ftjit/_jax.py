@@ -226,9 +226,10 @@ def _copy_parts() -> tuple[Any, Any, Any, Any] | None:
     """(``_jax.pjit``, the global cache key, the dispatch registry, the
     shard-argument fallback) that jaxlib's C++ call objects are made of,
     when this JAX has them and they behave as ``_copies`` needs (checked
-    once: ``_copies_work``); else None."""
+    once: ``_copies_work``); else None, said once by a RuntimeWarning."""
     if not _copy_parts_cache:
         parts = None
+        why = ""
         try:
             from jax._src import tree_util as jax_tree_util
             from jax._src.interpreters import pxla
@@ -236,53 +237,66 @@ def _copy_parts() -> tuple[Any, Any, Any, Any] | None:
 
             parts = (jaxlib_jax.pjit, pxla.JitGlobalCppCacheKeys(), jax_tree_util.dispatch_registry,
                      pxla.cc_shard_arg)
-            if not _copies_work(parts):
-                parts = None
-        except Exception:  # noqa: BLE001 - a JAX without them
+            why = _copies_work(parts)
+        except Exception as error:  # noqa: BLE001 - a JAX without them
+            why = f"{type(error).__name__}: {error}"
+        if why:
             parts = None
+            import warnings
+
+            warnings.warn(
+                "ftjit: this JAX's per-thread call objects (jaxlib's pjit) failed ftjit's check, so every "
+                "thread calls one shared call object per compiled signature (correct, but threads then wait "
+                f"on its lock instead of scaling): {why}", RuntimeWarning, stacklevel=2)
         _copy_parts_cache.append(parts)
     return _copy_parts_cache[0]
 
 
-def _copies_work(parts: tuple[Any, Any, Any, Any]) -> bool:
+def _copies_work(parts: tuple[Any, Any, Any, Any]) -> str:
     """Feature check, on a program of its own: a copy made of ``parts``
     calls the miss at its first call and returns the miss's outputs, serves
     the next call without it, calls the miss again under another config
     (jax.enable_x64, thread-local), and calls ``eager`` under
-    jax.disable_jit()."""
+    jax.disable_jit(). Its argument is already on the device, and it runs
+    under ``jax.transfer_guard("allow")``: a guard the program set cannot
+    refuse it. "" when it passes, else what failed."""
     import jax
     import numpy as np
 
     pjit, keys, registry, shard_arg = parts
-    compiled = jax.jit(lambda x: x + 1).lower(np.float32(1)).compile()
-    template = compiled._executable.create_cpp_call(compiled._params)
-    if template is None:
-        return False
-    own_miss = template._cache_miss
-    seen: list[str] = []
+    with jax.transfer_guard("allow"):
+        x = jax.device_put(np.float32(1))
+        compiled = jax.jit(lambda v: v + 1).lower(x).compile()
+        template = compiled._executable.create_cpp_call(compiled._params)
+        if template is None:
+            return "Compiled._executable.create_cpp_call gave no C++ call"
+        own_miss = template._cache_miss
+        seen: list[str] = []
 
-    def miss(*args: Any, **kwargs: Any) -> Any:
-        seen.append("miss")
-        return own_miss(*args, **kwargs)
+        def miss(*args: Any, **kwargs: Any) -> Any:
+            seen.append("miss")
+            return own_miss(*args, **kwargs)
 
-    def eager(*args: Any, **kwargs: Any) -> Any:
-        seen.append("eager")
-        return "eager"
+        def eager(*args: Any, **kwargs: Any) -> Any:
+            seen.append("eager")
+            return "eager"
 
-    copy = pjit("ftjit-check", eager, miss, [], [], keys, registry, shard_arg)
-    x = np.float32(1)
-    ok = float(copy(x)) == 2.0 and float(copy(x)) == 2.0 and seen == ["miss"]
-    with jax.enable_x64(not jax.config.jax_enable_x64):  # type: ignore[attr-defined]
-        seen.append("x64")
-        miss_seen = len(seen)
-        try:
-            copy(x)
-        except Exception:  # noqa: BLE001 - the program under x64: only the miss matters here
-            pass
-        ok = ok and seen[miss_seen:] == ["miss"]
-    with jax.disable_jit():
-        ok = ok and copy(x) == "eager"
-    return ok
+        copy = pjit("ftjit-check", eager, miss, [], [], keys, registry, shard_arg)
+        if not (float(copy(x)) == 2.0 and float(copy(x)) == 2.0 and seen == ["miss"]):
+            return f"a call object's first two calls did not miss once and hit once (seen: {seen})"
+        with jax.enable_x64(not jax.config.jax_enable_x64):  # type: ignore[attr-defined]
+            seen.append("x64")
+            miss_seen = len(seen)
+            try:
+                copy(x)
+            except Exception:  # noqa: BLE001 - the program under x64: only the miss matters here
+                pass
+            if seen[miss_seen:] != ["miss"]:
+                return f"a call object did not miss under another config (seen: {seen})"
+        with jax.disable_jit():
+            if copy(x) != "eager":
+                return "a call object did not call its eager callback under jax.disable_jit()"
+    return ""
 
 
 class _ThroughJaxJit:

@@ -98,13 +98,14 @@ JIT_KEY_EXTRA_CONFIGS = ("device_context", "optimization_level", "memory_fitting
 _EXTRA_CONFIG_MODULES = ("jax._src.config", "jax._src.mesh")
 
 # Configs in trace_context() that jax.jit's cache key leaves out (jax 0.10.2;
-# tests/test_jax_copies.py lists them against the running JAX). The JAX
-# compiler's executables check jax.jit's key (context_in_executable), so a
-# change of one of these alone recompiles nothing, exactly as with jax.jit:
-# what is compiled keeps the value it was traced with. (jax_disable_jit is
-# checked by jaxlib's call itself: ftjit then calls the function's jax.jit,
-# which runs it eagerly.) On a miss for another reason the whole context is
-# read, these included.
+# tests/test_jax_copies.py lists them against the running JAX). They are the
+# context's unkeyed items (ContextHooks.unkeyed): a change of one of these
+# alone selects the entry compiled before it, in every thread, exactly as
+# with jax.jit: what is compiled keeps the value it was traced with. (jax_
+# disable_jit is checked by jaxlib's call itself, and by the core's
+# `requires`: ftjit then calls the function's jax.jit, which runs it
+# eagerly.) A signature that misses for another reason compiles under their
+# values then.
 TRACE_CONTEXT_NOT_IN_JIT_KEY = (
     "jax_disable_jit",
     "jax_high_dynamic_range_gumbel",
@@ -202,6 +203,9 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
             sharding_attr=sharding_attr,
             extras=extras,
             spec_types=(jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
+            # What jax.jit's key leaves out selects no entry here either: the
+            # same program in every thread, until a miss for another reason.
+            unkeyed=tuple(i for i, name in enumerate(names) if name in TRACE_CONTEXT_NOT_IN_JIT_KEY),
         ),
         # With the registry's own one-level flatten (C++, called directly by
         # the core), a custom node costs what it costs jax.jit; the hook above

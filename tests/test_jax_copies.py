@@ -181,3 +181,111 @@ def test_a_config_outside_jax_jits_key_recompiles_nothing_as_with_jax_jit():
     assert traces == {"jax": 1, "ftjit": 1}
     assert jf.cache_info().compiles == 1
     gc.collect()
+
+
+# --- issue 40's findings: each a regression test that failed at a5adb19 ----------
+
+REENTRANT_HANDLER = """
+    import logging
+    import numpy as np, jax, jax.numpy as jnp
+    import ftjit
+
+    jf = ftjit.jit(lambda x: x + jnp.ones((2, 3), x.dtype))
+    x = np.ones(3, np.float32)
+    jf(x)
+    busy = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):  # runs inside the outer call, on its thread
+            if busy:
+                return
+            busy.append(1)
+            try:
+                with jax.numpy_rank_promotion("raise"):
+                    jf(x)
+            except ValueError:
+                busy.append("raised")
+
+    logging.getLogger("ftjit").addHandler(Handler())
+    logging.getLogger("ftjit").setLevel(logging.INFO)
+    with jax.enable_x64(True):
+        out = jf(x)
+    print(out.dtype, np.asarray(out).tolist(), busy)
+"""
+
+
+@pytest.mark.thread_unsafe(reason="spawns an interpreter")
+def test_a_logging_handler_calling_under_another_config_cannot_free_the_copy_an_outer_call_runs():
+    """Finding 1: the outer call (under x64) runs this thread's copy, whose
+    miss compiles and logs; the handler calls the same function on the same
+    thread under another config, which fails and drops the thread's copy of
+    that entry. The outer call holds its copy until it returns (it was
+    borrowed: a segfault under PYTHONMALLOC=debug)."""
+    out = run_script(REENTRANT_HANDLER, env={"PYTHONMALLOC": "debug"})
+    assert out == "float32 [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]] [1, 'raised']"
+
+
+def _gumbel_globally(on):
+    jax.config.update("jax_high_dynamic_range_gumbel", on)
+
+
+@pytest.mark.thread_unsafe(reason="changes a JAX config for the whole process")
+def test_a_config_outside_jax_jits_key_gives_one_answer_in_every_thread_as_with_jax_jit():
+    """Finding 2: after jax_high_dynamic_range_gumbel changes (globally), a
+    thread that never called the function (a new one, and twenty alive at
+    once: more than the old core's sixteen shards) gets the program compiled
+    before, as in the main thread and as jax.jit gives; with key-array
+    arguments too. Nothing recompiles."""
+
+    def f(x):
+        return jax.random.gumbel(jax.random.key(0), (3,)) + x
+
+    def g(key, x):
+        return jax.random.gumbel(key, (3,)) + x
+
+    jf, jg = ftjit.jit(f, cache=ftjit.FunctionCache()), ftjit.jit(g, cache=ftjit.FunctionCache())
+    jj = jax.jit(f)
+    x, key = np.zeros(3, np.float32), jax.random.key(1)
+    before_f, before_g, before_jax = (np.asarray(jf(x)).tolist(), np.asarray(jg(key, x)).tolist(),
+                                      np.asarray(jj(x)).tolist())
+    assert before_f == before_jax
+    _gumbel_globally(True)
+    try:
+        changed = np.asarray(jax.jit(lambda v: f(v))(x)).tolist()  # a new function traces under the new value
+        assert changed != before_f  # (so the test can tell the programs apart)
+        all_in = threading.Barrier(20)
+
+        def call(i):
+            first = np.asarray(jf(x)).tolist()  # the first call takes the thread's index
+            all_in.wait(30)  # twenty threads hold one at once
+            return (first, np.asarray(jg(key, x)).tolist(), np.asarray(jj(x)).tolist())
+
+        out = run_threads(20, call, timeout=120)
+        here = (np.asarray(jf(x)).tolist(), np.asarray(jg(key, x)).tolist(), np.asarray(jj(x)).tolist())
+    finally:
+        _gumbel_globally(False)
+    assert out == [(before_f, before_g, before_jax)] * 20
+    assert here == (before_f, before_g, before_jax)
+    assert (jf.cache_info().compiles, jg.cache_info().compiles) == (1, 1)
+
+
+@pytest.mark.thread_unsafe(reason="resets the JAX compiler's once-per-process check")
+def test_the_copies_check_passes_under_a_transfer_guard_and_a_failure_is_said_once(monkeypatch):
+    """Finding 3: the check that jaxlib's call objects can be copied per
+    thread ran with a host-to-device transfer, which jax.transfer_guard
+    ("disallow") refuses: copies were then off for the whole process,
+    silently. It runs on a device array under the guard "allow" now; and a
+    check that does fail says so once."""
+    monkeypatch.setattr(ftjit._jax, "_copy_parts_cache", [])
+    x = jnp.arange(3.0)
+    with jax.transfer_guard("disallow"):
+        jf = ftjit.jit(lambda v: v * 2, cache=ftjit.FunctionCache())
+        assert np.asarray(jf(x)).tolist() == [0.0, 2.0, 4.0]
+        assert ftjit._jax._copy_parts_cache[0] is not None
+        assert isinstance(ftjit._jax.executable_for(*_compiled_and_args(x)), ftjit.ThreadExecutables)
+    monkeypatch.setattr(ftjit._jax, "_copy_parts_cache", [])
+    monkeypatch.setattr(ftjit._jax, "_copies_work", lambda parts: "the check's reason")
+    with pytest.warns(RuntimeWarning, match=r"per-thread call objects .* failed ftjit's check, so every thread calls "
+                                            r"one shared call object .*: the check's reason"):
+        assert ftjit._jax._copy_parts() is None
+    assert ftjit._jax._copy_parts() is None  # said once

@@ -7,7 +7,7 @@ context is per thread (threading.local, as JAX's thread-local configs are).
 So the core's side of the protocol is tested here, and under ThreadSanitizer
 (dev.sh tsan-ft runs this file): the hit path reads no context, a context
 change compiles once under a herd, a thread's copy is its own and is reused
-by the next thread on its shard, copies die with their entries, misses are
+by the next thread on its index, copies die with their entries, misses are
 explained with the context that changed, and eager mode calls the fallback.
 
 Thread tests start on a Barrier (helpers.run_threads), join with a timeout
@@ -93,6 +93,7 @@ class CopyCompiler:
                     cache[context] = data
                 return out
 
+            copy.made_for = program.context  # the context of the program it runs (live_copies_of)
             with compiler.lock:
                 compiler.copies.append(weakref.ref(copy))
             return copy
@@ -102,6 +103,11 @@ class CopyCompiler:
     def live_copies(self):
         gc.collect()
         return sum(r() is not None for r in self.copies)
+
+    def live_copies_of(self, context):
+        """Copies alive of the program compiled under `context`."""
+        gc.collect()
+        return sum(r() is not None and r().made_for == context for r in self.copies)
 
 
 class Program:
@@ -357,3 +363,82 @@ def test_a_context_interned_twice_still_reaches_its_entrys_copy():
     assert comp.compiles == 1
     info = jf.cache_info()
     assert (info.compiles, info.misses, info.size) == (1, 1, 1)
+
+
+# --- issue 40's findings (the JAX ones: tests/test_jax_copies.py) -------------------
+
+
+def test_an_evicted_entrys_copies_die_though_the_thread_redirected_to_it_ended():
+    """Finding 4: a thread under context B called A's arguments (compiled
+    under A), so its slot of A redirects to B, and ended. B is evicted: its
+    copies go with it at once (the redirect held a reference to B's copy
+    until that thread called A again, which it never does)."""
+    comp = CopyCompiler()
+    jf = ftjit.jit(lambda x, *pad: x + 1, compiler=comp, cache=ftjit.FunctionCache(3))
+    assert jf(1) == ("A", 2)
+
+    def in_b(i):
+        comp.set_context("B")
+        # The first call compiles B; the second finds it listed and redirects; the third goes straight to B.
+        return [jf(1) for _ in range(3)]
+
+    assert run_threads(1, in_b) == [[("B", 2)] * 3]
+    assert comp.live_copies_of("B") >= 1  # the thread's own (the old core also made one shared)
+    # Here A's copy's first call; in the thread A's copy (twice: the second sets the redirect) and B's.
+    assert comp.compiles == 2 and comp.misses == 4
+    before = jf.cache_info().evictions
+    k = 2
+    while any("B" in str(s) for s in _contexts_cached(jf)):  # fill the cache (A kept warm) until B goes
+        jf(1)
+        jf(1, *[0] * k)  # another signature each time
+        k += 1
+        assert k < 50
+    assert jf.cache_info().evictions > before
+    assert jf(1) == ("A", 2)
+    assert gc_collect_until(lambda: comp.live_copies_of("B") == 0), "an evicted entry's copy outlived it"
+
+
+def _contexts_cached(jf):
+    return [sig.context for sig in jf._signatures()]
+
+
+def test_threads_past_sixteen_have_their_own_copies_and_redirects():
+    """Finding 5: twenty-four threads alive at once call, under context B,
+    arguments compiled under A. Each has its own copy of each entry and its
+    own redirect A -> B: after its first call, every call is served by its
+    copy of B (no miss), however many threads (the old core shared one copy
+    and had no redirect past sixteen threads: every call missed)."""
+    comp = CopyCompiler()
+    jf = _jitted(comp)
+    assert jf(0) == ("A", 1)
+    all_in, warm = threading.Barrier(24), threading.Barrier(25)
+    go = threading.Event()
+    calls = 50
+
+    def work(i):
+        if i == 24:  # counts between the rounds
+            warm.wait(30)
+            counts.append((comp.misses, comp.served))
+            go.set()
+            return None
+        comp.set_context("B")
+        out = [jf(0)]  # the first call takes the thread's index
+        all_in.wait(30)  # twenty-four threads hold one at once
+        out += [jf(0) for _ in range(2)]  # each thread's redirect set, its copies made
+        warm.wait(30)
+        go.wait(30)
+        out += [jf(0) for _ in range(calls)]
+        return ftjit._core._thread_index(), out
+
+    counts = []
+    results = run_threads(25, work, timeout=120)[:24]
+    assert [out for _, out in results] == [[("B", 1)] * (calls + 3)] * 24
+    assert len({index for index, _ in results}) == 24  # one index each
+    assert comp.compiles == 2
+    assert len(comp.copies) == 1 + 2 * 24  # the main thread's of A; each thread's of A and of B
+    # Each thread's copy of A missed on its first call or two (the one that finds B compiled, or waits
+    # for it; then one that finds it listed and sets the redirect), its copy of B on its first.
+    misses, served = counts[0]
+    assert 1 + 2 * 24 <= misses <= 1 + 3 * 24
+    # Then every call goes straight to the thread's own copy of B, which serves it.
+    assert (comp.misses, comp.served) == (misses, served + 24 * calls)

@@ -220,6 +220,10 @@ struct ContextHook {
   size_t num_extras = 0;
   // ContextHooks.spec_types (a tuple), or null.
   PyObject* spec_types = nullptr;
+  // ContextHooks.unkeyed: unkeyed[i] when context()[i] is left out of the
+  // key (None there); empty when every item is keyed.
+  std::vector<bool> unkeyed;
+  bool Unkeyed(size_t i) const { return i < unkeyed.size() && unkeyed[i]; }
 
   // Reads `context` (None, a callable, or a ContextHooks) and puts every
   // object the hook borrows into `objects` (a new tuple). A wrong field is a

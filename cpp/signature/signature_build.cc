@@ -56,7 +56,9 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describ
 // part: when its items (and extras) are the very objects of this thread's
 // last context, that context's canonical object and hash are reused. With
 // extras, the key is one tuple of the context's items (or the context
-// itself, if not a tuple) followed by the extras.
+// itself, if not a tuple) followed by the extras; a tuple context's items
+// at the hook's unkeyed positions are None in the key (and not compared
+// with the memo's).
 //
 // On return `ctx` either borrows its canonical object from this thread's
 // memo, or owns a counted reference (or the object itself, past the table's
@@ -64,16 +66,24 @@ size_t HashStatic(const SignatureSpec& spec, PyObject* value, Describe&& describ
 // anchor, and no Python code may run until the signature is probed or
 // adopted (CallSignature::AdoptContext): nothing here drops an object once
 // it borrows.
-Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, ContextMemo& memo) {
+Py_hash_t ContextHash(const ContextHook& hook, ContextRef& ctx, SmallVector<nb::object, 4>& extras,
+                      ContextMemo& memo) {
   PyObject* c = ctx.ptr();
   size_t num_extras = extras.size();
   bool is_tuple = PyTuple_CheckExact(c);
   PyObject* const* head = is_tuple ? reinterpret_cast<PyTupleObject*>(c)->ob_item : &c;
   size_t num_head = is_tuple ? static_cast<size_t>(PyTuple_GET_SIZE(c)) : 1;
+  const bool projected = is_tuple && !hook.unkeyed.empty();
   if (memo.ctx && (is_tuple || num_extras > 0) && memo.items.size() == num_head + num_extras) {
     // Item by item, identity only; then whether the context still has users
     // (after the comparison: see InternedContext, Lifetime).
-    bool same = std::memcmp(head, memo.items.data(), sizeof(PyObject*) * num_head) == 0;
+    bool same;
+    if (!projected) {
+      same = std::memcmp(head, memo.items.data(), sizeof(PyObject*) * num_head) == 0;
+    } else {
+      same = true;
+      for (size_t i = 0; same && i < num_head; ++i) same = hook.Unkeyed(i) || head[i] == memo.items[i];
+    }
     for (size_t i = 0; same && i < num_extras; ++i) same = extras[i].ptr() == memo.items[num_head + i];
     if (same && memo.ctx->users.load(std::memory_order_acquire) > 0) {
       // The anchor keeps what the fresh context and the extras hold until
@@ -88,10 +98,12 @@ Py_hash_t ContextHash(ContextRef& ctx, SmallVector<nb::object, 4>& extras, Conte
     }
   }
   nb::object key = nb::borrow(c);
-  if (num_extras > 0) {
+  if (num_extras > 0 || projected) {
     key = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(num_head + num_extras)));
     if (!key.is_valid()) throw nb::python_error();
-    for (size_t i = 0; i < num_head; ++i) PyTuple_SET_ITEM(key.ptr(), i, Py_NewRef(head[i]));
+    for (size_t i = 0; i < num_head; ++i) {
+      PyTuple_SET_ITEM(key.ptr(), i, Py_NewRef(projected && hook.Unkeyed(i) ? Py_None : head[i]));
+    }
     for (size_t i = 0; i < num_extras; ++i) {
       PyTuple_SET_ITEM(key.ptr(), num_head + i, Py_NewRef(extras[i].ptr()));
     }
@@ -133,10 +145,11 @@ void ReadContext(const ContextHook& hook, CallSignature& out, SmallVector<nb::ob
 
 // The full hash: the arguments', the placements' (0: none), then the
 // context's (when there is one).
-void FinishHash(CallSignature& out, size_t placements, SmallVector<nb::object, 4>& extras, ThreadMemos& memos) {
+void FinishHash(const ContextHook& hook, CallSignature& out, size_t placements, SmallVector<nb::object, 4>& extras,
+                ThreadMemos& memos) {
   size_t h = placements ? Mix(out.args_hash, placements) : out.args_hash;
   // Last: nothing may run Python once the context borrows (see ContextHash).
-  out.hash = out.context.is_valid() ? Mix(h, static_cast<size_t>(ContextHash(out.context, extras, memos.context)))
+  out.hash = out.context.is_valid() ? Mix(h, static_cast<size_t>(ContextHash(hook, out.context, extras, memos.context)))
                                     : h;
 }
 
@@ -201,7 +214,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
   }
   out.args_hash = b.hash();
   out.jax_style_errors = spec.jax_style_errors;
-  FinishHash(out, b.placement_hash(), extras, memos);
+  FinishHash(hook, out, b.placement_hash(), extras, memos);
   out.table_hash = spec.context_in_executable ? out.args_hash : out.hash;
 }
 

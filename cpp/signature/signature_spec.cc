@@ -150,6 +150,16 @@ ContextHook ContextHook::Read(nb::handle context, nb::object& objects) {
     if (!h.context && h.num_requires > 0) WrongField("requires", "empty without a context", f.Get("requires"));
     if (!h.context && h.num_extras > 0) WrongField("extras", "empty without a context", f.Get("extras"));
     h.spec_types = f.Types("spec_types");
+    const char* positions = "a tuple of positions (ints >= 0) of context()'s items";
+    nb::object unkeyed = f.Items("unkeyed", SIZE_MAX, positions);
+    for (nb::handle u : unkeyed) {
+      Py_ssize_t i = PyLong_Check(u.ptr()) && !PyBool_Check(u.ptr()) ? PyLong_AsSsize_t(u.ptr()) : -1;
+      if (i == -1 && PyErr_Occurred()) PyErr_Clear();
+      if (i < 0 || i > (1 << 16)) WrongField("unkeyed", positions, unkeyed);
+      if (static_cast<size_t>(i) >= h.unkeyed.size()) h.unkeyed.resize(static_cast<size_t>(i) + 1, false);
+      h.unkeyed[static_cast<size_t>(i)] = true;
+    }
+    if (!h.context && !h.unkeyed.empty()) WrongField("unkeyed", "empty without a context", unkeyed);
   }
   nb::object tuple = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(keep.size())));
   if (!tuple.is_valid()) throw nb::python_error();
