@@ -308,8 +308,11 @@ nb::object Eager(nb::args, nb::kwargs) {
 
 [[gnu::noinline]] bool Build(Call& c, bool partial, bool allow_specs) {
   JitState& st = c.st;
-  c.sig.Clear();
-  c.leaves.clear();
+  if (c.built) {  // a build again (a partial one, or a context that died): in place
+    c.sig.Clear();
+    c.leaves.clear();
+  }
+  c.built = true;
   LeafObjects* keep = st.executable_for.is_valid() ? &c.leaves : nullptr;
   try {
     BuildSignature(st.spec, c.args.items, c.args.nargs, c.args.kwnames, c.sig, allow_specs, keep, partial);

@@ -164,6 +164,7 @@ struct Call {
   CallSignature sig;
   LeafObjects leaves;  // kept only where executables may take them (executable_for)
   bool counted = false;
+  bool built = false;  // sig and leaves hold a build (Build empties them first)
 };
 
 // Build: the call's signature into c.sig (whole, or `partial`: without
