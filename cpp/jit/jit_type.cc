@@ -29,8 +29,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/typing.h>
 
-#include "jit/imports.h"
 #include "jit/jit_state.h"
+#include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"

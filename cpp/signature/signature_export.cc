@@ -16,7 +16,7 @@
 
 #include <nanobind/nanobind.h>
 
-#include "signature/imports.h"
+#include "pyutil/collaborators.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
 
@@ -176,7 +176,7 @@ class Importer {
   }
 
  private:
-  static bool Is(nb::handle o, Imported& type) {
+  static bool Is(nb::handle o, const Collaborator& type) {
     int r = PyObject_IsInstance(o.ptr(), type.Get());
     if (r < 0) throw nb::python_error();
     return r == 1;

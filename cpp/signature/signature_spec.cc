@@ -14,7 +14,7 @@
 
 #include <nanobind/nanobind.h>
 
-#include "signature/imports.h"
+#include "pyutil/collaborators.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
 
