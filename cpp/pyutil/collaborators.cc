@@ -7,7 +7,6 @@
 #include <string>
 
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/string.h>  // nb::cast<std::string>: every TU that casts one includes it (one definition)
 
 namespace ftjit {
 
@@ -32,8 +31,10 @@ void HandCollaborators(nb::kwargs given) {
   std::string unknown, missing;
   for (nb::handle key : given.keys()) {  // keywords are str
     bool known = false;
-    for (const Collaborator* c : kCollaborators) known = known || PyUnicode_CompareWithASCIIString(key.ptr(), c->name()) == 0;
-    if (!known) append(unknown, nb::cast<std::string>(key));
+    for (const Collaborator* c : kCollaborators) {
+      known = known || PyUnicode_CompareWithASCIIString(key.ptr(), c->name()) == 0;
+    }
+    if (!known) append(unknown, nb::borrow<nb::str>(key).c_str());
   }
   for (const Collaborator* c : kCollaborators) {
     if (!given.contains(c->name())) append(missing, c->name());
