@@ -398,7 +398,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
       [](const JitSelf& self) {
         return Method(self, [](JitState& st) {
           nb::list out;
-          for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig));
+          for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig, st.spec));
           return out;
         });
       },
@@ -436,7 +436,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
           VectorcallArgs call(args, kwargs);
           CallSignature sig;
           if (!BuildAdopted(st, call.args(), call.nargs(), call.kwnames(), sig)) return nb::none();
-          return ExportSignature(sig);
+          return ExportSignature(sig, st.spec);
         });
       },
       "def _signature_record_of(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any",

@@ -67,7 +67,7 @@ NB_MODULE(_core, m) {
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
   ftjit::RegisterThreadExecutables(m);
-  ftjit::RegisterSignatureRecords(m);  // _record_texts, _leaf_kinds
+  ftjit::RegisterSignatureRecords(m);  // _leaf_kinds
   m.def(
       "_live_functions",
       []() {

@@ -463,16 +463,12 @@ inline NumpyTypes& Numpy() {
 }
 
 // The signature as ftjit._signature records (a Signature of Node, Leaf and
-// Static trees). `sig` must own or count its context (a stored key, or one
-// adopted). Runs Python.
-nb::object ExportSignature(const CallSignature& sig);
+// Static trees, and each argument's texts, printed as ToString prints them
+// with spec's placement_label). `sig` must own or count its context (a
+// stored key, or one adopted). Runs Python.
+nb::object ExportSignature(const CallSignature& sig, const SignatureSpec& spec);
 
-// Miss explanations' texts, from the one printer: (text, leaf texts) of
-// `tree`, a record as ExportSignature makes them, printed as ToString prints
-// an argument but with each leaf shown as "*", and each leaf's own text.
-// TypeError for what is no record.
-nb::object RecordTexts(nb::handle tree, nb::handle placement_label);
-// Registers the core's _record_texts and _leaf_kinds (kLeafKindNames).
+// Registers the core's _leaf_kinds (kLeafKindNames).
 void RegisterSignatureRecords(nb::module_& m);
 
 // Module init: makes the objects the builder uses (g_names, Numpy()).
