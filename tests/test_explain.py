@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import ftjit
-import ftjit._explain  # noqa: F401 - tested directly below (not imported by ftjit itself)
+import ftjit._explain  # noqa: F401 - tested directly below
 from helpers import (
     ContextCompiler,
     CountingCompiler,
