@@ -72,6 +72,46 @@ from .errors import (
 
 from ._version import __version__  # noqa: F401 - the package's version
 
+
+def _hand_the_core_its_collaborators() -> None:
+    """Hands the C++ core the Python objects it raises, builds and calls, once,
+    before this import returns (so before any user code can call the core):
+    the core names no ftjit module and imports none of these itself."""
+    import copy
+    import functools
+
+    from . import _core, _explain, _jit, _observe, _signature, _specs, _warmup
+
+    _core._set_collaborators(
+        RecursiveCompileError=errors.RecursiveCompileError,
+        CompileCycleError=errors.CompileCycleError,
+        CompileTimeoutError=errors.CompileTimeoutError,
+        RecompileLimitError=errors.RecompileLimitError,
+        UnhashableStaticArgumentError=errors.UnhashableStaticArgumentError,
+        UnsupportedArgumentError=errors.UnsupportedArgumentError,
+        ContextHooks=ContextHooks,
+        RegistryFlatten=RegistryFlatten,
+        Leaf=_signature.Leaf,
+        Node=_signature.Node,
+        Static=_signature.Static,
+        Signature=_signature.Signature,
+        CacheInfo=CacheInfo,
+        SignatureInfo=SignatureInfo,
+        rebuild=_jit._rebuild,
+        jit_globals=vars(_jit),
+        warmup=_warmup.warmup,
+        warmup_specs=_specs.warmup_specs,
+        on_compile=_observe.on_compile,
+        on_wait=_observe.on_wait,
+        on_miss=_explain.on_miss,
+        copy=copy.copy,
+        partial=functools.partial,
+    )
+
+
+_hand_the_core_its_collaborators()
+del _hand_the_core_its_collaborators
+
 __all__ = [
     "jit",
     "CompilerHooks",

@@ -9,10 +9,10 @@ O(arguments), not O(cached signatures)). Each is described (leaves by
 path, statics by name, tree structures, how the arguments were passed, the
 context) and the closest cached one is diffed against the new one. The
 core owns the count and the once-only warning (the core's Guard), and the
-text of leaves, trees and statics: its printer's, through
-``_record_texts``, so they read as ``signatures()`` prints them. This
-module compares the records' fields, picks the closest signature and logs
-the differences.
+text of leaves, trees and statics: its printer's, which it put on the
+records (``Signature.texts``), so they read as ``signatures()`` prints
+them. This module compares the records' fields, picks the closest
+signature and logs the differences.
 
 Shared state: none (each call works on its own arguments).
 """
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from ._core import _record_texts
 from ._hooks import CompilerHooks
 from ._signature import Leaf, Signature, Static
 
@@ -59,7 +58,7 @@ def _hash_key(value: Any) -> Any:
 class CallDescription:
     """A call's signature as comparable parts: leaves by path, statics by name,
     tree structures by argument. Every text is the core printer's
-    (``_record_texts``: as ``signatures()`` prints it); what is compared is
+    (``Signature.texts``: as ``signatures()`` prints it); what is compared is
     the records' fields, by (type, hash) where a field is an object."""
 
     #: (path, text) of each dynamic leaf
@@ -110,10 +109,9 @@ def _walk(tree: Any, path: str, paths: list, leaves: list, keys: list) -> None:
         _walk(child, child_path, paths, leaves, keys)
 
 
-def describe(sig: Signature, arg_names: Sequence[str], placement_label: Callable[[Any], str] | None = None
-             ) -> CallDescription:
-    """The description of one signature; placements print through
-    ``placement_label`` (the compiler's ``CompilerHooks.placement_label``)."""
+def describe(sig: Signature, arg_names: Sequence[str]) -> CallDescription:
+    """The description of one signature (a record the core made: its texts
+    printed placements through ``CompilerHooks.placement_label``)."""
     leaves: list[tuple[str, str]] = []
     leaves_key: list[tuple[str, tuple]] = []
     statics: list[tuple[str, str]] = []
@@ -122,8 +120,7 @@ def describe(sig: Signature, arg_names: Sequence[str], placement_label: Callable
     trees_key: list[tuple[str, tuple]] = []
     labels = [f"'{arg_names[i]}'" if i < len(arg_names) else f"args[{i}]" for i in range(len(sig.args))]
     named = list(zip(labels, sig.args)) + [(f"'{k}'", v) for k, v in sig.kwargs.items()]
-    for label, tree in named:
-        text, leaf_texts = _record_texts(tree, placement_label)
+    for (label, tree), (text, leaf_texts) in zip(named, sig.texts, strict=True):
         if isinstance(tree, Static):
             statics.append((label, text))
             statics_key.append((label, _hash_key(tree.value)))
@@ -312,8 +309,7 @@ def on_miss(
             names = hooks.context_names
             if callable(names):  # read when needed (see CompilerHooks.context_names)
                 names = names()
-            label = hooks.placement_label
-            why = explain([describe(s, arg_names, label) for s in cached], describe(new, arg_names, label), names)
+            why = explain([describe(s, arg_names) for s in cached], describe(new, arg_names), names)
         except Exception:  # noqa: BLE001 - explaining must never fail the compile it explains
             logging.getLogger("ftjit").debug("%s: could not explain a miss", name, exc_info=True)
     if logging_it and why is not None:

@@ -11,34 +11,28 @@ may also have:
   every call and is part of the signature) and a ``context_names``
   attribute (how miss explanations name the context's items).
 
-``jit()`` reads them once, here (``hooks_of``), and every hook is checked
-then: a wrong one is a ``TypeError`` naming it, at decoration, never a
-surprise at the first call. A hook made of several parts is a named record
-(``ContextHooks``, ``RegistryFlatten``), which the core reads by field name,
-once, at ``jit()``.
+``jit()`` reads them once, here (``hooks_of``). Every field is checked by
+one checker, the core's reader (``_core._check_hooks``): when a
+``CompilerHooks`` is made, and again when ``jit()`` reads it; a wrong one is
+a ``TypeError`` naming it (``CompilerHooks.fallback must be callable or
+None, got 3``), at decoration, never a surprise at the first call. A hook
+made of several parts is a named record (``ContextHooks``,
+``RegistryFlatten``), which the core reads by field name, once, at
+``jit()``.
 
 Shared state: none (the records are immutable).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 from typing import Any, Callable, ClassVar, Hashable, NamedTuple
 
+from ._core import _check_hooks
+
 __all__ = ["CompilerHooks", "ContextHooks", "ContextExtra", "ContextRequirement", "RegistryFlatten",
            "ThreadExecutables", "hooks_of"]
-
-
-def _types(value: Any, field: str, base: type = object) -> tuple[type, ...]:
-    try:
-        types = tuple(value)
-    except TypeError:
-        raise TypeError(f"CompilerHooks.{field} must be a sequence of types, got {value!r}") from None
-    for t in types:
-        if not (isinstance(t, type) and issubclass(t, base)):
-            kind = "exception types" if base is BaseException else "types"
-            raise TypeError(f"CompilerHooks.{field} must hold {kind}, got {t!r}")
-    return types
 
 
 class ContextRequirement(NamedTuple):
@@ -163,7 +157,8 @@ class ThreadExecutables(NamedTuple):
 class CompilerHooks:
     """What a compiler tells ftjit beyond ``compile(fun, args, kwargs)``.
 
-    Every field is optional. Immutable; checked when made.
+    Every field is optional. Immutable; checked when made, by the core's
+    reader (the check ``jit()`` runs again).
     """
 
     #: ``() -> hashable``: read on every call, part of the signature (state
@@ -247,32 +242,20 @@ class CompilerHooks:
     #: one it does not know, and the spec is reported, not warmed up).
     portable_placement: Callable[[Any], Any] | None = None
     restore_placement: Callable[[Any], Any] | None = None
+    #: The fields only ftjit's Python layer calls (warm-up specs, specs
+    #: files): the core checks them with the rest (callable or None).
+    PYTHON_HOOKS: ClassVar[tuple[str, ...]] = ("spec_leaf", "spec_node", "portable_placement", "restore_placement")
 
     def __post_init__(self) -> None:
-        for name in (*self.METHOD_HOOKS, "custom_namedtuple", "fallback", "placement_label", "spec_leaf",
-                     "spec_node", "portable_placement", "restore_placement", "executable_for"):
+        # Sequences of types are kept as tuples (a frozen record's); what is no
+        # sequence is left for the check to name.
+        for name in ("fallback_types", "plain_types", "aval_types", "redo_types"):
             value = getattr(self, name)
-            if value is not None and not callable(value):
-                raise TypeError(f"CompilerHooks.{name} must be callable or None, got {value!r}")
-        # The records' own fields are checked by the core when jit() reads them.
-        if self.context is not None and not (callable(self.context) or isinstance(self.context, ContextHooks)):
-            raise TypeError("CompilerHooks.context must be a callable () -> hashable or an ftjit.ContextHooks, "
-                            f"got {self.context!r}")
-        flatten = self.pytree_flatten
-        if flatten is not None and not (callable(flatten) or isinstance(flatten, RegistryFlatten)):
-            raise TypeError("CompilerHooks.pytree_flatten must be a callable or an ftjit.RegistryFlatten, "
-                            f"got {flatten!r}")
-        if self.custom_namedtuple is not None and flatten is None:
-            raise TypeError("CompilerHooks.custom_namedtuple needs pytree_flatten")
-        for name in ("fallback_types", "plain_types", "aval_types"):
-            object.__setattr__(self, name, _types(getattr(self, name), name))
-        object.__setattr__(self, "redo_types", _types(self.redo_types, "redo_types", BaseException))
-        if self.context_in_executable is True and self.executable_for is None:
-            raise TypeError("CompilerHooks.context_in_executable needs executable_for (whose ThreadExecutables "
-                            "check the context)")
-        for name in ("strip_static", "jax_style_errors", "context_in_executable"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"CompilerHooks.{name} must be a bool, got {getattr(self, name)!r}")
+            if type(value) is not tuple and isinstance(value, collections.abc.Iterable):
+                object.__setattr__(self, name, tuple(value))
+        # The one check of every field: the core's reader, which jit() runs
+        # again on what it keeps; a wrong field is a TypeError naming it.
+        _check_hooks(self)
 
 
 def hooks_of(compiler: Any, fun: Callable[..., Any]) -> CompilerHooks:

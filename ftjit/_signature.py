@@ -1,10 +1,11 @@
 """A cached call signature as the core gives it (``JitFunction._signatures()``):
-its arguments as trees of ``Node``, ``Leaf`` and ``Static``, and its context.
+its arguments as trees of ``Node``, ``Leaf`` and ``Static``, its context, and
+each argument's printed texts.
 
 The core builds these from its own signature (its ExportSignature): they
 are the one description of a signature, read by miss explanations
 (ftjit._explain) and by ``warmup_specs`` (ftjit._specs). Nothing here
-flattens arguments or decides what a signature holds.
+flattens or prints arguments or decides what a signature holds.
 
 Shared state: none (immutable records).
 """
@@ -57,8 +58,16 @@ class Static(NamedTuple):
 
 class Signature(NamedTuple):
     """A call's signature: positional arguments, keyword arguments (sorted by
-    name) and the compiler's context (None without one)."""
+    name) and the compiler's context (None without one); and how the core
+    prints each argument."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     context: Any
+    #: Per argument (``args``, then ``kwargs``' values): its tree as
+    #: ``signatures()`` prints it but with each leaf shown as "*" (a static:
+    #: its repr), and each leaf's own text, in preorder ("float32[2]",
+    #: "int"). Printed by the core when it made the record (miss explanations
+    #: show them); () in a record it did not make (a specs file's). Not part
+    #: of what ``same_record`` compares: the values' own equality.
+    texts: tuple[tuple[str, tuple[str, ...]], ...] = ()

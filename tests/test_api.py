@@ -545,6 +545,52 @@ def test_a_wrong_context_hooks_field_is_a_typeerror_naming_it_at_decoration(hook
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("fallback", 3, "CompilerHooks.fallback must be callable or None, got 3"),
+    ("custom_namedtuple", 3, "CompilerHooks.custom_namedtuple must be callable or None, got 3"),
+    ("custom_namedtuple", len, "CompilerHooks.custom_namedtuple needs pytree_flatten"),
+    ("placement_label", "x", "CompilerHooks.placement_label must be callable or None, got 'x'"),
+    ("executable_for", 3, "CompilerHooks.executable_for must be callable or None, got 3"),
+    ("lower", 1, "CompilerHooks.lower must be callable or None, got 1"),
+    ("spec_node", 2, "CompilerHooks.spec_node must be callable or None, got 2"),
+    ("restore_placement", 2, "CompilerHooks.restore_placement must be callable or None, got 2"),
+    ("pytree_flatten", 3, "CompilerHooks.pytree_flatten must be a callable or an ftjit.RegistryFlatten, got 3"),
+    ("context", 3, "CompilerHooks.context must be a callable () -> hashable or an ftjit.ContextHooks, got 3"),
+    ("fallback_types", 3, "CompilerHooks.fallback_types must be a sequence of types, got 3"),
+    ("plain_types", [int, 3], "CompilerHooks.plain_types must hold types, got 3"),
+    ("aval_types", "ab", "CompilerHooks.aval_types must hold types, got 'a'"),
+    ("redo_types", (ValueError, int), "CompilerHooks.redo_types must hold exception types, got <class 'int'>"),
+    ("strip_static", 1, "CompilerHooks.strip_static must be a bool, got 1"),
+    ("jax_style_errors", None, "CompilerHooks.jax_style_errors must be a bool, got None"),
+    ("context_in_executable", "yes", "CompilerHooks.context_in_executable must be a bool, got 'yes'"),
+    ("context_in_executable", True,
+     "CompilerHooks.context_in_executable needs executable_for (whose ThreadExecutables check the context)"),
+])
+def test_a_wrong_compiler_hooks_field_is_one_typeerror_when_made_and_at_jit(field, value, message):
+    """One check, the core's reader: CompilerHooks() runs it when made, and
+    jit() again on what it reads (a frozen dataclass can still be changed
+    with object.__setattr__), in the same words."""
+    with pytest.raises(TypeError) as made:
+        ftjit.CompilerHooks(**{field: value})
+    assert str(made.value) == message
+    hooks = ftjit.CompilerHooks()
+    object.__setattr__(hooks, field, value)
+
+    class Compiler(CountingCompiler):
+        def hooks(self, fun):
+            return hooks
+
+    with pytest.raises(TypeError) as read:
+        ftjit.jit(lambda x: x, compiler=Compiler(), cache=ftjit.FunctionCache())
+    assert str(read.value) == message
+
+
+def test_compiler_hooks_keep_sequences_of_types_as_tuples():
+    hooks = ftjit.CompilerHooks(fallback_types=[int], plain_types=iter([float]), redo_types={ValueError})
+    assert (hooks.fallback_types, hooks.plain_types, hooks.aval_types, hooks.redo_types) == (
+        (int,), (float,), (), (ValueError,))
+
+
 def test_a_context_that_is_neither_callable_nor_context_hooks_is_refused_by_compiler_hooks():
     with pytest.raises(TypeError) as info:
         ftjit.CompilerHooks(context=(lambda: 1, None))

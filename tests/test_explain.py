@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 
 import ftjit
-import ftjit._explain  # noqa: F401 - tested directly below (not imported by ftjit itself)
-from ftjit._signature import Leaf, Node
+import ftjit._explain  # noqa: F401 - tested directly below
 from helpers import (
     ContextCompiler,
     CountingCompiler,
@@ -485,44 +484,38 @@ def test_explain_names_the_placement_change_of_a_committed_jax_array():
     ]
 
 
-def test_explanation_texts_are_the_core_printers():
-    """Leaves, trees and statics read in explanations as signatures() prints
-    them: the core's printer gives both (_core._record_texts)."""
+def test_exported_records_carry_the_core_printers_texts():
+    """Each record the core exports carries, per argument (positional, then
+    keyword), its tree as signatures() prints it with each leaf as "*" (a
+    static: its repr) and each leaf's own text: the printer's, which
+    explanations show. same_record (the values' own equality) ignores them."""
     Point = collections.namedtuple("Point", "x y")
     name = unique_name("explain_texts")
 
-    def fun(a, n):
+    def fun(a, n, *, k):
         return a
 
     jf = ftjit.jit(named(fun, name), static_argnames="n", compiler=CountingCompiler(), cache=ftjit.FunctionCache())
-    jf({"b": [z(2), 1.0], "a": (Point(True, 1j), None)}, n="s")
+    jf({"b": [z(2), 1.0], "a": (Point(True, 1j), None)}, n="s", k=z(3, 0, dtype=np.int8))
     [record] = jf._signatures()
     [info] = jf.signatures()
-    tree, static = record.args[0], record.kwargs["n"]
-    text, leaves = ftjit._core._record_texts(tree, None)
-    assert text == "{'a': (Point(*, *), None), 'b': [*, *]}"
-    assert leaves == ("bool", "complex", "float32[2]", "float")
-    assert ftjit._core._record_texts(static, None) == ("'s'", ())
-    assert info.signature == f"{name}({{'a': (Point(bool, complex), None), 'b': [float32[2], float]}}, n='s')"
-    leaf = Leaf("array", np.dtype(np.int8), (3, 0), True, "here")
-    assert ftjit._core._record_texts(leaf, lambda where: where.upper()) == ("*", ("int8[3,0]{weak}@HERE",))
-    assert ftjit._core._record_texts(Node("tuple", None, (leaf,)), None) == ("(*,)", ("int8[3,0]{weak}@here",))
+    assert list(record.kwargs) == ["k", "n"]
+    assert record.texts == (
+        ("{'a': (Point(*, *), None), 'b': [*, *]}", ("bool", "complex", "float32[2]", "float")),
+        ("*", ("int8[3,0]",)),
+        ("'s'", ()),
+    )
+    assert info.signature == (f"{name}({{'a': (Point(bool, complex), None), 'b': [float32[2], float]}}, "
+                              "k=int8[3,0], n='s')")
+    assert ftjit._specs_format.same_record(record, record._replace(texts=())) is None
 
 
-@pytest.mark.parametrize("record, message", [
-    ((1, 2), "an ftjit._signature Leaf, Node or Static expected, got (1, 2)"),
-    (Node("set", None, ()), "a node kind expected, got 'set'"),
-    (Leaf("decimal", None, (), True, None), "a leaf kind expected, got 'decimal'"),
-    (Leaf("array", None, (2,), False, None), "an array leaf's dtype expected, got None"),
-    (Leaf("array", np.dtype(np.int8), (-1,), False, None), "a dim (an int >= 0) expected, got -1"),
-    (Node("namedtuple", "Point", ()), "a namedtuple node's type expected, got 'Point'"),
-    (Node("registered", (1, 2), ()), "a registered node's (type, node data) expected, got (1, 2)"),
-    (Node("dict", ("a",), ()), "a dict node's keys (one per child) expected, got ('a',)"),
-])
-def test_record_texts_refuses_what_is_no_record(record, message):
-    with pytest.raises(TypeError) as info:
-        ftjit._core._record_texts(record, None)
-    assert str(info.value) == message
+def test_exported_texts_print_placements_through_the_compilers_placement_label():
+    jf = ftjit.jit(lambda x: x, compiler=_PlacedCompiler(), cache=ftjit.FunctionCache())
+    jf((_Placed(np.int8, 3, where="here"), _Placed(np.int8, 3)))
+    [record] = jf._signatures()
+    assert record.texts == (("(*, *)", ("int8[3]@devhere", "int8[3]")),)
+    assert jf._signature_record_of((_Placed(np.int8, 3, where="here"), _Placed(np.int8, 3))) == record
 
 
 # --- what changed in the tracing context --------------------------------------

@@ -115,3 +115,44 @@ def test_the_import_check_finds_package_level_imports(tmp_path):
         "bad.py:2: import ftjit",
         "bad.py:3: from ftjit import ...",
     ]
+
+
+# --- the core's collaborators ------------------------------------------------------
+
+def test_the_core_is_handed_its_collaborators_once():
+    """ftjit's import hands the core every collaborator it names
+    (_core._set_collaborators); a call naming an unknown one, or missing
+    some, or a second hand-off is refused, and what was handed stays."""
+    with pytest.raises(TypeError) as unknown:
+        ftjit._core._set_collaborators(CacheInfo=1, bogus=2)
+    assert str(unknown.value) == "_set_collaborators: no collaborator is named bogus"
+    with pytest.raises(TypeError) as missing:
+        ftjit._core._set_collaborators(CacheInfo=1)
+    names = ["RecursiveCompileError", "CompileCycleError", "CompileTimeoutError", "RecompileLimitError",
+             "UnhashableStaticArgumentError", "UnsupportedArgumentError", "ContextHooks", "RegistryFlatten", "Leaf",
+             "Node", "Static", "Signature", "CacheInfo", "SignatureInfo", "rebuild", "jit_globals", "warmup",
+             "warmup_specs", "on_compile", "on_wait", "on_miss", "copy", "partial"]
+    assert str(missing.value) == "_set_collaborators: missing " + ", ".join(n for n in names if n != "CacheInfo")
+    with pytest.raises(RuntimeError) as again:
+        ftjit._core._set_collaborators(**{name: None for name in names})
+    assert str(again.value) == ("_set_collaborators: ftjit's core was handed its collaborators already (by ftjit's "
+                                "import); they are fixed for the process's life")
+    assert type(ftjit.FunctionCache().size()) is int
+    assert type(ftjit.jit(lambda x: x, cache=ftjit.FunctionCache()).cache_info()) is ftjit.CacheInfo
+
+
+def test_the_core_used_before_the_hand_off_raises_runtime_error(tmp_path):
+    """The extension loaded on its own, without ftjit's import (as the stub
+    generator loads it): what needs a collaborator raises RuntimeError
+    saying so, never a crash."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import _core\n"
+        "class Hooks: pytree_flatten = staticmethod(lambda obj: None)\n"
+        "try: _core._make_jit_function(len, len, Hooks(), _core.FunctionCache(), (), (), (), 'f', (), {})\n"
+        "except RuntimeError as e: print(e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(pathlib.Path(ftjit._core.__file__).parent)],
+                          capture_output=True, text=True, timeout=120, env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ("ftjit's core has not been handed its collaborators (RegistryFlatten is one): `import ftjit` "
+                           "hands them over, and ftjit._core cannot be used without it\n")

@@ -104,3 +104,27 @@ def test_includes_are_grouped_own_c_cxx_third_party_project():
         if project != sorted(project):
             wrong.append(f"{path}: project headers not in order: {' '.join(project)}")
     assert wrong == []
+
+
+_STRING_LITERAL = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
+
+
+def test_the_core_names_no_ftjit_module():
+    """cpp/ is handed what it uses of ftjit's Python layer (ftjit's import
+    calls _core._set_collaborators): no string literal of the C++ sources is
+    an ftjit module's name or an attribute path in one ("ftjit.errors",
+    "ftjit._jit.CacheInfo"), so none can be imported by name."""
+    tracked, files = _sources()
+    modules = {"ftjit." + f[len("ftjit/"):-len(".py")] for f in tracked
+               if f.startswith("ftjit/") and f.endswith(".py") and f.count("/") == 1} - {"ftjit.__init__"}
+    assert {"ftjit.errors", "ftjit._jit", "ftjit._explain"} <= modules
+    named = []
+    for path in files:
+        if path.endswith((".h", ".cc")):
+            with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+                text = re.sub(r"//[^\n]*", "", f.read())
+            for literal in _STRING_LITERAL.findall(text):
+                dotted = re.fullmatch(r"ftjit(\.\w+)*", literal)
+                if dotted and (literal == "ftjit" or ".".join(literal.split(".")[:2]) in modules):
+                    named.append(f"{path}: {literal!r}")
+    assert named == []

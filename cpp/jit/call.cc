@@ -40,7 +40,6 @@
 
 #include <nanobind/nanobind.h>
 
-#include "jit/imports.h"
 #include "jit/jit_state.h"
 #include "pyutil/errors.h"
 #include "signature/signature.h"

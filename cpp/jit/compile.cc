@@ -13,8 +13,8 @@
 
 #include <nanobind/nanobind.h>
 
-#include "jit/imports.h"
 #include "jit/jit_state.h"
+#include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"

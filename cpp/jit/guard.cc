@@ -20,8 +20,8 @@
 
 #include <nanobind/nanobind.h>
 
-#include "jit/imports.h"
 #include "jit/jit_state.h"
+#include "pyutil/collaborators.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -60,7 +60,7 @@ nb::object Candidates(JitState& st, const Entry& e) {
     for (size_t i = 0; i < ready.size() && i < kExplainCandidates; ++i) picked.push_back(ready[i].get());
   }
   nb::list out;
-  for (auto it = picked.rbegin(); it != picked.rend(); ++it) out.append(ExportSignature(*(*it)->sig));
+  for (auto it = picked.rbegin(); it != picked.rend(); ++it) out.append(ExportSignature(*(*it)->sig, st.spec));
   return std::move(out);
 }
 
@@ -85,7 +85,7 @@ void Guard(JitState& st, const EntryPtr& e) {
   PyObject* on_miss = kOnMiss.Get();
   nb::object name = nb::str(st.spec.fun_name.c_str());
   nb::object text = nb::handle(on_miss)(name, st.spec.arg_names, st.hooks, Candidates(st, *e),
-                                        ExportSignature(*e->sig), nb::bool_(explaining),
+                                        ExportSignature(*e->sig, st.spec), nb::bool_(explaining),
                                         message ? limit.max : -1, nb::bool_(limit.raising));
   if (!message) return;
   const char* msg = PyUnicode_AsUTF8(text.ptr());

@@ -29,8 +29,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/typing.h>
 
-#include "jit/imports.h"
 #include "jit/jit_state.h"
+#include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
@@ -396,7 +396,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
       [](const JitSelf& self) {
         return Method(self, [](JitState& st) {
           nb::list out;
-          for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig));
+          for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig, st.spec));
           return out;
         });
       },
@@ -436,7 +436,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
           CallArgs view = call.args();
           Call c(st, view);
           if (!BuildAdopted(c, /*allow_specs=*/true)) return nb::none();
-          return ExportSignature(c.sig);
+          return ExportSignature(c.sig, st.spec);
         });
       },
       "def _signature_record_of(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any",

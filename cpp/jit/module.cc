@@ -15,6 +15,7 @@
 
 #include "jit/jit_state.h"
 #include "jit/jit_type.h"
+#include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "signature/interned_context.h"
 #include "signature/signature.h"
@@ -62,10 +63,11 @@ NB_MODULE(_core, m) {
   ftjit::InitSignatures();  // before anything can build a signature
   ftjit::InitCaches();      // before anything can make a cache
   ftjit::InitThreadMemos();
+  ftjit::RegisterCollaborators(m);  // _set_collaborators, which ftjit's import calls
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
   ftjit::RegisterThreadExecutables(m);
-  ftjit::RegisterSignatureRecords(m);  // _record_texts, _leaf_kinds
+  ftjit::RegisterSignatureRecords(m);  // _leaf_kinds
   m.def(
       "_live_functions",
       []() {

@@ -195,7 +195,7 @@ struct NeedsFallback : std::exception {
 };
 
 // CompilerHooks.context, read once per jitted function (SignatureSpec::
-// SetContext): a plain context() callable, or an ftjit.ContextHooks record
+// ReadHooks): a plain context() callable, or an ftjit.ContextHooks record
 // (whose docstrings document each field), read by field name. Pointers are
 // borrowed from SignatureSpec::context_objects, a tuple the spec owns (not
 // from the record: a frozen dataclass can still be changed with
@@ -315,7 +315,7 @@ struct SignatureSpec {
   nb::object defer_leaf;                     // optional: defer_leaf(leaf) -> the call takes the fallback
   nb::object custom_namedtuple;              // optional hook, see below
   nb::object custom_namedtuple_dict;         // the dict when that hook is a dict's __contains__
-  ContextHook hook;                          // CompilerHooks.context, read by SetContext
+  ContextHook hook;                          // CompilerHooks.context, read by ReadHooks
   nb::object context_objects;                // what `hook` borrows (a tuple), or null
   nb::object fallback_types;                 // optional tuple of types, see below
   std::vector<PyTypeObject*> plain_types;    // exact types never in fallback_types
@@ -353,10 +353,11 @@ struct SignatureSpec {
     aval_types.clear();
   }
 
-  // Reads CompilerHooks.context into `hook` (ContextHook::Read).
-  void SetContext(nb::handle context);
-  // Adds an exact aval type and resolves its getters (after SetContext,
-  // which names the committed attribute). The caller keeps `type` alive
+  // Reads the CompilerHooks fields above by name (the context into `hook`,
+  // by ContextHook::Read): each checked, a wrong one a TypeError naming it.
+  void ReadHooks(nb::handle hooks);
+  // Adds an exact aval type and resolves its getters (after `hook` is read:
+  // it names the committed attribute). The caller keeps `type` alive
   // through aval_types_owner.
   void AddAvalType(PyTypeObject* type);
 
@@ -467,16 +468,12 @@ inline NumpyTypes& Numpy() {
 }
 
 // The signature as ftjit._signature records (a Signature of Node, Leaf and
-// Static trees). `sig` must own or count its context (a stored key, or one
-// adopted). Runs Python.
-nb::object ExportSignature(const CallSignature& sig);
+// Static trees, and each argument's texts, printed as ToString prints them
+// with spec's placement_label). `sig` must own or count its context (a
+// stored key, or one adopted). Runs Python.
+nb::object ExportSignature(const CallSignature& sig, const SignatureSpec& spec);
 
-// Miss explanations' texts, from the one printer: (text, leaf texts) of
-// `tree`, a record as ExportSignature makes them, printed as ToString prints
-// an argument but with each leaf shown as "*", and each leaf's own text.
-// TypeError for what is no record.
-nb::object RecordTexts(nb::handle tree, nb::handle placement_label);
-// Registers the core's _record_texts and _leaf_kinds (kLeafKindNames).
+// Registers the core's _leaf_kinds (kLeafKindNames).
 void RegisterSignatureRecords(nb::module_& m);
 
 // Module init: makes the objects the builder uses (g_names, Numpy()).

@@ -159,7 +159,7 @@ void BuildSignature(const SignatureSpec& spec, PyObject* const* args, size_t nar
                     PyObject* kwnames, CallSignature& out, bool allow_specs, LeafObjects* leaf_objects,
                     bool partial) {
   // The context first (see the declaration); a partial signature reads none.
-  const ContextHook& hook = spec.hook;  // read once, by SignatureSpec::SetContext
+  const ContextHook& hook = spec.hook;  // read once, by SignatureSpec::ReadHooks
   SmallVector<nb::object, 4> extras;
   if (!partial) ReadContext(hook, out, extras);
   out.partial = partial;

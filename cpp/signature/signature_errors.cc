@@ -4,8 +4,8 @@
 // path: nothing here runs while a call's signature is built successfully
 // (CheckSpecShape checks specs only).
 //
-// Shared state: none (the error classes are Imported at first use, then
-// fixed). Lock order: takes no locks. Building a message runs Python
+// Shared state: none (the error classes are collaborators, handed once,
+// then fixed). Lock order: takes no locks. Building a message runs Python
 // (repr()/str() of the argument's name, keys and dtype): never under a C++
 // lock.
 #include <Python.h>
@@ -14,9 +14,9 @@
 
 #include <nanobind/nanobind.h>
 
+#include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "pyutil/py_compat.h"
-#include "signature/imports.h"
 #include "signature/signature.h"
 #include "signature/signature_builder.h"
 #include "signature/signature_internal.h"

@@ -94,9 +94,14 @@ class SignatureCursor {
 std::string Repr(PyObject* o);
 std::string Str(PyObject* o);
 
-// The first argument tree of `sig` as ToString prints it, but with each leaf
-// shown as "*" and its own text appended to `leaf_texts` (for RecordTexts).
-std::string PrintArgument(const CallSignature& sig, PyObject* placement_label, std::vector<std::string>& leaf_texts);
+// An argument as miss explanations show it (ExportSignature's texts).
+struct ArgumentTexts {
+  std::string tree;                 // as ToString prints it, but each leaf shown as "*"
+  std::vector<std::string> leaves;  // each leaf's own text, in preorder
+};
+// Each argument of `sig` (positional, then keyword) as ToString prints it
+// with `placement_label` (borrowed, or null: str()).
+std::vector<ArgumentTexts> PrintArguments(const CallSignature& sig, PyObject* placement_label);
 
 // build() (a message part that may run repr()/str()) with the pending error
 // set aside, so that no Python code runs with an exception set; the error is

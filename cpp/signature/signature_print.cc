@@ -1,6 +1,7 @@
 // ftjit: the readable form of a call signature, e.g. "f(float32[8,128],
 // int, n=3)": the one printer of signatures (messages, cache listings, and
-// through RecordTexts miss explanations); Repr and Str.
+// the texts of exported records, which miss explanations show); Repr and
+// Str.
 //
 // Shared state: none (a signature printed is immutable or the caller's own;
 // the spec's placement_label is fixed). Lock order: takes no locks.
@@ -153,14 +154,22 @@ class Printer {
   }
 
   SignatureCursor at_;
-  PyObject* label_;  // borrowed (the spec's, or RecordTexts' caller's), or null
+  PyObject* label_;  // borrowed (the spec's), or null
   std::vector<std::string>* leaf_texts_;
 };
 
 }  // namespace
 
-std::string PrintArgument(const CallSignature& sig, PyObject* placement_label, std::vector<std::string>& leaf_texts) {
-  return Printer(sig, placement_label, &leaf_texts).Node();
+std::vector<ArgumentTexts> PrintArguments(const CallSignature& sig, PyObject* placement_label) {
+  std::vector<ArgumentTexts> out(sig.num_positional + sig.kwnames.size());
+  std::vector<std::string> leaves;
+  Printer p(sig, placement_label, &leaves);
+  for (ArgumentTexts& argument : out) {
+    argument.tree = p.Node();
+    argument.leaves = std::move(leaves);
+    leaves.clear();  // moved from: valid, emptied for the next argument
+  }
+  return out;
 }
 
 std::string CallSignature::ToString(const SignatureSpec& spec) const {

@@ -1,6 +1,8 @@
-// ftjit: a jitted function's SignatureSpec, set up once: its context hook
-// read (ContextHook::Read), aval getters resolved (DirectGetter); and the
-// per-call check of the hook's `requires`.
+// ftjit: a jitted function's SignatureSpec, set up once: the CompilerHooks
+// fields the builder uses read and checked (SignatureSpec::ReadHooks, the
+// context hook by ContextHook::Read, the rest by WrongHook's field readers),
+// aval getters resolved (DirectGetter); and the per-call check of the
+// hook's `requires`.
 //
 // Shared state: none of its own (a spec is written while its JitFunction is
 // constructed, then fixed: see SignatureSpec). Lock order: takes no locks.
@@ -14,7 +16,8 @@
 
 #include <nanobind/nanobind.h>
 
-#include "signature/imports.h"
+#include "pyutil/collaborators.h"
+#include "signature/hook_fields.h"
 #include "signature/signature.h"
 #include "signature/signature_internal.h"
 
@@ -24,11 +27,7 @@ namespace {
 
 // TypeError "CompilerHooks.context.<field> must be <what>, got <repr>".
 [[noreturn]] void WrongField(const std::string& field, const char* what, nb::handle got) {
-  std::string message = "CompilerHooks.context";
-  if (!field.empty()) message += "." + field;
-  message += std::string(" must be ") + what + ", got " + Repr(got.ptr());
-  PyErr_SetString(PyExc_TypeError, message.c_str());
-  throw nb::python_error();
+  WrongHook(field.empty() ? "context" : "context." + field, std::string("must be ") + what, got);
 }
 
 // Field `name` of an item of a ContextHooks tuple field (a
@@ -222,11 +221,82 @@ void SignatureSpec::AddAvalType(PyTypeObject* type) {
   aval_types.push_back(std::move(t));
 }
 
-void SignatureSpec::SetContext(nb::handle context) {
-  nb::object objects;
+void WrongHook(const std::string& field, const std::string& what, nb::handle got) {
+  std::string message = "CompilerHooks." + field + " " + what + ", got " + Repr(got.ptr());
+  PyErr_SetString(PyExc_TypeError, message.c_str());
+  throw nb::python_error();
+}
+
+nb::object CallableField(nb::handle record, const char* name, const std::string& field, bool none_ok) {
+  nb::object o = record.attr(name);
+  if (none_ok && o.is_none()) return nb::object();
+  if (!PyCallable_Check(o.ptr())) WrongHook(field, none_ok ? "must be callable or None" : "must be callable", o);
+  return o;
+}
+
+nb::object TypesField(nb::handle hooks, const char* name, bool exceptions) {
+  nb::object value = hooks.attr(name);
+  nb::object copy = nb::steal(PySequence_Tuple(value.ptr()));
+  if (!copy.is_valid()) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw nb::python_error();
+    PyErr_Clear();
+    WrongHook(name, "must be a sequence of types", value);
+  }
+  for (nb::handle t : copy) {
+    if (exceptions ? !PyExceptionClass_Check(t.ptr()) : !PyType_Check(t.ptr())) {
+      WrongHook(name, exceptions ? "must hold exception types" : "must hold types", t);
+    }
+  }
+  return copy;
+}
+
+bool BoolField(nb::handle hooks, const char* name) {
+  nb::object o = hooks.attr(name);
+  if (!PyBool_Check(o.ptr())) WrongHook(name, "must be a bool", o);
+  return o.ptr() == Py_True;
+}
+
+void SignatureSpec::ReadHooks(nb::handle hooks) {
+  // pytree_flatten: a Python hook, or an ftjit.RegistryFlatten read by field name.
+  nb::object flatten = hooks.attr("pytree_flatten");
+  int is_record = flatten.is_none() ? 0 : PyObject_IsInstance(flatten.ptr(), kRegistryFlatten.Get());
+  if (is_record < 0) throw nb::python_error();
+  if (is_record) {
+    registry_flatten = CallableField(flatten, "flatten_one_level", "pytree_flatten.flatten_one_level", false);
+    defer_leaf = CallableField(flatten, "defer_leaf", "pytree_flatten.defer_leaf", false);
+  } else if (!flatten.is_none()) {
+    if (!PyCallable_Check(flatten.ptr())) {
+      WrongHook("pytree_flatten", "must be a callable or an ftjit.RegistryFlatten", flatten);
+    }
+    pytree_flatten = flatten;
+  }
+  if (nb::object is_custom = CallableField(hooks, "custom_namedtuple", "custom_namedtuple"); is_custom.is_valid()) {
+    if (flatten.is_none()) throw nb::type_error("CompilerHooks.custom_namedtuple needs pytree_flatten");
+    custom_namedtuple = is_custom;
+    // JAX's registry hook is a dict's bound __contains__: asked in C.
+    if (PyCFunction_Check(is_custom.ptr())) {
+      PyObject* self = PyCFunction_GetSelf(is_custom.ptr());
+      nb::object name = nb::getattr(is_custom, "__name__", nb::none());
+      if (self && PyDict_CheckExact(self) && PyUnicode_Check(name.ptr()) &&
+          PyUnicode_CompareWithASCIIString(name.ptr(), "__contains__") == 0) {
+        custom_namedtuple_dict = nb::borrow(self);
+      }
+    }
+  }
+  nb::object context = hooks.attr("context"), objects;
   ContextHook read = ContextHook::Read(context, objects);  // validates; may throw
   context_objects = std::move(objects);
   hook = read;  // borrows from context_objects, which the spec now owns
+  if (nb::object types = TypesField(hooks, "fallback_types"); PyTuple_GET_SIZE(types.ptr()) > 0) {
+    fallback_types = types;
+  }
+  plain_types_owner = TypesField(hooks, "plain_types");
+  for (nb::handle t : plain_types_owner) plain_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
+  aval_types_owner = TypesField(hooks, "aval_types");  // after `hook`, which names the committed attribute
+  for (nb::handle t : aval_types_owner) AddAvalType(reinterpret_cast<PyTypeObject*>(t.ptr()));
+  placement_label = CallableField(hooks, "placement_label", "placement_label");
+  jax_style_errors = BoolField(hooks, "jax_style_errors");
+  context_in_executable = BoolField(hooks, "context_in_executable");
 }
 
 }  // namespace ftjit

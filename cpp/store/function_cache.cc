@@ -26,8 +26,8 @@
 
 #include <nanobind/stl/string.h>
 
+#include "pyutil/collaborators.h"
 #include "pyutil/py_compat.h"
-#include "store/imports.h"
 
 namespace ftjit {
 
