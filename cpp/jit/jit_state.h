@@ -23,6 +23,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include "pyutil/waiter_errors.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
 
@@ -112,17 +113,6 @@ inline uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 }
-
-// --- a failed compile's error, once per waiter --------------------------------
-
-// The compile's exception as waiters will read it: a private copy that
-// nobody raises or writes after Publish() (the compiling thread raises the
-// original). For a type that cannot be copied, a RuntimeError naming it,
-// caused by the original.
-nb::object ErrorForWaiters(const nb::object& original);
-// Raises this waiter's own copy of the compile's exception (or, when none
-// can be made, a fresh RuntimeError caused by the shared one).
-[[noreturn]] void RaiseForWaiter(const JitState& st, const nb::object& error);
 
 // --- the type, and a function of it -------------------------------------------
 

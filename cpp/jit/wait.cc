@@ -185,7 +185,7 @@ bool WaitForCompile(JitState& st, Entry& e) {
     nb::object sig = SignatureString(st, e);
     CallHook(hook, {name.ptr(), sig.ptr(), secs.ptr()});
   }
-  if (s == CompileLatch::State::kFailed) RaiseForWaiter(st, e.payload.error);
+  if (s == CompileLatch::State::kFailed) RaiseForWaiter(st.spec.fun_name, e.payload.error);
   return s == CompileLatch::State::kReady;
 }
 

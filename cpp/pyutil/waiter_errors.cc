@@ -8,6 +8,8 @@
 //
 // Shared state: none (the error is written by the compiling thread before
 // the latch publishes it, and only read after). Lock order: takes no lock.
+#include "pyutil/waiter_errors.h"
+
 #include <Python.h>
 
 #include <exception>
@@ -15,12 +17,12 @@
 
 #include <nanobind/nanobind.h>
 
-#include "jit/jit_state.h"
 #include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
-#include "signature/signature.h"
 
 namespace ftjit {
+
+namespace nb = nanobind;
 
 namespace {
 // type(exc).__new__(type(exc), *exc.args) with exc's __dict__: a copy that
@@ -93,12 +95,11 @@ nb::object ErrorForWaiters(const nb::object& original) {
   return nb::steal(wrapper);
 }
 
-[[noreturn]] void RaiseForWaiter(const JitState& st, const nb::object& error) {
+[[noreturn]] void RaiseForWaiter(const std::string& fun_name, const nb::object& error) {
   nb::object copy = CopyException(error.ptr());
   if (!copy.is_valid()) {
-    std::string msg = "ftjit: the compile of " + st.spec.fun_name +
-                      "() failed in another thread with " + Py_TYPE(error.ptr())->tp_name +
-                      ", which cannot be copied for this thread (see __cause__)";
+    std::string msg = "ftjit: the compile of " + fun_name + "() failed in another thread with " +
+                      Py_TYPE(error.ptr())->tp_name + ", which cannot be copied for this thread (see __cause__)";
     copy = nb::steal(PyObject_CallFunction(PyExc_RuntimeError, "s", msg.c_str()));
     if (!copy.is_valid()) throw nb::python_error();  // e.g. MemoryError: fresh, this thread's own
     PyException_SetCause(copy.ptr(), Py_NewRef(error.ptr()));
