@@ -254,37 +254,46 @@ constexpr char kSpecsType[] = "collections.abc.Iterable[typing.Any]";
 constexpr char kProgressType[] = "bool | typing.TextIO";
 constexpr char kWarmupReportType[] = "WarmupReport";
 
-// Sets every method and property of JitFunction on `type`, each declared
-// once: nanobind parses its arguments, stubgen renders its signature and
-// docstring into _core.pyi. nb::sig spells what C++ types cannot (the
-// ParamSpec _P, whose `<module>._P.args` stubgen shortens to `_P.args`;
-// JitFunction[_P, _R]). The Python classes the signatures name (CacheInfo,
-// ...) are imported by core_stub_patterns.txt: ftjit cannot be imported
-// where the stub is made.
-void DefineMethods(nb::handle type, const std::string& module) {
-  const std::string pargs = "*args: " + module + "._P.args, **kwargs: " + module + "._P.kwargs";
+// JitFunction's methods and properties, each declared once: nanobind parses
+// its arguments, stubgen renders its signature and docstring into _core.pyi.
+// nb::sig spells what C++ types cannot (the ParamSpec _P, whose
+// `<module>._P.args` stubgen shortens to `_P.args`; JitFunction[_P, _R]).
+// The Python classes the signatures name (CacheInfo, ...) are imported by
+// core_stub_patterns.txt: ftjit cannot be imported where the stub is made.
+// One function per concern below, each with a Definer.
+struct Definer {
+  Definer(nb::handle t, const std::string& module)
+      : type(t), pargs("*args: " + module + "._P.args, **kwargs: " + module + "._P.kwargs") {}
+  nb::handle type;
+  const std::string pargs;  // the call's parameters, as the signatures spell them
+
+  template <class F>
+  void Method(F&& fn, const std::string& sig, const char* doc) const {
+    nb::cpp_function_def(std::forward<F>(fn), nb::scope(type), nb::name(NameIn(sig).c_str()), nb::sig(sig.c_str()),
+                         nb::is_method(), doc);
+  }
+  template <class F>
+  void Property(F&& getter, const std::string& sig, const char* doc) const {
+    std::string name = NameIn(sig);
+    nb::object fget = nb::cpp_function(std::forward<F>(getter), nb::name(name.c_str()), nb::sig(sig.c_str()),
+                                       nb::is_method(), doc);
+    nb::setattr(type, name.c_str(), nb::handle(reinterpret_cast<PyObject*>(&PyProperty_Type))(fget));
+  }
   // nanobind names a function with a custom signature after it (`def
   // name(...`), but gives it a __name__ and __qualname__ only when nb::name
   // comes first (the signature then replaces its text).
-  auto name_in = [](const std::string& sig) { return sig.substr(4, sig.find('(') - 4); };
-  auto method = [&](auto&& fn, const std::string& sig, const char* doc) {
-    nb::cpp_function_def(std::forward<decltype(fn)>(fn), nb::scope(type), nb::name(name_in(sig).c_str()),
-                         nb::sig(sig.c_str()), nb::is_method(), doc);
-  };
-  auto property = [&](auto&& getter, const std::string& sig, const char* doc) {
-    std::string name = name_in(sig);
-    nb::object fget = nb::cpp_function(std::forward<decltype(getter)>(getter), nb::name(name.c_str()),
-                                       nb::sig(sig.c_str()), nb::is_method(), doc);
-    nb::setattr(type, name.c_str(), nb::handle(reinterpret_cast<PyObject*>(&PyProperty_Type))(fget));
-  };
+  static std::string NameIn(const std::string& sig) { return sig.substr(4, sig.find('(') - 4); }
+};
 
-  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return MakeCacheInfo(*st.store); }); },
-         "def cache_info(self) -> CacheInfo",
-         "A snapshot of this function's counters (shared by every wrapper of the\n"
-         "same function and options in the same cache). Each field is read\n"
-         "atomically, the tuple as a whole is not: under concurrent calls it may\n"
-         "be stale.");
-  method(
+// The cache: counters, clearing, what it holds.
+void DefineCacheMethods(const Definer& d) {
+  d.Method([](const JitSelf& self) { return Method(self, [](JitState& st) { return MakeCacheInfo(*st.store); }); },
+           "def cache_info(self) -> CacheInfo",
+           "A snapshot of this function's counters (shared by every wrapper of the\n"
+           "same function and options in the same cache). Each field is read\n"
+           "atomically, the tuple as a whole is not: under concurrent calls it may\n"
+           "be stale.");
+  d.Method(
       [](const JitSelf& self) {
         return Method(self, [](JitState& st) {
           // The compiler's own caches of this function first (JAX: its trace
@@ -301,7 +310,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
       "jax.jit's clear_cache() clears (the function's trace caches).\n"
       "Thread-safe; compiles in progress finish and serve their waiters, but\n"
       "their entries are not kept.");
-  method(
+  d.Method(
       [](const JitSelf& self) {
         return Method(self, [](JitState& st) {
           PyObject* info = kSignatureInfo.Get();
@@ -317,7 +326,30 @@ void DefineMethods(nb::handle type, const std::string& module) {
       "The compiled signatures now cached for this function, readable, with\n"
       "hits and compile time; newest compile first (hits do not reorder\n"
       "them). A snapshot; entries may be added or evicted concurrently.");
-  method(
+  d.Method([](const JitSelf& self) { return Method(self, [](JitState& st) { return nb::int_(st.store->size()); }); },
+           "def _cache_size(self) -> int",
+           "Number of signatures of this function in the cache now (jax.jit's\n"
+           "_cache_size). A snapshot.");
+  d.Method(
+      [](const JitSelf& self) {
+        return Method(self, [](JitState& st) {
+          nb::list out;
+          for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig, st.spec));
+          return out;
+        });
+      },
+      "def _signatures(self) -> list[typing.Any]",
+      "The cached, compiled signatures as ftjit._signature.Signature records,\n"
+      "newest compile first. A snapshot.");
+  d.Method([](const JitSelf& self) { return Method(self, [](JitState& st) { return Forgetter(st.store); }); },
+           "def _store_forgetter(self) -> typing.Any",
+           "A callable (any arguments) that drops this function's entries from its\n"
+           "cache, as when the function dies; holds them only weakly.");
+}
+
+// Compiles asked for ahead of traffic: precompile, warm-up, saved specs.
+void DefineAheadOfTraffic(const Definer& d) {
+  d.Method(
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) {
           AheadOfTraffic ahead;  // not a miss to explain
@@ -325,13 +357,63 @@ void DefineMethods(nb::handle type, const std::string& module) {
           return nb::bool_(Precompile(st, call.args()));
         });
       },
-      "def precompile(self, " + pargs + ") -> bool",
+      "def precompile(self, " + d.pargs + ") -> bool",
       "Compiles the signature of these arguments into the cache, executing\n"
       "nothing. Arguments may be concrete values or jax.ShapeDtypeStruct\n"
       "(anything with .dtype/.shape). True if this call compiled it, False if\n"
       "it was cached already (or compiled meanwhile by another thread, which\n"
       "this call then waited for). Thread-safe; compile-once holds. A compile\n"
       "asked for ahead of traffic is not logged as a miss.");
+  nb::cpp_function_def(
+      [](const JitSelf& self, Annotated<kSpecsType> specs, nb::typed<nb::object, int> workers,
+         nb::typed<nb::object, bool> strict, Annotated<kProgressType> progress) {
+        return Method<Annotated<kWarmupReportType>>(self, [&](JitState&) {
+          // The warm-up's thread pool and report are Python (ftjit._warmup.warmup).
+          PyObject* warmup = kWarmup.Get();
+          return nb::handle(warmup)(self, specs, workers, strict, progress);
+        });
+      },
+      nb::scope(d.type), nb::name("warmup"), nb::is_method(), nb::arg("specs"), nb::arg("workers") = 1,
+      nb::arg("strict") = false, nb::arg("progress").none() = nb::none(),
+      "Compiles each spec's signature into this function's cache, `workers`\n"
+      "at a time (specs: tuples of positional arguments, ftjit.Spec or\n"
+      "ftjit.SavedSpec; see ftjit._warmup.warmup). Errors are collected in the\n"
+      "WarmupReport; with strict=True the first is raised once all specs ran.\n"
+      "`progress` draws a bar (None: on stderr when it is a terminal).\n"
+      "Thread-safe; compile-once holds against concurrent calls.");
+  d.Method(
+      [](const JitSelf& self) {
+        return Method(self, [&](JitState&) {
+          // ftjit._specs.warmup_specs(self): rebuilt from the core's records (_signatures).
+          PyObject* warmup_specs = kWarmupSpecs.Get();
+          return nb::handle(warmup_specs)(self);
+        });
+      },
+      "def warmup_specs(self) -> SpecList",
+      "The specs of the signatures now cached, newest first, in the form\n"
+      "warmup() takes (JAX: jax.ShapeDtypeStruct leaves with dtype, shape,\n"
+      "weak type and placement; static values as they are). Warming up from\n"
+      "them makes exactly these signatures. One that cannot be rebuilt (a node\n"
+      "no hook rebuilds, another context than this thread's) is left out and\n"
+      "listed in the result's left_out. A snapshot (see ftjit._specs).");
+  d.Method(
+      [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
+        return Method(self, [&](JitState& st) {
+          AheadOfTraffic ahead;
+          VectorcallArgs call(args, kwargs);
+          return nb::int_(static_cast<int>(PrecompileSavedSpec(st, call.args())));
+        });
+      },
+      "def _precompile_saved(self, *args: typing.Any, **kwargs: typing.Any) -> int",
+      "A saved spec's warm-up (ftjit.SavedSpec): compiles this signature\n"
+      "provisionally, not counted against max_signatures until a call or\n"
+      "precompile uses it, and only while the counted and provisional\n"
+      "signatures leave room under max_signatures. 1: compiled; 0: cached\n"
+      "already; -1: no room.");
+}
+
+// The compiler's own methods: lower, trace, eval_shape.
+void DefineHookMethods(const Definer& d) {
   // lower/trace/eval_shape: the compiler's hook of that name, with the
   // call's arguments (the JAX compiler's: the function's jax.jit method).
   auto through_hook = [](const char* name) {
@@ -347,63 +429,20 @@ void DefineMethods(nb::handle type, const std::string& module) {
       });
     };
   };
-  method(through_hook("lower"), "def lower(self, " + pargs + ") -> typing.Any",
-         "jax.stages.Lowered for these arguments (the compiler's 'lower' hook:\n"
-         "the JAX compiler's). Thread-safe; does not touch the cache.");
-  method(through_hook("trace"), "def trace(self, " + pargs + ") -> typing.Any",
-         "jax.stages.Traced for these arguments (the compiler's 'trace' hook).\n"
-         "Does not touch the cache.");
-  method(through_hook("eval_shape"), "def eval_shape(self, " + pargs + ") -> typing.Any",
-         "Output shapes and dtypes (a jax.ShapeDtypeStruct pytree) without\n"
-         "compiling (the compiler's 'eval_shape' hook).");
-  nb::cpp_function_def(
-      [](const JitSelf& self, Annotated<kSpecsType> specs, nb::typed<nb::object, int> workers,
-         nb::typed<nb::object, bool> strict, Annotated<kProgressType> progress) {
-        return Method<Annotated<kWarmupReportType>>(self, [&](JitState&) {
-          // The warm-up's thread pool and report are Python (ftjit._warmup.warmup).
-          PyObject* warmup = kWarmup.Get();
-          return nb::handle(warmup)(self, specs, workers, strict, progress);
-        });
-      },
-      nb::scope(type), nb::name("warmup"), nb::is_method(), nb::arg("specs"), nb::arg("workers") = 1,
-      nb::arg("strict") = false, nb::arg("progress").none() = nb::none(),
-      "Compiles each spec's signature into this function's cache, `workers`\n"
-      "at a time (specs: tuples of positional arguments, ftjit.Spec or\n"
-      "ftjit.SavedSpec; see ftjit._warmup.warmup). Errors are collected in the\n"
-      "WarmupReport; with strict=True the first is raised once all specs ran.\n"
-      "`progress` draws a bar (None: on stderr when it is a terminal).\n"
-      "Thread-safe; compile-once holds against concurrent calls.");
-  method(
-      [](const JitSelf& self) {
-        return Method(self, [&](JitState&) {
-          // ftjit._specs.warmup_specs(self): rebuilt from the core's records (_signatures).
-          PyObject* warmup_specs = kWarmupSpecs.Get();
-          return nb::handle(warmup_specs)(self);
-        });
-      },
-      "def warmup_specs(self) -> SpecList",
-      "The specs of the signatures now cached, newest first, in the form\n"
-      "warmup() takes (JAX: jax.ShapeDtypeStruct leaves with dtype, shape,\n"
-      "weak type and placement; static values as they are). Warming up from\n"
-      "them makes exactly these signatures. One that cannot be rebuilt (a node\n"
-      "no hook rebuilds, another context than this thread's) is left out and\n"
-      "listed in the result's left_out. A snapshot (see ftjit._specs).");
-  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return nb::int_(st.store->size()); }); },
-         "def _cache_size(self) -> int",
-         "Number of signatures of this function in the cache now (jax.jit's\n"
-         "_cache_size). A snapshot.");
-  method(
-      [](const JitSelf& self) {
-        return Method(self, [](JitState& st) {
-          nb::list out;
-          for (const EntryPtr& e : ReadyNewestFirst(st)) out.append(ExportSignature(*e->sig, st.spec));
-          return out;
-        });
-      },
-      "def _signatures(self) -> list[typing.Any]",
-      "The cached, compiled signatures as ftjit._signature.Signature records,\n"
-      "newest compile first. A snapshot.");
-  method(
+  d.Method(through_hook("lower"), "def lower(self, " + d.pargs + ") -> typing.Any",
+           "jax.stages.Lowered for these arguments (the compiler's 'lower' hook:\n"
+           "the JAX compiler's). Thread-safe; does not touch the cache.");
+  d.Method(through_hook("trace"), "def trace(self, " + d.pargs + ") -> typing.Any",
+           "jax.stages.Traced for these arguments (the compiler's 'trace' hook).\n"
+           "Does not touch the cache.");
+  d.Method(through_hook("eval_shape"), "def eval_shape(self, " + d.pargs + ") -> typing.Any",
+           "Output shapes and dtypes (a jax.ShapeDtypeStruct pytree) without\n"
+           "compiling (the compiler's 'eval_shape' hook).");
+}
+
+// The signature a call would have (tests, warm-up, explanations).
+void DefineSignatureQueries(const Definer& d) {
+  d.Method(
       [](const JitSelf& self) {
         return Method(self, [](JitState& st) -> nb::object {
           CallArgs none(nullptr, 0, nullptr);
@@ -415,21 +454,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
       "def _current_context(self) -> typing.Any",
       "The compiler's context as the core would key this thread's next call\n"
       "on it (None without one, or when the call would take the fallback).");
-  method(
-      [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
-        return Method(self, [&](JitState& st) {
-          AheadOfTraffic ahead;
-          VectorcallArgs call(args, kwargs);
-          return nb::int_(static_cast<int>(PrecompileSavedSpec(st, call.args())));
-        });
-      },
-      "def _precompile_saved(self, *args: typing.Any, **kwargs: typing.Any) -> int",
-      "A saved spec's warm-up (ftjit.SavedSpec): compiles this signature\n"
-      "provisionally, not counted against max_signatures until a call or\n"
-      "precompile uses it, and only while the counted and provisional\n"
-      "signatures leave room under max_signatures. 1: compiled; 0: cached\n"
-      "already; -1: no room.");
-  method(
+  d.Method(
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) -> nb::object {
           VectorcallArgs call(args, kwargs);
@@ -443,7 +468,7 @@ void DefineMethods(nb::handle type, const std::string& module) {
       "The signature these arguments (or specs) would have, as an\n"
       "ftjit._signature.Signature record (None: the call would take the\n"
       "compiler's fallback).");
-  method(
+  d.Method(
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) {
           VectorcallArgs call(args, kwargs);
@@ -452,11 +477,11 @@ void DefineMethods(nb::handle type, const std::string& module) {
       },
       "def _signature_of(self, *args: typing.Any, **kwargs: typing.Any) -> str",
       "The readable signature these arguments would have.");
-  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return Forgetter(st.store); }); },
-         "def _store_forgetter(self) -> typing.Any",
-         "A callable (any arguments) that drops this function's entries from its\n"
-         "cache, as when the function dies; holds them only weakly.");
-  method(
+}
+
+// Python's object protocol: pickling, copies, generic subscription.
+void DefineObjectProtocol(const Definer& d) {
+  d.Method(
       [](const JitSelf& self) {
         if (!StateOf(self.ptr()).fun.is_valid()) throw nb::type_error("cannot pickle a cleared jitted function");
         return Method(self, [&](JitState& st) { return Reduce(self, st); });
@@ -465,44 +490,55 @@ void DefineMethods(nb::handle type, const std::string& module) {
       "Pickles by reference when this object is reachable by its module and\n"
       "qualified name (@ftjit.jit on a module-level function), else by value:\n"
       "the wrapped function and the options, which ftjit.jit rebuilds.");
-  method([](const JitSelf& self) { return Method(self, [](JitState& st) { return GetState(st); }); },
-         "def __getstate__(self) -> dict[str, str]",
-         "What jax.jit's __getstate__() reports of the function (its name).");
+  d.Method([](const JitSelf& self) { return Method(self, [](JitState& st) { return GetState(st); }); },
+           "def __getstate__(self) -> dict[str, str]",
+           "What jax.jit's __getstate__() reports of the function (its name).");
   // Copies are the function itself, as for Python functions.
-  method([](const JitSelf& self) { return self; }, "def __copy__(self) -> JitFunction[_P, _R]",
-         "Itself: a jitted function is immutable.");
-  method([](const JitSelf& self, nb::handle) { return self; },
-         "def __deepcopy__(self, memo: dict[int, typing.Any], /) -> JitFunction[_P, _R]",
-         "Itself: a jitted function is immutable.");
+  d.Method([](const JitSelf& self) { return self; }, "def __copy__(self) -> JitFunction[_P, _R]",
+           "Itself: a jitted function is immutable.");
+  d.Method([](const JitSelf& self, nb::handle) { return self; },
+           "def __deepcopy__(self, memo: dict[int, typing.Any], /) -> JitFunction[_P, _R]",
+           "Itself: a jitted function is immutable.");
   // JitFunction[P, R] for type checkers (the stub's Generic[_P, _R]);
   // subscriptable at run time, as a Python generic class is.
-  nb::setattr(type, "__class_getitem__",
+  nb::setattr(d.type, "__class_getitem__",
               nb::handle(reinterpret_cast<PyObject*>(&PyClassMethod_Type))(
                   nb::handle(reinterpret_cast<PyObject*>(&Py_GenericAliasType))));
+}
 
-  // Properties, fixed once made (None once the GC cleared the function).
+// Properties, fixed once made (None once the GC cleared the function).
+void DefineProperties(const Definer& d) {
   auto field = [](nb::object JitState::*member) {
     return [member](const JitSelf& self) -> nb::object {
       const nb::object& value = StateOf(self.ptr()).*member;
       return value.is_valid() ? value : nb::none();
     };
   };
-  property(field(&JitState::fun), "def _fun(self) -> collections.abc.Callable[_P, _R]",
-           "The wrapped function (fixed).");
-  property(field(&JitState::compile), "def _compiler(self) -> collections.abc.Callable[..., typing.Any]",
-           "compile(fun, args, kwargs), as the core calls it (fixed).");
-  property(field(&JitState::hooks), "def _hooks(self) -> typing.Any",
-           "The compiler's ftjit.CompilerHooks (fixed).");
-  property(field(&JitState::cache), "def _cache(self) -> FunctionCache", "The FunctionCache (fixed).");
+  d.Property(field(&JitState::fun), "def _fun(self) -> collections.abc.Callable[_P, _R]",
+             "The wrapped function (fixed).");
+  d.Property(field(&JitState::compile), "def _compiler(self) -> collections.abc.Callable[..., typing.Any]",
+             "compile(fun, args, kwargs), as the core calls it (fixed).");
+  d.Property(field(&JitState::hooks), "def _hooks(self) -> typing.Any", "The compiler's ftjit.CompilerHooks (fixed).");
+  d.Property(field(&JitState::cache), "def _cache(self) -> FunctionCache", "The FunctionCache (fixed).");
   // __globals__: ftjit._jit's namespace, as a Python wrapper defined there
   // would have. Tools that recognise JAX-wrapped functions by the module of
   // their api_boundary (chex's is_traceable) then see a jitted function.
-  property(
+  d.Property(
       [](const JitSelf&) {
         PyObject* globals = kJitModule.Get();
         return nb::borrow<nb::dict>(globals);
       },
       "def __globals__(self) -> dict[str, typing.Any]", "The namespace of ftjit's Python API module.");
+}
+
+void DefineMethods(nb::handle type, const std::string& module) {
+  const Definer d(type, module);
+  DefineCacheMethods(d);
+  DefineAheadOfTraffic(d);
+  DefineHookMethods(d);
+  DefineSignatureQueries(d);
+  DefineObjectProtocol(d);
+  DefineProperties(d);
 }
 
 PyMemberDef kMembers[] = {
