@@ -1,7 +1,8 @@
 """ThreadExecutables and context_in_executable, without JAX: executables the
 core copies per thread, that check the compiler's context themselves.
 
-CopyCompiler below plays jaxlib's part: each copy caches, per context it has
+CopyCompiler (stress.copy_compiler, which the stress suite's reentrant_copies
+scenario uses too) plays jaxlib's part: each copy caches, per context it has
 served, what the core's miss returned, and calls the miss for any other; the
 context is per thread (threading.local, as JAX's thread-local configs are).
 So the core's side of the protocol is tested here, and under ThreadSanitizer
@@ -22,102 +23,9 @@ import pytest
 
 import ftjit
 from helpers import LogCapture, explanations, gc_collect_until, run_threads, unique_name
+from stress.copy_compiler import CopyCompiler
 
 pytestmark = pytest.mark.timeout(120)
-
-
-
-class CopyCompiler:
-    """compile(fun, args, kwargs) -> (fun, context): the context the program
-    was compiled under; executables are ThreadExecutables whose copies behave
-    as jaxlib's call objects do. Counts compiles, copies made, calls served
-    from a copy's own cache, its misses and the core's context reads."""
-
-    def __init__(self):
-        self.local = threading.local()
-        self.eager_mode = False
-        self.lock = threading.Lock()
-        self.compiles = 0
-        self.copies = []  # weak references to every copy made
-        self.served = 0
-        self.misses = 0
-        self.context_reads = 0
-
-    # -- the compiler's context: per thread, "A" unless a thread says otherwise
-    def set_context(self, value):
-        self.local.value = value
-
-    def context(self):
-        with self.lock:
-            self.context_reads += 1
-        return getattr(self.local, "value", "A")
-
-    def hooks(self, fun):
-        return ftjit.CompilerHooks(context=self.context, context_names="mode", executable_for=self.executable_for,
-                                   context_in_executable=True, fallback=self.fallback(fun))
-
-    def fallback(self, fun):
-        def eager(*args, **kwargs):
-            return ("eager", fun(*args, **kwargs))
-
-        return eager
-
-    def __call__(self, fun, args, kwargs):
-        with self.lock:
-            self.compiles += 1
-        return Program(fun, getattr(self.local, "value", "A"))
-
-    def executable_for(self, program, args, kwargs, leaves):
-        compiler = self
-
-        def own_miss(*args, **kwargs):
-            return (program.context, program.fun(*args, **kwargs)), ("data of", program.context), False
-
-        def make(miss, eager):
-            cache = {}
-
-            def copy(*args, **kwargs):
-                if compiler.eager_mode:
-                    return eager(*args, **kwargs)
-                context = getattr(compiler.local, "value", "A")
-                data = cache.get(context)
-                if data is not None:
-                    with compiler.lock:
-                        compiler.served += 1
-                    assert data == ("data of", program.context), (data, program.context)
-                    return (program.context, program.fun(*args, **kwargs))
-                with compiler.lock:
-                    compiler.misses += 1
-                out, data, drop = miss(*args, **kwargs)
-                if not drop:
-                    cache[context] = data
-                return out
-
-            copy.made_for = program.context  # the context of the program it runs (live_copies_of)
-            with compiler.lock:
-                compiler.copies.append(weakref.ref(copy))
-            return copy
-
-        return ftjit.ThreadExecutables(make, own_miss, False)
-
-    def live_copies(self):
-        gc.collect()
-        return sum(r() is not None for r in self.copies)
-
-    def live_copies_of(self, context):
-        """Copies alive of the program compiled under `context`."""
-        gc.collect()
-        return sum(r() is not None and r().made_for == context for r in self.copies)
-
-
-class Program:
-    __slots__ = ("fun", "context")
-
-    def __init__(self, fun, context):
-        self.fun, self.context = fun, context
-
-    def __call__(self, *args, **kwargs):  # a compiled program is callable (the protocol's check)
-        return self.fun(*args, **kwargs)
 
 
 def _jitted(comp, name=None, **options):
