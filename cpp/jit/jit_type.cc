@@ -33,6 +33,7 @@
 #include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "signature/signature.h"
+#include "signature/signature_key.h"
 #include "store/function_cache.h"
 
 namespace ftjit {
@@ -477,6 +478,19 @@ void DefineSignatureQueries(const Definer& d) {
       },
       "def _signature_of(self, *args: typing.Any, **kwargs: typing.Any) -> str",
       "The readable signature these arguments would have.");
+  d.Method(
+      [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
+        return Method(self, [&](JitState& st) -> nb::object {
+          VectorcallArgs call(args, kwargs);
+          CallArgs view = call.args();
+          Call c(st, view);
+          if (!BuildAdopted(c)) return nb::none();
+          return SignatureKeyOf(std::move(c.sig));
+        });
+      },
+      "def _call_key(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any",
+      "The signature a call of these arguments has, as a hashable key (equal keys: one\n"
+      "compiled program), or None when the call would take the compiler's fallback.");
 }
 
 // Python's object protocol: pickling, copies, generic subscription.

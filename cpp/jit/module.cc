@@ -19,6 +19,7 @@
 #include "pyutil/errors.h"
 #include "signature/interned_context.h"
 #include "signature/signature.h"
+#include "signature/signature_key.h"
 #include "signature/thread_memos.h"
 #include "store/function_cache.h"
 
@@ -67,6 +68,7 @@ NB_MODULE(_core, m) {
   ftjit::RegisterFunctionCache(m);
   ftjit::RegisterJitFunction(m);
   ftjit::RegisterThreadExecutables(m);
+  ftjit::RegisterSignatureKey(m);
   ftjit::RegisterSignatureRecords(m);  // _leaf_kinds
   m.def(
       "_live_functions",
