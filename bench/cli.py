@@ -47,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="interleaved rounds of the thread-scaling timings (overrides the preset)")
     parser.add_argument("--only-scaling", action="store_true",
                         help="only the thread-scaling table (for a many-core machine's short lease)")
+    parser.add_argument("--batching", action="store_true",
+                        help="only the batching rows: threads with one example each, per call, a hand-written "
+                             "batcher and ftjit.batched (issue 41's targets, set for a TPU)")
+    parser.add_argument("--batching-threads", type=thread_counts, metavar="1,N,...", default=(1, 4, 16, 64),
+                        help="the batching rows' thread counts (default: 1,4,16,64)")
+    parser.add_argument("--batching-seconds", type=float, default=2.0, metavar="S",
+                        help="seconds each side runs per thread count and round (default: %(default)s)")
+    parser.add_argument("--batching-rounds", type=int, default=3, metavar="R",
+                        help="interleaved rounds of the batching rows (default: %(default)s)")
+    parser.add_argument("--batching-hidden", type=int, default=64, metavar="H",
+                        help="the batching model's hidden width, 16 -> H -> 4 (default: %(default)s)")
     parser.add_argument("--threads", type=thread_counts, metavar="1,N,...",
                         help="thread-scaling columns: these thread counts (increasing, from 1), every thread "
                              "calling a function of its own, instead of 1 thread and 2 threads on one "
@@ -98,6 +109,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for flag in ("number", "repeat", "scaling_calls", "scaling_rounds"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.batching:
+        return _batching(args)
     sizes = dict(QUICK if args.quick else FULL)
     for flag in ("number", "repeat", "scaling_calls", "scaling_rounds"):
         if getattr(args, flag) is not None:
@@ -156,6 +169,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             "threads": None if args.threads is None else list(args.threads),
                                             **sizes})
     return 0  # benchmarks report; they do not fail CI
+
+
+def _batching(args: argparse.Namespace) -> int:
+    """--batching: the batching rows alone (bench.batching)."""
+    if not (0 < args.batching_seconds <= 600) or args.batching_rounds < 1 or args.batching_hidden < 1:
+        raise SystemExit("bench: --batching-seconds must be in (0, 600], --batching-rounds and --batching-hidden "
+                         ">= 1")
+    from .batching import batching_rows, format_batching
+
+    load_before = os.getloadavg()
+    counts = args.batching_threads
+    print(f"bench: batching rows with {','.join(map(str, counts))} threads, {args.batching_rounds} rounds of "
+          f"{args.batching_seconds:g} s, on {_interpreter()}, load average {load_before[0]:.2f}", file=sys.stderr,
+          flush=True)
+    rows = batching_rows(counts, args.batching_seconds, args.batching_rounds, args.batching_hidden,
+                         on_round=lambda d, t: print(f"bench: batching round {d}/{t}", file=sys.stderr, flush=True))
+    load_after = os.getloadavg()
+    print(f"ftjit {ftjit.__version__} on {_interpreter()}; load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
+    print()
+    print(format_batching(rows, counts, args.batching_hidden, args.batching_seconds, args.batching_rounds))
+    return 0
 
 
 def _interpreter() -> str:

@@ -55,6 +55,7 @@ except ImportError as _error:
 del _, _core_not_loaded
 
 from . import errors
+from ._batched import BatchedFunction, BatchInfo, batched
 from ._hooks import CompilerHooks, ContextExtra, ContextHooks, ContextRequirement, RegistryFlatten, ThreadExecutables
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
@@ -62,6 +63,7 @@ from ._observe import FunctionStats, Stats, set_explain_misses, stats
 from ._specs import LeftOut, SavedSpecs, SpecList, load_specs, register_static_dataclass, save_specs
 from ._warmup import BrokenSpec, SavedSpec, Spec, WarmupReport, WarmupResult
 from .errors import (
+    BatchTimeoutError,
     CompileCycleError,
     CompileTimeoutError,
     RecompileLimitError,
@@ -114,6 +116,10 @@ del _hand_the_core_its_collaborators
 
 __all__ = [
     "jit",
+    "batched",
+    "BatchedFunction",
+    "BatchInfo",
+    "BatchTimeoutError",
     "CompilerHooks",
     "ContextHooks",
     "ContextExtra",

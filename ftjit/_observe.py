@@ -107,12 +107,15 @@ class Stats:
 
     functions: tuple[FunctionStats, ...]  # sorted by compile time, largest first
     totals: FunctionStats
+    #: every live ftjit.batched function's BatchInfo, by name
+    batched: tuple[Any, ...] = ()
 
     def top(self, n: int = 10) -> tuple[FunctionStats, ...]:
         return self.functions[:n]
 
     def as_dict(self, top: int = 10) -> dict[str, Any]:
-        return {"totals": self.totals._asdict(), "functions": [f._asdict() for f in self.top(top)]}
+        return {"totals": self.totals._asdict(), "functions": [f._asdict() for f in self.top(top)],
+                "batched": [dataclasses.asdict(b) for b in self.batched]}
 
     def __str__(self) -> str:
         header = ("function", "hits", "misses", "compiles", "waits", "evict", "size", "fail", "compile s", "wait s")
@@ -139,6 +142,7 @@ class Stats:
             lines.append("  ".join(cells))
             if j == 0 or j == len(rows) - 2:
                 lines.append("  ".join("-" * w for w in widths))
+        lines += [f"batched {b}" for b in self.batched]
         return "\n".join(lines)
 
 
@@ -155,4 +159,7 @@ def stats() -> Stats:
         f"TOTAL ({len(funcs)} function{'' if len(funcs) == 1 else 's'})",
         *(sum(getattr(f, field) for f in funcs) for field in FunctionStats._fields[1:]),
     )
-    return Stats(tuple(funcs), total)
+    from ._batched import live_batched
+
+    batched = sorted((b.batch_info() for b in live_batched()), key=lambda b: b.name)
+    return Stats(tuple(funcs), total, tuple(batched))

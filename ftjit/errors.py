@@ -12,6 +12,7 @@ __all__ = [
     "CompileCycleError",
     "CompileTimeoutError",
     "RecompileLimitError",
+    "BatchTimeoutError",
 ]
 
 
@@ -55,4 +56,12 @@ class RecompileLimitError(RuntimeError):
 
     Raised instead of compiling a new signature; the message explains how the
     call differs from the closest cached signature.
+    """
+
+
+class BatchTimeoutError(TimeoutError):
+    """A call of an ``ftjit.batched`` function waited longer than its ``timeout`` for its result.
+
+    Raised in that caller alone: its example leaves the queue (or its row is
+    dropped, when its batch already runs); the other calls carry on.
     """
