@@ -196,7 +196,7 @@ tsan_ft() {
   log "tests that need no JAX, under ThreadSanitizer"
   "$tvenv/bin/python" -m pytest tests/test_threads.py tests/test_cache.py tests/test_signature.py \
     tests/test_fork.py tests/test_api.py tests/test_shutdown.py tests/test_executable_for.py tests/test_thread_executables.py \
-    tests/test_interrupts.py tests/test_translation.py -q -p no:randomly \
+    tests/test_interrupts.py tests/test_translation.py tests/test_batched.py -q -p no:randomly \
     --timeout=900 "$@"
   log "stress scenarios that need no JAX, under ThreadSanitizer (sizes scaled down: TSAN runs ~20x slower)"
   "$tvenv/bin/python" -m stress --quick --no-jax --scale 0.25 --stall-seconds 120 --budget-seconds 1200
