@@ -125,7 +125,7 @@ def test_hidden_scenarios_are_not_listed():
     assert proc.returncode == 0, proc.stderr
     names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
     assert names == ["herd", "mixed", "churn", "clear_storm", "reentrant_keys", "recursion", "failing_compiles",
-                     "jax", "server", "reentrant_hooks", "reentrant_copies"]
+                     "jax", "server", "reentrant_hooks", "reentrant_copies", "batching"]
 
 
 def test_every_mutation_of_the_mutation_check_still_applies():

@@ -12,7 +12,8 @@ from . import failing_compiles
 from . import jax_default
 from . import server
 from . import reentrant_hooks
+from . import batching
 from . import _selftest  # hidden: run only when named (tests/test_stress.py)
 
 __all__ = ["herd", "mixed", "churn", "clear_storm", "reentrant_keys", "recursion", "failing_compiles", "jax_default", "server",
-           "reentrant_hooks"]
+           "reentrant_hooks", "batching"]
