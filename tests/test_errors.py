@@ -18,6 +18,7 @@ _ERRORS = {
     "RecompileLimitError": (RuntimeError,),
     "UnhashableStaticArgumentError": (TypeError, ValueError),
     "UnsupportedArgumentError": (TypeError,),
+    "BatchTimeoutError": (TimeoutError,),
 }
 
 

@@ -34,18 +34,20 @@ void RegisterSignatureKey(nb::module_& m) {
            [](const SignatureKey& k) {
              Py_hash_t h = static_cast<Py_hash_t>(k.sig->hash);
              return h == -1 ? Py_hash_t{-2} : h;
-           })
+           },
+           nb::sig("def __hash__(self, /) -> int"))
       .def("__eq__",
            [](const SignatureKey& a, nb::handle b) -> nb::object {
              if (!nb::isinstance<SignatureKey>(b)) return nb::borrow(Py_NotImplemented);
              const SignatureKey& other = nb::cast<const SignatureKey&>(b);
              return nb::bool_(a.sig == other.sig || a.sig->Equals(*other.sig));
-           })
+           },
+           nb::sig("def __eq__(self, other: object, /) -> bool"))
       .def("__ne__", [](const SignatureKey& a, nb::handle b) -> nb::object {
         if (!nb::isinstance<SignatureKey>(b)) return nb::borrow(Py_NotImplemented);
         const SignatureKey& other = nb::cast<const SignatureKey&>(b);
         return nb::bool_(!(a.sig == other.sig || a.sig->Equals(*other.sig)));
-      });
+      }, nb::sig("def __ne__(self, other: object, /) -> bool"));
 }
 
 }  // namespace ftjit
