@@ -297,8 +297,11 @@ def test_bench_threads_prints_a_column_per_count_with_speed_ups_and_targets_from
         ("jaxlib's call per thread / jax.jit, one function, at 2 threads", ">= 1.25"),
         ("ftjit.jit, one function / jaxlib's call per thread, at 2 threads", ">= 1"),
         ("ftjit.jit / jaxlib's call per thread, 1 thread", ">= 1"),
+        ("ftjit.jit / jax.jit, one function, at 1 thread", ">= 0.95"),  # issue 40's, at the counts given
     ]
-    assert [t[3] for t in targets[5:]] == ["report"] * 3  # jaxlib's ceiling: reported, never a target
+    assert [t[3] for t in targets[5:8]] == ["report"] * 3  # jaxlib's ceiling: reported, never a target
+    assert targets[8][3] == "report" or (FT and (os.cpu_count() or 1) >= 12)  # set for 12 cores or more
+    shared_one = targets[8]
     targets = targets[:5]
     rates = {r[0]: r for r in scaling}
     assert _num(targets[0][1]) == pytest.approx(_num(rates["ftjit core, jax Array"][3]), abs=0.011)
@@ -310,6 +313,8 @@ def test_bench_threads_prints_a_column_per_count_with_speed_ups_and_targets_from
         _num(rates["ftjit.jit, one function"][2]) / _num(rates["jax.jit, one function"][2]), rel=0.01, abs=0.011)
     assert _num(targets[4][1]) == pytest.approx(
         _num(rates["ftjit.jit, one function"][3]) / _num(rates["ftjit.jit"][3]), rel=0.02, abs=0.011)
+    assert _num(shared_one[1]) == pytest.approx(
+        _num(rates["ftjit.jit, one function"][1]) / _num(rates["jax.jit, one function"][1]), rel=0.01, abs=0.011)
     applies = FT and (os.cpu_count() or 1) >= 2
     for (_, value, _, status), minimum in zip(targets, minimums):
         if not applies:
