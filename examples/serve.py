@@ -9,7 +9,10 @@ HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``). ``--jit 
 buckets and padding through ``jax.jit`` instead (``JaxModel``), for comparison; ``--unix-socket PATH`` listens
 on a unix socket instead of TCP (for a machine where no internet socket, not even loopback, may be opened).
 
-Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--warmup-workers 4]
+``--batch`` merges concurrent requests that carry one example each into one call of the model over a batch
+(``ftjit.batched``: ``BatchedModel``), with a histogram of batch sizes on ``/metrics``.
+
+Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--batch] [--warmup-workers 4]
 [--specs FILE] [--compile-cache DIR] [--jit ftjit|jax]`` (or ``--unix-socket PATH`` instead of ``--port``);
 SIGTERM or SIGINT stops it. docs/serving.md is its manual.
 """
@@ -38,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import prometheus_client
 import waitress
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 import ftjit
@@ -214,6 +217,69 @@ class JaxModel(Model):
         }  # fmt: skip
 
 
+class BatchedModel(Model):
+    """``--batch``: a request of one example is one call of ``ftjit.batched``, merged with the concurrent
+    requests' calls into one call of the MLP over a batch (``BatchedModel.predict_one``); a request of several
+    rows goes through ``Model.predict``'s buckets as before. The weights are constants of the program (the
+    example is the only argument a batch stacks)."""
+
+    def __init__(self, max_batch: int = DEFAULT_MAX_BATCH, fun: Callable[..., Any] = mlp,
+                 max_signatures: int | None = None, seed: int = DEFAULT_SEED, batch_wait: float = 0.001):  # fmt: skip
+        super().__init__(max_batch, fun, max_signatures, seed)
+        params = self.params
+
+        def predict_one(x: Any) -> Any:  # one example: float32[N_INPUTS] -> float32[N_OUTPUTS]
+            return fun(params, x)
+
+        # ftjit: the example's function; concurrent requests' calls share one call of jax.vmap of it
+        self.one = ftjit.batched(predict_one, max_batch=max_batch, max_wait=batch_wait, to_host=True,
+                                 cache=ftjit.FunctionCache())  # fmt: skip
+
+    def warm(self, workers: int = 4, buckets: bool = True, saved: ftjit.SavedSpecs | None = None) -> ftjit.WarmupReport:
+        """``Model.warm``, then the one-example signature and every batch size of ``ftjit.batched``."""
+        report = super().warm(workers, buckets, saved)
+        if buckets:
+            one = self.one.warmup([(jax.ShapeDtypeStruct((N_INPUTS,), np.float32),)], workers=workers)
+            if not one.ok:
+                self.failed_buckets[1] = "; ".join(f"{type(r.error).__name__}: {r.error}" for r in one.errors)
+            report = ftjit.WarmupReport(report.results + one.results, report.wall_seconds + one.wall_seconds,
+                                        workers)
+        self.warmup_report, self.ready = report, not self.failed_buckets
+        return report
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        if len(x) == 1:
+            return self.one(x[0])[None]  # ftjit: one example, batched with the other requests' examples
+        return super().predict(x)
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["batched"] = dataclasses.asdict(self.one.batch_info())
+        return out
+
+
+class BatchCollector(Collector):
+    """``--batch``: the batched function's batch sizes as a prometheus histogram (``ftjit_batch_size``: one
+    observation per batch, of its examples), and its calls, alone calls and timeouts as counters."""
+
+    def __init__(self, model: BatchedModel):
+        self.model = model
+
+    def collect(self) -> Iterable[Any]:
+        info = self.model.one.batch_info()
+        counts = dict(info.sizes)
+        buckets = [(str(bound), sum(c for n, c in counts.items() if n <= bound)) for bound in self.model.one.sizes]
+        hist = HistogramMetricFamily("ftjit_batch_size", "Examples per batch of ftjit.batched (calls alone not included).")
+        hist.add_metric([], buckets + [("+Inf", info.batches)], sum_value=sum(n * c for n, c in counts.items()))
+        yield hist
+        for name, value, text in (("ftjit_batched_calls", info.calls, "Calls of ftjit.batched, however they ran."),
+                                  ("ftjit_batched_alone", info.alone, "Calls that ran alone (nothing to batch with)."),
+                                  ("ftjit_batched_timeouts", info.timeouts, "Calls that gave up waiting.")):
+            family = CounterMetricFamily(name, text)
+            family.add_metric([], value)
+            yield family
+
+
 class FtjitCollector(Collector):
     """``ftjit.stats()`` for prometheus_client, read at each scrape: a series per function name
     (live functions that share a name, which ``ftjit.stats()`` does not tell apart, are added up)."""
@@ -291,6 +357,8 @@ class App:
         self.registry = registry = prometheus_client.CollectorRegistry()
         if model.jit == "ftjit":  # under --jit jax no ftjit function lives: no ftjit series at all
             registry.register(FtjitCollector())
+        if isinstance(model, BatchedModel):
+            registry.register(BatchCollector(model))
         self.requests = prometheus_client.Counter(
             "http_requests", "Requests answered, by endpoint, method and status.", ["handler", "method", "code"],
             registry=registry)  # fmt: skip
@@ -475,6 +543,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve through ftjit.jit, or jax.jit to compare with (default: ftjit)")  # fmt: skip
     parser.add_argument("--threads", type=bounded(int, 1, 1024), default=THREADS,
                         help=f"waitress's worker threads, 1 to 1024 (default: {THREADS})")  # fmt: skip
+    parser.add_argument("--batch", action="store_true",
+                        help="merge concurrent requests of one example each into one call (ftjit.batched)")
+    parser.add_argument("--batch-wait", type=bounded(float, 0, 1), default=0.001, metavar="SECONDS",
+                        help="with --batch: how long a batch may wait for more examples while one runs, 0 to 1 s "
+                             "(default: 0.001)")  # fmt: skip
     parser.add_argument("--max-batch", type=bounded(int, 1, 65536), default=DEFAULT_MAX_BATCH,
                         help="the largest batch, 1 to 65536 (default: 32)")  # fmt: skip
     parser.add_argument("--warmup-workers", type=bounded(int, 1, 256), default=4,
@@ -501,7 +574,12 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    model = (Model if args.jit == "ftjit" else JaxModel)(args.max_batch)
+    if args.batch and args.jit == "jax":
+        parser.error("--batch needs --jit ftjit: it is ftjit.batched")
+    if args.batch:
+        model: Model = BatchedModel(args.max_batch, batch_wait=args.batch_wait)
+    else:
+        model = (Model if args.jit == "ftjit" else JaxModel)(args.max_batch)
     saved = ftjit.load_specs(args.specs, missing_ok=True) if args.specs else None  # never raises
     report = model.warm(args.warmup_workers, args.buckets, saved)  # ftjit: compiled before the port opens
     # A saved spec that failed (a damaged or stale file) is a line of the report: the start goes on.

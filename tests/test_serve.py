@@ -784,3 +784,92 @@ def test_the_tpu_comparison_driver_prints_its_table():
     # jit, server threads, requests, requests/s, p50, p99, errors, wrong, compiles during traffic
     assert [(r[:3], r[6:]) for r in rows] == [(["ftjit", "2", "20"], ["0", "0", "0"]),
                                              (["jax", "2", "20"], ["0", "0", "n/a"])]  # fmt: skip
+
+
+# --- --batch: one example per request, merged (ftjit.batched) -------------------------------------------------
+
+
+def test_batch_model_merges_one_example_requests_and_answers_each_its_own():
+    """Sixteen threads each send one-example requests through the app: every answer is its own row of the
+    MLP; the examples were merged into batches (batch_info's books balance); a request of several rows still
+    goes through the buckets; the warm-up compiled the example and every batch size, and traffic nothing."""
+    model = serve.BatchedModel(max_batch=8, batch_wait=0.005)
+    app = serve.App(model)
+    report = model.warm(workers=2)
+    assert report.ok and len(report) == 4 + 1 + 3  # buckets 1, 2, 4, 8; the example; batches of 2, 4, 8
+    compiles = (model.one._runner.one.cache_info().compiles, model.one._runner.many.cache_info().compiles)
+    assert compiles == (1, 3)
+    xs = [_rows(1, seed=i) for i in range(16)]
+
+    def client(i):
+        out = []
+        for _ in range(10):
+            status, _, body = _call(app, "POST", "/predict", _body(xs[i]))
+            assert status == 200, body
+            out.append(json.loads(body)["outputs"])
+        return out
+
+    for i, answers in enumerate(run_threads(16, client, timeout=120)):
+        for answer in answers:
+            np.testing.assert_allclose(answer, load.reference_forward(model.weights, xs[i]), rtol=load.RTOL,
+                                       atol=load.ATOL)
+    info = model.one.batch_info()
+    assert info.calls == 160 and info.alone + sum(n * c for n, c in info.sizes) == 160
+    assert (model.one._runner.one.cache_info().compiles, model.one._runner.many.cache_info().compiles) == compiles
+    status, _, body = _call(app, "POST", "/predict", _body(_rows(3)))
+    assert status == 200 and len(json.loads(body)["outputs"]) == 3  # several rows: the bucket of 4
+    assert model.fn.cache_info().hits == 1
+    stats = json.loads(_call(app, "GET", "/stats")[2])
+    assert stats["batched"]["calls"] == 160 and stats["batched"]["batches"] == info.batches
+
+
+def test_batch_metrics_carry_a_histogram_of_batch_sizes():
+    model = serve.BatchedModel(max_batch=4, batch_wait=0.005)
+    app = serve.App(model)
+    assert model.warm(workers=1).ok
+    run_threads(8, lambda i: [_call(app, "POST", "/predict", _body(_rows(1, seed=i)))[0] for _ in range(5)],
+                timeout=120)
+    info = model.one.batch_info()
+    families = {f.name: f for f in text_string_to_metric_families(_call(app, "GET", "/metrics")[2].decode())}
+    hist = families["ftjit_batch_size"]
+    assert hist.type == "histogram"
+    samples = {(s.name, s.labels.get("le")): s.value for s in hist.samples}
+    counts = dict(info.sizes)
+    for bound in ("1", "2", "4"):
+        assert samples[("ftjit_batch_size_bucket", bound)] == sum(c for n, c in counts.items() if n <= int(bound))
+    assert samples[("ftjit_batch_size_bucket", "+Inf")] == samples[("ftjit_batch_size_count", None)] == info.batches
+    assert samples[("ftjit_batch_size_sum", None)] == sum(n * c for n, c in counts.items())
+    assert [s.value for s in families["ftjit_batched_calls"].samples if s.name.endswith("_total")] == [40]
+
+
+@starts_servers
+@pytest.mark.timeout(300)
+def test_a_batch_server_on_a_unix_socket_answers_load_py_one_example_per_request(monkeypatch):
+    # serve.py --batch: examples/load.py --max-batch 1 sends one example per request from 8 connections; all
+    # answered and checked against the reference; /stats counts every request as one call of the batched one.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:
+        path = os.path.join(tmp, "batch.sock")
+        server = ServerProcess("--batch", "--max-batch", "8", "--threads", "8", "--warmup-workers", "2",
+                               unix_socket=path)  # fmt: skip
+        try:
+            command = [sys.executable, str(REPO / "examples" / "load.py"), "--unix-socket", path,
+                       "--threads", "8", "--requests", "200", "--seed", "3", "--max-batch", "1"]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env())
+            assert done.returncode == 0, done.stdout + done.stderr
+            values = _report_values(done.stdout)
+            assert (values["requests"], values["errors"], values["wrong answers"]) == ("200", "0", "0")
+            _, stats = load.fetch_json("localhost", None, "/stats", unix_socket=path)
+            batched = stats["batched"]
+            assert batched["calls"] == 200 and batched["timeouts"] == batched["failed_batches"] == 0
+            assert batched["alone"] + sum(n * c for n, c in batched["sizes"]) == 200
+        finally:
+            output = _stop_cleanly(server)
+        assert output.rstrip().endswith("server stopped")
+
+
+def test_batch_needs_the_ftjit_jit(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        serve.main(["--batch", "--jit", "jax"])
+    assert exit_.value.code == 2
+    assert "--batch needs --jit ftjit: it is ftjit.batched" in capsys.readouterr().err
