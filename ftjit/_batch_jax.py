@@ -79,6 +79,8 @@ class JaxBatches:
         import jax
 
         out = self.one(*args, **kwargs)
+        if isinstance(out, jax.Array):  # the common case, one array: no tree walk
+            return np.asarray(out) if self.to_host else out.block_until_ready()
         if self.to_host:
             return jax.tree_util.tree_map(np.asarray, out)
         return jax.block_until_ready(out)
@@ -89,6 +91,11 @@ class JaxBatches:
         import jax
 
         args0, kwargs0 = examples[0]
+        if len(args0) == 1 and not kwargs0 and not self.static_argnums and type(args0[0]) is np.ndarray:
+            # The common case, one array per example: stacked at once (no tree walk per example).
+            rows = [args[0] for args, _ in examples]
+            if all(type(r) is np.ndarray for r in rows):
+                return (np.stack(rows + rows[:1] * (size - len(rows))),), {}
         dyn = [([a for i, a in enumerate(args) if i not in self.static_argnums],
                 {k: v for k, v in kwargs.items() if k not in self.static_argnames}) for args, kwargs in examples]
         dyn += [dyn[0]] * (size - len(dyn))
@@ -107,8 +114,12 @@ class JaxBatches:
         out = self.many(*args, **kwargs)
         n = len(examples)
         if self.to_host:
-            host = jax.tree_util.tree_map(np.asarray, out)  # one copy to the host for the whole batch
-            return [jax.tree_util.tree_map(lambda a, r=r: a[r], host) for r in range(n)]
+            # One copy to the host for the whole batch, then each caller's row (a view of it).
+            leaves, tree = jax.tree_util.tree_flatten(out)
+            host = [np.asarray(leaf) for leaf in leaves]
+            if tree.num_leaves == 1 and tree.num_nodes == 1:  # one array: its rows
+                return list(host[0][:n])
+            return [tree.unflatten([leaf[r] for leaf in host]) for r in range(n)]
         rows = list(out[:n])
         jax.block_until_ready(rows)  # the batch ends when its results are ready: the next starts then
         return rows
