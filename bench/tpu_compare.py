@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-COLUMNS = ("jit", "server threads", "requests", "requests/s", "p50 ms", "p99 ms", "errors", "wrong",
+COLUMNS = ("jit", "server threads/clients", "requests", "requests/s", "p50 ms", "p99 ms", "errors", "wrong",
            "compiles during traffic")  # fmt: skip
 
 
@@ -72,10 +72,13 @@ def report_values(text: str) -> dict[str, str]:
 def run_one(args: argparse.Namespace, jit: str, threads: int, workdir: str) -> list[str]:
     """One server (``jit``, ``threads``) under load: its row of the table (RuntimeError if it failed)."""
     sock, name = os.path.join(workdir, "serve.sock"), os.path.join(workdir, f"{jit}-{threads}")
-    serve = [args.python, os.path.join(EXAMPLES, "serve.py"), "--unix-socket", sock, "--jit", jit,
-             "--threads", str(threads)]  # fmt: skip
-    load = [args.python, os.path.join(EXAMPLES, "load.py"), "--unix-socket", sock, "--threads", str(args.load_threads),
-            "--requests", str(args.requests), "--seconds", str(args.seconds), "--seed", str(args.seed)]  # fmt: skip
+    clients = threads if args.clients_follow_threads else args.load_threads
+    serve = [args.python, os.path.join(EXAMPLES, "serve.py"), "--unix-socket", sock,
+             "--jit", jit.removesuffix("-batch"), "--threads", str(threads), "--max-batch", str(args.max_batch),
+             *(["--batch"] if jit.endswith("-batch") else [])]  # fmt: skip
+    load = [args.python, os.path.join(EXAMPLES, "load.py"), "--unix-socket", sock, "--threads", str(clients),
+            "--requests", str(args.requests), "--seconds", str(args.seconds), "--seed", str(args.seed),
+            "--max-batch", str(args.rows or args.max_batch)]  # fmt: skip
     with open(f"{name}.server.log", "w") as log:
         proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -101,8 +104,10 @@ def run_one(args: argparse.Namespace, jit: str, threads: int, workdir: str) -> l
     traffic = "n/a"  # jax.jit counts no compiles
     if stats is not None and stats["function"]["cache_info"] is not None:
         warmup = stats["warmup"]["results"] if stats["warmup"] else []
-        traffic = str(stats["function"]["cache_info"]["compiles"] - sum(r["compiled"] for r in warmup))
-    return [jit, str(threads), values["requests"], values["throughput"].split()[0], values["latency p50"].split()[0],
+        batched = stats.get("batched") or {}  # serve.py --batch: the batched function's compiles too
+        traffic = str(stats["function"]["cache_info"]["compiles"] + batched.get("compiles", 0)
+                      - sum(r["compiled"] for r in warmup))
+    return [jit, f"{threads}/{clients}", values["requests"], values["throughput"].split()[0], values["latency p50"].split()[0],
             values["latency p99"].split()[0], values["errors"], values["wrong answers"], traffic]  # fmt: skip
 
 
@@ -117,17 +122,24 @@ def table(rows: list[list[str]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="runs serve.py and load.py (default: this one)")
-    parser.add_argument("--jit", default="ftjit,jax", help="serve.py --jit values, comma-separated (default: both)")
+    parser.add_argument("--jit", default="ftjit,jax",
+                        help="serve.py --jit values, comma-separated: ftjit, jax, and ftjit-batch (--jit ftjit "
+                             "--batch) (default: ftjit,jax)")
     parser.add_argument("--threads", default="1,4,12", help="serve.py --threads values, comma-separated")
     parser.add_argument("--load-threads", type=int, default=12, help="load.py --threads, its connections (default 12)")
+    parser.add_argument("--clients-follow-threads", action="store_true",
+                        help="load.py --threads equal to each serve.py --threads (one client per server thread)")
+    parser.add_argument("--max-batch", type=int, default=32, help="serve.py --max-batch (default: 32)")
+    parser.add_argument("--rows", type=int, help="load.py --max-batch: the most rows a request carries (default: "
+                                                   "--max-batch; 1: one example per request)")
     parser.add_argument("--requests", type=int, default=2000, help="load.py --requests per run (default: 2000)")
     parser.add_argument("--seconds", type=float, default=60.0, help="load.py --seconds, per run (default: 60)")
     parser.add_argument("--seed", type=int, default=0, help="load.py --seed, the same for every run (default: 0)")
     parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to be healthy")
     args = parser.parse_args(argv)
     jits, threads = args.jit.split(","), [int(t) for t in args.threads.split(",")]
-    if not set(jits) <= {"ftjit", "jax"} or min(threads) < 1:
-        parser.error("--jit takes ftjit and/or jax, --threads positive integers")
+    if not set(jits) <= {"ftjit", "jax", "ftjit-batch"} or min(threads) < 1:
+        parser.error("--jit takes ftjit, jax and ftjit-batch, --threads positive integers")
     workdir = tempfile.mkdtemp(prefix="tpu-compare-")  # short: a unix socket's path has at most 107 bytes
     rows, failed = [], 0
     for jit in jits:
@@ -139,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                 row = [jit, str(n), "failed", *["-"] * (len(COLUMNS) - 3)]
             failed += row[2] == "failed" or row[6:8] != ["0", "0"]  # errors, wrong answers
             rows.append(row)
-    print(f"python {args.python}; load.py: {args.requests} requests (or {args.seconds:g} s) from "
-          f"{args.load_threads} threads, seed {args.seed}; every server on a unix socket\n")  # fmt: skip
+    clients = "as many threads as the server's" if args.clients_follow_threads else f"{args.load_threads} threads"
+    print(f"python {args.python}; load.py: {args.requests} requests (or {args.seconds:g} s) of up to "
+          f"{args.rows or args.max_batch} rows from {clients}, seed {args.seed}; every server on a unix socket\n")
     print(table(rows))
     print(f"\nservers' output and load reports: {workdir}")
     return 1 if failed else 0

@@ -72,12 +72,14 @@ class BatchInfo:
     failed_batches: int  #: batches (or alone calls) that raised
     fallback: int  #: calls that took ftjit.jit's fallback (a JAX trace active, tracers: never batched)
     sizes: tuple[tuple[int, int], ...]  #: (examples in a batch, how many batches had that many), ascending
+    compiles: int = 0  #: programs compiled (the example's, and the batch's at each size): both ftjit.jit's
 
     def __str__(self) -> str:
         hist = ", ".join(f"{n}: {count}" for n, count in self.sizes) or "none"
         return (f"{self.name}: {self.calls} calls, {self.batches} batches (mean {self.mean_batch_size:.1f} "
                 f"examples, {self.padded_rows} padded rows), {self.alone} alone, {self.timeouts} timeouts, "
-                f"{self.failed_batches} failed, waited {self.waited_seconds:.3f} s; batch sizes {hist}")
+                f"{self.failed_batches} failed, waited {self.waited_seconds:.3f} s, {self.compiles} compiles; "
+                f"batch sizes {hist}")
 
 
 class _Waiter:
@@ -371,9 +373,10 @@ class BatchedFunction:
                 for n, count in q.sizes.items():
                     sizes[n] = sizes.get(n, 0) + count
         batches = totals["batches"]
+        compiles = self._runner.one.cache_info().compiles + self._runner.many.cache_info().compiles
         return BatchInfo(self.__name__, totals["calls"] + fallback, batches, totals["alone"],
                          totals["examples"] / batches if batches else 0.0, totals["padded"], waited,
-                         totals["timeouts"], totals["failed"], fallback, tuple(sorted(sizes.items())))
+                         totals["timeouts"], totals["failed"], fallback, tuple(sorted(sizes.items())), compiles)
 
     def warmup(self, specs: Iterable[Any], workers: int = 1, strict: bool = False,
                progress: Any = None) -> Any:

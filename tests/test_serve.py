@@ -781,9 +781,9 @@ def test_the_tpu_comparison_driver_prints_its_table():
         shutil.rmtree(workdir.group(1))
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("ftjit ", "jax "))]
-    # jit, server threads, requests, requests/s, p50, p99, errors, wrong, compiles during traffic
-    assert [(r[:3], r[6:]) for r in rows] == [(["ftjit", "2", "20"], ["0", "0", "0"]),
-                                             (["jax", "2", "20"], ["0", "0", "n/a"])]  # fmt: skip
+    # jit, server threads/clients, requests, requests/s, p50, p99, errors, wrong, compiles during traffic
+    assert [(r[:3], r[6:]) for r in rows] == [(["ftjit", "2/2", "20"], ["0", "0", "0"]),
+                                             (["jax", "2/2", "20"], ["0", "0", "n/a"])]  # fmt: skip
 
 
 # --- --batch: one example per request, merged (ftjit.batched) -------------------------------------------------
@@ -798,7 +798,7 @@ def test_batch_model_merges_one_example_requests_and_answers_each_its_own():
     report = model.warm(workers=2)
     assert report.ok and len(report) == 4 + 1 + 3  # buckets 1, 2, 4, 8; the example; batches of 2, 4, 8
     compiles = (model.one._runner.one.cache_info().compiles, model.one._runner.many.cache_info().compiles)
-    assert compiles == (1, 3)
+    assert compiles == (1, 3) and model.one.batch_info().compiles == 4
     xs = [_rows(1, seed=i) for i in range(16)]
 
     def client(i):
