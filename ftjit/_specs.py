@@ -338,7 +338,7 @@ def _entry_of(sig: Signature, signature: str, hooks: CompilerHooks) -> str:
     entry = encode_entry(signature, record)
     text = dumps(entry)
     # The file around an entry is three levels: the file, its functions, one function's entries.
-    if nesting(text) + 3 > MAX_NESTING:
+    if nesting(text.encode("ascii")) + 3 > MAX_NESTING:
         raise CannotHold(f"its arguments nest deeper than the {MAX_NESTING} levels of JSON a specs file may "
                              "have")
     try:

@@ -74,6 +74,9 @@ MAX_BYTES = 64 * 1024 * 1024
 #: How deep JSON arrays and objects may nest: a file cannot exhaust the stack.
 #: A tree node is two levels (the node, its children), the file around a tree five.
 MAX_NESTING = 200
+#: The most digits an integer of the file has (CPython's default bound on int-str conversions): reading one
+#: costs time that grows with the square of its digits, whatever the process's ``sys.set_int_max_str_digits``.
+MAX_INT_DIGITS = 4300
 
 T = TypeVar("T", bound=type)
 

@@ -678,7 +678,8 @@ NOT_SPECS = {
     "nesting inside a good file": (lambda text: text.replace('"kwargs": {}', '"kwargs": {"k": %s}' % _DEEP).encode(),
                                    _HEAD + "it nests arrays and objects more than 200 deep"),
     "an int of too many digits": (lambda text: text.replace('"version": 2', '"version": ' + "9" * 5000).encode(),
-                                  None),
+                                  _HEAD + "its format version is not an int: an integer of 5000 digits (a specs file "
+                                  "holds at most 4300)"),
     "NaN": (lambda text: text.replace('"weak_type": false', '"weak_type": NaN').encode(), "DAMAGED"),
     "a key twice": (lambda text: text.replace('"dtype": "float32"', '"dtype": "float32", "dtype": "int8"').encode(),
                     "DAMAGED"),
@@ -698,9 +699,6 @@ def test_a_file_that_is_not_this_format_is_one_report_line(tmp_path, case):
     if case == "truncated":
         assert re.fullmatch(re.escape(f"{path} {_HEAD}it is not JSON (") + r"(Expecting|Unterminated) [^()]+ "
                             r"\(char \d+\)\); save the specs again with this version", message), message
-    elif case == "an int of too many digits":
-        assert message.startswith(f"{path} {_HEAD}it is not JSON (Exceeds the limit (4300 digits) for integer string "
-                                  "conversion")
     elif case == "NaN":
         assert message == (f"{path} is damaged at ['functions']['{key}'][0]['args'][0]['weak_type']: true or false "
                            "expected, found NaN, which is not JSON")
@@ -712,6 +710,76 @@ def test_a_file_that_is_not_this_format_is_one_report_line(tmp_path, case):
         assert message == f"{path} {expected}; save the specs again with this version"
     report = jf.warmup(saved.for_function(jf))
     assert [(r.signature, r.error) for r in report] == [(f"<specs file {path}>", saved.error)]
+
+
+def _hostile(shape, size):
+    """A file of ``size`` bytes of one shape that a parser must not take quadratic time or deep recursion on."""
+    if shape == "an unclosed string":  # a pattern rescanning to the end from every quote took minutes
+        return b'"' + b'\\"' * ((size - 1) // 2) + b"x" * ((size - 1) % 2)
+    if shape == "nesting without end":
+        return b"[" * size
+    if shape == "a number without end":
+        return b"1" * size
+    if shape == "many keys":
+        keys = b",".join(b'"%d":0' % i for i in range(size // 12))
+        return b"{" + keys + b" " * (size - len(keys) - 2) + b"}"
+    if shape == "brackets in a string":  # not nesting: they are text
+        return b'{"format": "' + b"[" * (size - 14) + b'"}'
+    raise AssertionError(shape)
+
+
+#: shape -> the error after the path and _HEAD, when read at the size cap
+HOSTILE = {
+    "an unclosed string": "it is not JSON (Unterminated string starting at: line 1 column 1 (char 0))",
+    "nesting without end": "it nests arrays and objects more than 200 deep",
+    "a number without end": "it has no \"format\": 'ftjit-specs'",
+    "many keys": "it has no \"format\": 'ftjit-specs'",
+    "brackets in a string": "it has no \"format\": 'ftjit-specs'",
+}
+
+
+@pytest.mark.thread_unsafe(reason="each file is 64 MiB, and parsing one takes up to a GiB: 8 at once would not fit")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("digits_unlimited", [False, True], ids=["int-digits-default", "int-digits-unlimited"])
+@pytest.mark.parametrize("shape", sorted(HOSTILE))
+def test_a_hostile_file_at_the_size_cap_is_refused_in_linear_time(tmp_path, shape, digits_unlimited):
+    """At the size cap, each shape is read (or refused) in seconds: the
+    nesting is counted in one pass, and integers are bounded by the reader,
+    also when the program lifted Python's bound on int conversions (which
+    made a long number's conversion quadratic: 800 KB took 10 s)."""
+    import time
+
+    tmp_path = _private(tmp_path)
+    path = tmp_path / "specs.json"
+    _written(path, _hostile(shape, _specs_format.MAX_BYTES))
+    assert os.path.getsize(path) == _specs_format.MAX_BYTES
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0 if digits_unlimited else limit)
+    try:
+        started = time.monotonic()
+        saved = ftjit.load_specs(path)
+        seconds = time.monotonic() - started
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert type(saved.error) is ValueError
+    assert str(saved.error) == f"{path} {_HEAD}{HOSTILE[shape]}; save the specs again with this version"
+    assert seconds < 30  # a hang guard: the unclosed string took hours here (200 KB: 148 s); now about 1 s
+
+
+@pytest.mark.parametrize("text, depth", [
+    (b"", 0), (b"[]", 1), (b"[[{}]]", 3), (b'["[[[", {"a": "]]]"}]', 2), (b'["\\\\", [[]]]', 3),
+    (b'["\\"[[", [[]]]', 3), (b'["\\\\\\"[[", [[]]]', 3), (b'"\\\\"[[', 2), (b'"\\', 0),
+    (b'"a\\\\\\\\"[', 1), ("[\"\u00e9[\", \"\\u005b\"]".encode(), 1),
+])  # fmt: skip
+def test_nesting_counts_brackets_outside_strings_as_json_reads_them(text, depth):
+    """Escaped quotes and backslashes (a run of backslashes pairs from its
+    left), brackets in strings, escapes of brackets, UTF-8 text."""
+    from ftjit._specs_read import nesting
+
+    assert nesting(text) == depth
+    chunk = ftjit._specs_read._CHUNK
+    padded = b" " * (chunk - 3) + text  # the same text across a chunk's end
+    assert nesting(padded) == depth
 
 
 def test_a_file_too_large_is_refused_unread(tmp_path):
