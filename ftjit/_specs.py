@@ -26,16 +26,22 @@ class defined inside a function), or whose values do not equal their copies
 read back (they compare by identity: a restored spec would never be
 called), is left out at the save and listed in its report.
 
-Who may have written it (POSIX; elsewhere only the format is checked):
-``load_specs`` opens the file without following a symbolic link, and
-refuses one that is not a regular file, not owned by the process's
-effective user (or root: as ssh, which trusts both), group- or
-world-writable, or in a directory that others can write without the sticky
-bit. ``save_specs``
-makes it with mode 0644 less the umask, atomically (a temporary file in the
-same directory, flushed to disk, then renamed over the old one), so a crash
+Who may have written it (POSIX; elsewhere only the format and the file's
+kind are checked), as ssh's StrictModes sees a key (``_check_trusted``,
+one check for the load and the save): the path's directories are resolved
+first (symbolic links among them followed), the file itself is not
+followed; the file must be a regular file (not a link, a directory, a
+FIFO, a socket or a device), owned by the process's effective user or
+root, and not writable by group or others; and every directory from the
+file's own up to / must be owned by the user or root and not writable by
+group or others, unless it is sticky (as /tmp). ``load_specs`` refuses
+what fails, naming the file or the directory; ``save_specs`` refuses to
+write there, the same way (it never replaces a device, a FIFO or a
+socket). ``save_specs`` writes atomically (a temporary file in the same
+directory, flushed to disk, then renamed over the old one), so a crash
 mid-write leaves the old file, and concurrent writers leave one complete
-file.
+file; the file keeps the mode of the one it replaces, and a new one gets
+0644 less the umask.
 
 What it does not hold: the compiler's context (JAX's configs hold objects
 that exist per process). Warm up under the configuration the traffic uses
@@ -295,14 +301,18 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
     one key are a ValueError), or a dict ``{name: function}`` (keyed by
     those names: ``SavedSpecs.for_function(fn, name=...)`` finds them). A
     signature the file cannot hold (see ftjit/_specs.py) is left out, with
-    the reason. Nothing is pickled. The file gets mode 0644 less the umask.
+    the reason. Nothing is pickled. ``path``: str, bytes or os.PathLike, as
+    ``open`` takes. An existing file keeps its mode; a new one gets 0644
+    less the umask. Raises PermissionError (naming the path and why) where
+    the load would refuse the file: not a regular file (a device, a FIFO, a
+    socket, a directory, a symbolic link), another owner, writable by
+    others, or under a directory others can write or own (see
+    ftjit/_specs.py); FileNotFoundError when its directory is missing.
 
     Thread-safe: concurrent calls each write a complete file, and the last
     rename wins.
     """
-    path = os.fspath(path)
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"save_specs: the path must name a file, got {path!r}")
+    path = _path_of(path, "save_specs")
     named = _named(fn_or_fns)
     functions: dict[str, list[str]] = {}
     summary: dict[str, tuple[int, tuple[LeftOut, ...]]] = {}
@@ -325,7 +335,20 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
     if len(data) > MAX_BYTES:
         raise ValueError(f"save_specs: the specs would take {len(data)} bytes, more than the {MAX_BYTES} that "
                          f"load_specs reads; nothing was written to {path}")
-    _write_atomically(path, data)
+    target = _resolved(path)
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, f"its directory {directory} does not exist", path)
+    try:
+        st: os.stat_result | None = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    try:
+        _check_trusted(target, st, "written only to")
+    except _Refused as exc:
+        raise PermissionError(f"{path} is not written: {exc}") from None
+    # An existing file keeps its mode (checked above: no one else can write it); a new one gets 0644 less the umask.
+    _write_atomically(target, data, None if st is None else stat.S_IMODE(st.st_mode) & 0o777)
     return summary
 
 
@@ -353,14 +376,18 @@ def _entry_of(sig: Signature, signature: str, hooks: CompilerHooks) -> str:
     return text
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    # A name of this process and thread; mode 0644 less the umask: others
-    # may read it (a replica running as another user), never write it.
+def _write_atomically(path: str, data: bytes, mode: int | None) -> None:
+    """Writes ``path`` (its directory resolved and checked) through a temporary
+    file beside it, flushed to disk, then renamed over it; with ``mode``, or
+    0644 less the umask (others may read it, a replica running as another
+    user, never write it)."""
+    directory = os.path.dirname(path)
     temporary = os.path.join(directory, f".ftjit-specs-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None and hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -444,45 +471,103 @@ def _describe(versions: dict[str, str]) -> str:
 
 
 class _Refused(Exception):
-    """The file is not read: who may have written it (owner, mode, a link)."""
+    """The file is not read or written: who may have written it, or what it is."""
 
 
 class _TooBig(Exception):
     """The file is not read: it is larger than a specs file may be."""
 
 
+def _path_of(path: Any, what: str) -> str:
+    """``path`` as ``open`` takes it (str, bytes, os.PathLike), as a str
+    (bytes decoded as the file system's names are); TypeError for another
+    type, ValueError for an empty path."""
+    path = os.fsdecode(os.fspath(path))
+    if not path:
+        raise ValueError(f"{what}: the path is empty: give the specs file's path")
+    return path
+
+
+def _resolved(path: str) -> str:
+    """``path`` with its directories resolved (symbolic links followed, as
+    ssh resolves a key's path), so that the directories checked are the
+    ones the file is in; not the file itself, which must not be a link."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(directory), name)
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _writable(mode: int) -> str:
+    """Who besides the owner can write, by ``mode`` (which has 0o022 bits)."""
+    if mode & 0o022 == 0o022:
+        return "group- and world-writable"
+    return "group-writable" if mode & 0o020 else "world-writable"
+
+
+def _check_trusted(path: str, st: os.stat_result | None, verb: str, directories: bool = True) -> None:
+    """Who may have written the file at ``path`` (directories resolved), or
+    may replace it, as ssh's StrictModes sees a key: _Refused (naming the
+    file or the directory, and why) unless the file (``st``: its lstat, None
+    if there is none yet) is a regular file, owned by this process's
+    effective user or root, not writable by group or others; and (with
+    ``directories``) every directory from its own up to / is owned by the
+    user or root and not writable by group or others, unless sticky (as
+    /tmp: no one else can replace a file they do not own). POSIX; elsewhere
+    the file's kind alone. The load and the save check alike (``verb``:
+    "read only from", "written only to")."""
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            raise _Refused(f"it is a symbolic link (a specs file is {verb} the file itself: give its own path)")
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((what for test, what in _KINDS if test(st.st_mode)), "something else")
+            raise _Refused(f"it is {kind}, not a regular file")
+    geteuid = getattr(os, "geteuid", None)
+    if geteuid is None:  # not POSIX: no owners to check
+        return
+    uid = geteuid()
+    if st is not None:
+        if st.st_uid not in (uid, 0):
+            raise _Refused(f"it is owned by uid {st.st_uid}, not by this process's user (uid {uid}) or root")
+        if st.st_mode & 0o022:
+            raise _Refused(f"it is {_writable(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o}): others could have "
+                           f"written it; chmod go-w {path}")
+    directory = os.path.dirname(path)
+    while directories:
+        dst = os.stat(directory)
+        if dst.st_uid not in (uid, 0):
+            raise _Refused(f"the directory {directory} is owned by uid {dst.st_uid}, not by this process's user "
+                           f"(uid {uid}) or root: its owner can replace the file")
+        if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
+            raise _Refused(f"the directory {directory} is {_writable(dst.st_mode)} (mode "
+                           f"{stat.S_IMODE(dst.st_mode):04o}) without the sticky bit: another user can replace the "
+                           f"file; chmod go-w {directory}")
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
 def _read_trusted(path: str) -> bytes:
-    """The file's bytes, if this process's user (or root) owns it and no
-    one else can have written it; _Refused (why not), or OSError."""
-    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-    # Not through a symbolic link; never blocking on a FIFO (it is refused below).
-    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    """The file's bytes, if no one but this process's user (or root) can
+    have written it (_check_trusted); _Refused (why not), _TooBig, or
+    OSError (FileNotFoundError naming ``path``, for the file or a directory
+    of it missing)."""
+    resolved = _resolved(path)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise _Refused("it is a symbolic link (a specs file is read only from the file itself: give its own "
-                           "path)") from None
-        raise
+        st = os.lstat(resolved)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+    _check_trusted(resolved, st, "read only from")
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    # Not through a link, never blocking, should another process of this user put something else there meanwhile.
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(resolved, flags)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Refused("it is not a regular file")
-        geteuid = getattr(os, "geteuid", None)
-        if geteuid is not None:  # POSIX: who may have written it
-            uid = geteuid()
-            if st.st_uid not in (uid, 0):
-                raise _Refused(f"it is owned by uid {st.st_uid}, not by this process's user (uid {uid}) or root")
-            if st.st_mode & 0o022:
-                who = "group- and world-writable" if st.st_mode & 0o022 == 0o022 else \
-                    "group-writable" if st.st_mode & 0o020 else "world-writable"
-                raise _Refused(f"it is {who} (mode {stat.S_IMODE(st.st_mode):04o}): others could have written "
-                               f"it; chmod go-w {path}")
-            directory = os.path.dirname(os.path.abspath(path))
-            mode = os.stat(directory).st_mode
-            if mode & 0o022 and not mode & stat.S_ISVTX:
-                raise _Refused(f"its directory {directory} is writable by others (mode {stat.S_IMODE(mode):04o}) "
-                               "without the sticky bit: another user could have replaced it")
+        _check_trusted(resolved, st, "read only from", directories=False)
         if st.st_size > MAX_BYTES:
             raise _TooBig(f"it is {st.st_size} bytes, more than the {MAX_BYTES} a specs file may have")
         chunks, size = [], 0
@@ -500,9 +585,11 @@ def _read_trusted(path: str) -> bytes:
 
 
 def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> SavedSpecs:
-    """Reads a file of ``save_specs``. Never raises for the file: a missing
-    one, one refused for who may have written it (a symbolic link, another
-    owner, writable by others: see ftjit/_specs.py), one that is not a specs
+    """Reads a file of ``save_specs`` (``path``: str, bytes or os.PathLike,
+    as ``open`` takes). Never raises for the file: a missing
+    one, one refused for what it is or who may have written it (a symbolic
+    link, a FIFO, another owner, writable by others, under a directory others
+    can write: see ftjit/_specs.py), one that is not a specs
     file of this format version (an old pickle: save the specs again), or a
     damaged one comes back as a SavedSpecs whose ``error`` says why, and
     whose specs report it when warmed up. Reading runs no code of the
@@ -511,9 +598,7 @@ def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> Sav
 
     Thread-safe (it reads the file into a new object).
     """
-    path = os.fspath(path)
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"load_specs: the path must name a file, got {path!r}")
+    path = _path_of(path, "load_specs")
     try:
         data = _read_trusted(path)
     except FileNotFoundError as exc:

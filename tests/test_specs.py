@@ -458,30 +458,180 @@ def test_a_file_of_another_owner_is_refused(tmp_path, monkeypatch):
     _refused(jf, path, f"it is owned by uid {os.stat(path).st_uid}, not by this process's user (uid {me}) or root")
 
 
-@pytest.mark.skipif(not POSIX, reason="symbolic links and FIFOs are POSIX")
-def test_a_symbolic_link_or_a_fifo_is_refused_without_waiting(tmp_path):
+def _node(path, kind):
+    """Makes a file system node of ``kind`` at ``path``: a directory, a FIFO, a socket (not listening: only
+    its node), or a character device (the numbers of /dev/null, made here: root only)."""
+    if kind == "a directory":
+        os.mkdir(path)
+    elif kind == "a FIFO":
+        os.mkfifo(path)  # opening it to read would wait for a writer forever
+    elif kind == "a socket":
+        os.mknod(path, stat.S_IFSOCK | 0o600)  # opening it fails with ENXIO, "No such device or address"
+    else:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    return path
+
+
+NODES = ["a directory", "a FIFO", "a socket",
+         pytest.param("a character device", marks=pytest.mark.skipif(not POSIX or os.geteuid() != 0,
+                                                                     reason="only root makes device nodes"))]
+
+
+@pytest.mark.skipif(not POSIX, reason="symbolic links, FIFOs, sockets and devices are POSIX")
+@pytest.mark.parametrize("kind", NODES)
+def test_a_node_that_is_not_a_regular_file_is_refused_by_the_load_and_the_save_without_waiting(tmp_path, kind):
+    # The save refused nothing before: it replaced the node with a file (run as root with --specs /dev/zero, the
+    # server's stop replaced /dev/zero), and a socket was read as "[Errno 6] No such device or address".
+    tmp_path = _private(tmp_path)
+    jf = _saved_function()
+    path = _node(tmp_path / "specs.json", kind)
+    _refused(jf, path, f"it is {kind}, not a regular file")
+    with pytest.raises(PermissionError, match=f"^{re.escape(str(path))} is not written: it is {kind}, not a regular "
+                                              "file$"):
+        ftjit.save_specs(path, jf)
+    assert stat.S_IFMT(os.lstat(path).st_mode) == stat.S_IFMT(_node(tmp_path / "again", kind).stat().st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["again", "specs.json"]  # no temporary file left behind
+
+
+@pytest.mark.skipif(not POSIX, reason="symbolic links are POSIX")
+def test_a_symbolic_link_to_the_file_is_refused_by_the_load_and_the_save(tmp_path):
     tmp_path = _private(tmp_path)
     jf, path = _good_file(tmp_path)
     link = tmp_path / "link.json"
     link.symlink_to(path)
     _refused(jf, link, "it is a symbolic link (a specs file is read only from the file itself: give its own path)")
-    fifo = tmp_path / "fifo.json"
-    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
-    _refused(jf, fifo, "it is not a regular file")
-    _refused(jf, tmp_path, "it is not a regular file")
+    with pytest.raises(PermissionError, match=f"^{re.escape(str(link))} is not written: it is a symbolic link \\(a "
+                                              "specs file is written only to the file itself: give its own path\\)$"):
+        ftjit.save_specs(link, jf)
+    assert link.is_symlink()
+
+
+def _directory_refused(jf, path, directory, why):
+    """Both the load and the save of ``path`` are refused for ``directory`` (``why``: what is wrong with it)."""
+    reason = f"the directory {directory} is {why}"
+    _refused(jf, path, reason)
+    with pytest.raises(PermissionError, match=f"^{re.escape(f'{path} is not written: {reason}')}$"):
+        ftjit.save_specs(path, jf)
 
 
 @pytest.mark.skipif(not POSIX, reason="file modes are POSIX")
-def test_a_file_in_a_directory_others_can_write_is_refused_unless_it_is_sticky(tmp_path):
+@pytest.mark.parametrize("mode, who", [(0o777, "group- and world-writable"), (0o775, "group-writable"),
+                                       (0o757, "world-writable")])
+@pytest.mark.parametrize("where", ["its own", "above it"])
+def test_a_file_under_a_directory_others_can_write_is_refused_unless_it_is_sticky(tmp_path, mode, who, where):
+    # As ssh's StrictModes: every directory up to /, not only the file's own (which was all that was checked).
     tmp_path = _private(tmp_path)
-    directory = tmp_path / "shared"
-    directory.mkdir()
-    jf, path = _good_file(directory)
-    os.chmod(directory, 0o777)
-    _refused(jf, path, f"its directory {directory} is writable by others (mode 0777) without the sticky bit: another "
-                       "user could have replaced it")
-    os.chmod(directory, 0o1777)  # as /tmp: others cannot replace a file they do not own
+    shared = tmp_path / "shared"
+    own = shared / "own" if where == "above it" else shared
+    own.mkdir(parents=True, mode=0o700)
+    jf, path = _good_file(own)
+    os.chmod(shared, mode)
+    _directory_refused(jf, path, shared, f"{who} (mode {mode:04o}) without the sticky bit: another user can replace "
+                                         f"the file; chmod go-w {shared}")
+    os.chmod(shared, 0o1000 | mode)  # as /tmp: others cannot replace a file they do not own
     assert ftjit.load_specs(path).error is None
+    ftjit.save_specs(path, jf)
+
+
+@pytest.mark.skipif(not POSIX, reason="symbolic links and file modes are POSIX")
+def test_a_symbolic_link_among_the_directories_is_resolved_before_they_are_checked(tmp_path):
+    # The link's own directory is private, and so is the one it points to, but that one is in a directory
+    # others can write: they could rename it away and put their own in its place. The link was followed, and
+    # the file read.
+    tmp_path = _private(tmp_path)
+    (tmp_path / "shared" / "real").mkdir(parents=True, mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "shared" / "real", target_is_directory=True)
+    jf, path = _good_file(tmp_path / "link")
+    os.chmod(tmp_path / "shared", 0o777)
+    _directory_refused(jf, path, tmp_path / "shared", "group- and world-writable (mode 0777) without the sticky bit: "
+                                                      f"another user can replace the file; chmod go-w {tmp_path}/shared")
+    os.chmod(tmp_path / "shared", 0o700)
+    assert ftjit.load_specs(path).error is None
+
+
+@pytest.mark.skipif(not POSIX or os.geteuid() != 0, reason="only root can give a directory to another user")
+def test_a_file_under_a_directory_of_another_owner_is_refused(tmp_path):
+    tmp_path = _private(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir(mode=0o755)
+    jf, path = _good_file(other)
+    os.chown(other, 12345, -1)  # its owner can replace anything in it, whatever its mode
+    _directory_refused(jf, path, other, "owned by uid 12345, not by this process's user (uid 0) or root: its owner "
+                                        "can replace the file")
+    os.chown(other, 0, -1)
+    assert ftjit.load_specs(path).error is None
+
+
+@pytest.mark.skipif(not POSIX, reason="file modes and owners are POSIX")
+@pytest.mark.thread_unsafe(reason="may replace os.geteuid for the process")
+def test_the_save_refuses_a_file_the_load_would_refuse(tmp_path, monkeypatch):
+    # An existing file that others could have written, or of another owner, is not replaced either.
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    os.chmod(path, 0o664)
+    with pytest.raises(PermissionError, match=f"^{re.escape(str(path))} is not written: it is group-writable \\(mode "
+                                              f"0664\\): others could have written it; chmod go-w {re.escape(str(path))}$"):
+        ftjit.save_specs(path, jf)
+    os.chmod(path, 0o644)
+    if os.geteuid() == 0:
+        os.chown(path, 4242, -1)
+        me = 0
+    else:
+        me = 4242
+        monkeypatch.setattr(os, "geteuid", lambda: me)
+    with pytest.raises(PermissionError, match=f"^{re.escape(str(path))} is not written: it is owned by uid "
+                                              f"{os.stat(path).st_uid}, not by this process's user \\(uid {me}\\) or root$"):
+        ftjit.save_specs(path, jf)
+
+
+@pytest.mark.skipif(not POSIX, reason="file modes are POSIX")
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o400, 0o644])
+def test_the_save_keeps_the_mode_of_the_file_it_replaces(tmp_path, mode):
+    # A 0600 file became 0644 (a new file's mode) at every save.
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    os.chmod(path, mode)
+    inode = os.stat(path).st_ino
+    ftjit.save_specs(path, jf)
+    assert os.stat(path).st_ino != inode  # replaced (a new file renamed over it), not written in place
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+    assert ftjit.load_specs(path).error is None
+
+
+def test_a_save_into_a_missing_directory_names_the_file(tmp_path):
+    # It named the temporary .ftjit-specs-* file it could not make.
+    tmp_path = _private(tmp_path)
+    path = tmp_path / "missing" / "specs.json"
+    with pytest.raises(FileNotFoundError) as raised:
+        ftjit.save_specs(path, _saved_function())
+    assert raised.value.filename == str(path)
+    assert str(raised.value) == f"[Errno 2] its directory {tmp_path}/missing does not exist: '{path}'"
+    saved = ftjit.load_specs(path)
+    assert type(saved.error) is FileNotFoundError and saved.error.filename == str(path)
+
+
+class _BytesPath:
+    def __init__(self, path):
+        self.path = path
+
+    def __fspath__(self):
+        return os.fsencode(self.path)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "a path-like of bytes"])
+def test_a_path_may_be_bytes_or_path_like_as_open_takes_it(tmp_path, kind):
+    # A bytes path was refused as "the path must name a file".
+    tmp_path = _private(tmp_path)
+    jf = _saved_function()
+    path = tmp_path / "specs.json"
+    given = os.fsencode(path) if kind == "bytes" else _BytesPath(path)
+    assert ftjit.save_specs(given, jf) == {f"{jf.__module__}:{jf.__qualname__}": (1, ())}
+    saved = ftjit.load_specs(given)
+    assert saved.error is None and saved.path == str(path)
+    assert [type(s) for s in saved.for_function(jf)] == [ftjit.SavedSpec]
+    for call in (lambda: ftjit.save_specs(3, jf), lambda: ftjit.load_specs(3)):
+        with pytest.raises(TypeError, match="^expected str, bytes or os.PathLike object, not int$"):
+            call()
 
 
 # --- a damaged file never stops the start ------------------------------------------------------------------------
@@ -1013,10 +1163,11 @@ def test_save_specs_of_something_else_than_jitted_functions_is_a_type_error(tmp_
 def test_an_empty_path_is_a_value_error_and_writes_nothing(tmp_path, monkeypatch):
     tmp_path = _private(tmp_path)
     jf = _saved_function()
-    with pytest.raises(ValueError, match=r"^save_specs: the path must name a file, got ''$"):
+    with pytest.raises(ValueError, match=r"^save_specs: the path is empty: give the specs file's path$"):
         ftjit.save_specs("", jf)
-    with pytest.raises(ValueError, match=r"^load_specs: the path must name a file, got ''$"):
-        ftjit.load_specs("")
+    with pytest.raises(ValueError, match=r"^load_specs: the path is empty: give the specs file's path$"):
+        ftjit.load_specs(b"")
+    assert os.listdir(tmp_path) == []
 
 
 def test_for_function_of_something_else_is_a_type_error(tmp_path):
