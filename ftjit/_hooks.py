@@ -240,10 +240,17 @@ class CompilerHooks:
     #: one it does not know, and the spec is reported, not warmed up).
     portable_placement: Callable[[Any], Any] | None = None
     restore_placement: Callable[[Any], Any] | None = None
+    #: ``placement -> int | None``: the bytes of memory of the device a
+    #: restored placement is on (None: the default device), or None where
+    #: unknown (JAX: ``memory_stats()``'s ``bytes_limit``). A spec read from
+    #: a file whose arrays take more on one device (or, where unknown, more
+    #: than ftjit._specs_format.MAX_SPEC_BYTES) is refused before anything
+    #: is traced.
+    device_memory: Callable[[Any], int | None] | None = None
 
     def __post_init__(self) -> None:
         for name in (*self.METHOD_HOOKS, "custom_namedtuple", "fallback", "placement_label", "spec_leaf",
-                     "spec_node", "portable_placement", "restore_placement", "executable_for"):
+                     "spec_node", "portable_placement", "restore_placement", "executable_for", "device_memory"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"CompilerHooks.{name} must be callable or None, got {value!r}")

@@ -59,6 +59,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import errno
+import math
 import os
 import secrets
 import stat
@@ -72,6 +73,7 @@ from ._specs_format import (
     FORMAT,
     MAX_BYTES,
     MAX_NESTING,
+    MAX_SPEC_BYTES,
     VERSION,
     CannotHold,
     dumps,
@@ -452,6 +454,7 @@ class SavedSpecs:
                 record = entry.record
                 record = Signature(tuple(_restored(a, hooks) for a in record.args),
                                    {k: _restored(v, hooks) for k, v in record.kwargs.items()}, None)
+                _check_memory(record, hooks)  # before anything is traced
                 spec = _spec_of(record, hooks)
                 # The core's record of the rebuilt spec's signature against the saved one, by the values'
                 # own equality (same_record), never their printed form.
@@ -464,6 +467,39 @@ class SavedSpecs:
                 continue
             out.append(SavedSpec(spec.args, spec.kwargs))
         return out
+
+
+def _array_leaves(tree: Any) -> Iterable[Leaf]:
+    if isinstance(tree, Leaf):
+        if tree.kind == "array":
+            yield tree
+    elif isinstance(tree, Node):
+        for child in tree.children:
+            yield from _array_leaves(child)
+
+
+def _check_memory(record: Signature, hooks: CompilerHooks) -> None:
+    """ValueError unless the arrays of a saved signature (placements
+    restored) fit in the memory of each device they would be on:
+    ``hooks.device_memory``, or MAX_SPEC_BYTES where it is not known. A
+    shape no device could hold is a damaged or foreign file, and compiling
+    it can abort the process (XLA: "overflow in static extent product")."""
+    needs: dict[Any, int] = {}
+    for leaf in (leaf for tree in (*record.args, *record.kwargs.values()) for leaf in _array_leaves(tree)):
+        key = leaf.sharding
+        needs[key] = needs.get(key, 0) + math.prod(leaf.shape) * leaf.dtype.itemsize
+    for placement, size in needs.items():
+        memory = hooks.device_memory(placement) if hooks.device_memory is not None else None
+        where = "the default device" if placement is None else (
+            hooks.placement_label(placement) if hooks.placement_label is not None else shown(placement))
+        if memory is None:
+            if size > MAX_SPEC_BYTES:
+                raise ValueError(f"its arrays would take {size} bytes on {where}, more than the {MAX_SPEC_BYTES} "
+                                 "(1 TiB) a saved spec may take where the device's memory is not known: not warmed "
+                                 "up (a damaged file?)")
+        elif size > memory:
+            raise ValueError(f"its arrays would take {size} bytes on {where}, more than the {memory} bytes of its "
+                             "memory: not warmed up (a damaged file, or one saved for a larger device?)")
 
 
 def _describe(versions: dict[str, str]) -> str:

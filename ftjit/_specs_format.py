@@ -77,6 +77,9 @@ MAX_NESTING = 200
 #: The most digits an integer of the file has (CPython's default bound on int-str conversions): reading one
 #: costs time that grows with the square of its digits, whatever the process's ``sys.set_int_max_str_digits``.
 MAX_INT_DIGITS = 4300
+#: The most bytes a saved spec's arrays may take on one device whose memory the compiler does not report
+#: (CompilerHooks.device_memory; JAX's CPU): 1 TiB. Where it does, the device's memory is the bound.
+MAX_SPEC_BYTES = 2**40
 
 T = TypeVar("T", bound=type)
 

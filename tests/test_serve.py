@@ -644,6 +644,36 @@ def test_a_corrupted_specs_file_still_lets_the_server_start_and_answer(tmp_path,
     assert len(_saved_signatures(path)) == 3  # the stop replaced the damaged file with the buckets
 
 
+@starts_servers
+@pytest.mark.timeout(300)
+def test_a_saved_shape_no_device_holds_is_a_report_line_and_the_server_starts(monkeypatch):
+    # The restart setup of docs/serving.md with one saved shape edited to [2**56, 16]: the first matmul's result
+    # overflowed XLA's 64-bit byte count, which aborted the start (rc 134) before the port opened, every time.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
+        path = os.path.join(tmp, "specs.json")
+        model = serve.Model(max_batch=8)
+        model.predict(_rows(3))
+        ftjit.save_specs(path, {SCRIPT_KEY: model.fn})
+        data = json.loads(Path(path).read_text())
+        data["functions"][SCRIPT_KEY][0]["args"][1]["shape"] = [2**56, 16]
+        Path(path).write_text(json.dumps(data))
+        (entry,) = ftjit.load_specs(path).functions[SCRIPT_KEY]
+        size = 2**56 * 16 * 4 + sum(w.nbytes for w in model.weights.values())
+        socket_path = os.path.join(tmp, "serve.sock")
+        server = ServerProcess("--max-batch", "8", "--threads", "2", "--no-bucket-warmup", "--specs", path,
+                               unix_socket=socket_path)  # fmt: skip
+        try:
+            assert load.fetch_json("localhost", None, "/healthz", unix_socket=socket_path) == (200, {"ok": True})
+        finally:
+            output = _stop_cleanly(server)
+    line = next(line for line in output.splitlines() if line.startswith(entry.signature))
+    assert line.endswith(f"  ValueError: its arrays would take {size} bytes on the default device, more than the "
+                         "1099511627776 (1 TiB) a saved spec may take where the device's memory is not known: not "
+                         "warmed up (a damaged file?)")
+    assert "warmup: 0/1 ok" in output
+
+
 # --- --jit jax and --unix-socket: the comparison on a machine without TCP (the TPU one) -----------------------
 
 

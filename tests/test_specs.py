@@ -1007,6 +1007,107 @@ def test_an_entry_this_process_cannot_use_is_its_own_report_line_and_the_rest_wa
     assert jf.cache_info().compiles == 2 + 1
 
 
+ABSURD = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    import ftjit
+
+    traced = []
+
+    def widen(x):
+        traced.append(x.shape)
+        return x.astype(jnp.float32)
+
+    # The program's own spec: an int8[2**61] argument whose float32 result no 64-bit byte count holds.
+    f = ftjit.jit(widen)
+    print("program:", f.warmup([(jax.ShapeDtypeStruct((2**61,), np.int8),)]).results[0].error)
+
+    # A file's spec: a saved shape edited to [2**56, 16], of a matmul whose result no 64-bit byte count holds
+    # (serve.py --no-bucket-warmup --specs F aborted with one such shape).
+    def project(x, w):
+        traced.append(x.shape)
+        return x @ w
+
+    g = ftjit.jit(project)
+    g(np.ones((4, 16), np.float32), np.ones((16, 64), np.float32))
+    ftjit.save_specs(sys.argv[1], {"project": g})
+    data = json.load(open(sys.argv[1]))
+    data["functions"]["project"][0]["args"][0]["shape"] = [2**56, 16]
+    open(sys.argv[1], "w").write(json.dumps(data))
+    g.clear_cache()
+    del traced[:]
+    compiles = g.cache_info().compiles
+    report = g.warmup(ftjit.load_specs(sys.argv[1]).for_function(g, name="project"))
+    print("file:", report.results[0].error)
+    print("traced:", traced, "compiles:", g.cache_info().compiles - compiles)
+    """
+)
+
+
+@pytest.mark.thread_unsafe(reason="runs an interpreter")
+def test_absurd_shapes_from_the_program_or_a_file_are_refused_and_the_process_lives(tmp_path):
+    # Both aborted the process in XLA (SIGABRT, "overflow in static extent product"), the file's in every
+    # start of a server warming it up.
+    tmp_path = _private(tmp_path)
+    done = _run(tmp_path, ABSURD, str(tmp_path / "specs.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "program: int8[2305843009213693952] (an argument) would take 2305843009213693952 bytes, more than the "
+        "9007199254740992 (8 PiB) ftjit compiles a value of: not compiled (no device holds that much, and XLA aborts "
+        "the process compiling larger ones). Is a dimension wrong?",
+        "file: its arrays would take 4611686018427392000 bytes on the default device, more than the 1099511627776 "
+        "(1 TiB) a saved spec may take where the device's memory is not known: not warmed up (a damaged file?)",
+        "traced: [] compiles: 0",  # the file's spec was refused before anything was traced
+    ]
+
+
+class _MemoryCompiler(CountingCompiler):
+    """A compiler whose default device holds ``memory`` bytes (CompilerHooks.device_memory), or an unknown
+    amount (None)."""
+
+    def __init__(self, memory):
+        super().__init__()
+        self.memory = memory
+
+    def hooks(self, fun):
+        return ftjit.CompilerHooks(device_memory=lambda placement: self.memory)
+
+
+@pytest.mark.parametrize("memory", [4096, None])
+def test_a_saved_spec_past_the_device_s_memory_is_refused_before_anything_is_traced(tmp_path, memory):
+    tmp_path = _private(tmp_path)
+    comp = _MemoryCompiler(memory)
+    jf = ftjit.jit(lambda x, y: x, compiler=comp, cache=ftjit.FunctionCache())
+    jf(np.ones((8, 16), np.float32), np.ones(16, np.int8))  # 512 + 16 bytes: fits
+    path = tmp_path / "specs.json"
+    ftjit.save_specs(path, {"f": jf})
+    fits = ftjit.load_specs(path).for_function(jf, name="f")
+    assert [type(s) for s in fits] == [ftjit.SavedSpec]
+    data = json.loads(path.read_text())
+    data["functions"]["f"][0]["args"][0]["shape"] = [8, 2**40 // 32]  # float32: 2**40 bytes, and 16 more
+    _written(path, json.dumps(data).encode())
+    (spec,) = ftjit.load_specs(path).for_function(jf, name="f")
+    assert type(spec) is ftjit.BrokenSpec and type(spec.error) is ValueError
+    if memory is None:
+        assert str(spec.error) == ("its arrays would take 1099511627792 bytes on the default device, more than the "
+                                   "1099511627776 (1 TiB) a saved spec may take where the device's memory is not known: "
+                                   "not warmed up (a damaged file?)")
+    else:
+        assert str(spec.error) == ("its arrays would take 1099511627792 bytes on the default device, more than the "
+                                   "4096 bytes of its memory: not warmed up (a damaged file, or one saved for a larger "
+                                   "device?)")
+    report = jf.warmup([spec])
+    assert [(r.signature, r.error) for r in report] == [(spec.signature, spec.error)] and comp.calls == 1
+
+
+def test_the_jax_compiler_reports_the_memory_jax_reports():
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    assert ftjit._jax._device_memory(None) == stats.get("bytes_limit")  # None on the CPU
+    assert ftjit._jax._device_memory(jax.sharding.SingleDeviceSharding(device)) == stats.get("bytes_limit")
+
+
 def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_spec(tmp_path):
     tmp_path = _private(tmp_path)
     jf = _saved_function()
