@@ -513,6 +513,18 @@ def test_an_oversized_jax_spec_is_refused_instead_of_aborting():
     assert jf.cache_info().size == 0
 
 
+def test_the_report_lists_at_most_100_results_then_says_how_many_more():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    report = jf.warmup([(z(n),) for n in range(1, 251)] + [ftjit.BrokenSpec("f(?)", ValueError("gone"))])
+    lines = str(report).splitlines()
+    assert len(report) == 251 and len(lines) == 2 + 100 + 2
+    assert [line.split()[0].rpartition(".")[2] for line in lines[2:102]] == [
+        f"<lambda>(float32[{n}])" for n in range(1, 101)]
+    assert lines[-2] == "... and 151 more (1 of them errors): WarmupReport.results has them all"
+    assert lines[-1].startswith("warmup: 250/251 ok in ")
+
+
 @pytest.mark.parametrize(("fun", "shape", "dtype", "message"), [
     (lambda x: x.astype(np.complex64), (2**51,), np.int8,
      r"complex64\[2251799813685248\] \(the result of convert_element_type\) would take 18014398509481984 bytes"),
