@@ -59,6 +59,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import errno
+import logging
 import math
 import os
 import secrets
@@ -85,6 +86,8 @@ from ._specs_format import (
 )
 from ._specs_read import Contents, Damaged, NotSpecs, SavedEntry, nesting, parse, read, read_record
 from ._warmup import BrokenSpec, SavedSpec, Spec
+
+logger = logging.getLogger("ftjit")
 
 __all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs", "register_static_dataclass"]
 
@@ -432,13 +435,22 @@ class SavedSpecs:
         still fits, BrokenSpec (an error in the warm-up report) for each that does
         not, and one BrokenSpec for a file that cannot be used. A function
         the file does not name (a new one, or one whose module or name
-        changed) gets none. Never raises for the file's contents."""
+        changed) gets none. Of a function with ``max_signatures=N``, only
+        the N newest are read (no more could be warmed up; a warning on the
+        "ftjit" logger says how many more the file holds). Never raises for
+        the file's contents."""
         _jitted(fn, "SavedSpecs.for_function")
         if name is not None and type(name) is not str:
             raise TypeError(f"SavedSpecs.for_function: name must be a str (a key given to save_specs), got {name!r}")
         if self.error is not None:
             return [BrokenSpec(f"<specs file {self.path}>", self.error)]
-        entries = self.functions.get(_key(fn) if name is None else name, ())
+        key = _key(fn) if name is None else name
+        entries = self.functions.get(key, ())
+        limit = getattr(fn, "_max_signatures", None)
+        if limit is not None and len(entries) > limit:  # the rest could never be warmed up
+            logger.warning("%s holds %d saved signatures of %s, more than its max_signatures=%d: only the newest %d "
+                           "are read", self.path, len(entries), key, limit, limit)
+            entries = entries[:limit]
         now = _versions()
         if self.versions != now:
             error = ValueError(f"{self.path} was written by {_describe(self.versions)}; this is {_describe(now)}: "

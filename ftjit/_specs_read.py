@@ -272,22 +272,25 @@ def _entry(value: Any) -> SavedEntry:
     _expect(value, dict, "a saved signature (an object)")
     _keys(value, ("signature", "args", "kwargs"))
     signature = _at("signature", _expect, value["signature"], str, "a string")
-    record, unusable = read_record(value)
+    reader = _Reader()
+    record, unusable = read_record(value, reader)
     if unusable is not None:
         return SavedEntry(signature, None, ValueError(unusable))
     # Read twice, two sets of objects: a value that does not equal its own
-    # copy (it compares by identity) would make a signature no call matches.
-    why = same_record(record, read_record(value)[0])
-    if why is not None:
-        return SavedEntry(signature, None, ValueError(why))
+    # copy (it compares by identity, or is nan) would make a signature no call
+    # matches. Only where the entry holds such a value: a float or a dataclass.
+    if not reader.exact:
+        why = same_record(record, read_record(value)[0])
+        if why is not None:
+            return SavedEntry(signature, None, ValueError(why))
     return SavedEntry(signature, record, None)
 
 
-def read_record(entry: dict[str, Any]) -> tuple[Signature | None, str | None]:
+def read_record(entry: dict[str, Any], reader: _Reader | None = None) -> tuple[Signature | None, str | None]:
     """An entry's trees as a Signature record (context None), or None and
     the first thing this process cannot rebuild (the rest of the entry is
     still checked). Damaged (raised) for anything save_specs never writes."""
-    reader = _Reader()
+    reader = _Reader() if reader is None else reader
     args = tuple(_at("args", reader.trees, entry["args"]))
     kwargs_obj = _at("kwargs", _expect, entry["kwargs"], dict, "an object of keyword arguments")
     kwargs = {k: _at("kwargs", _at, k, reader.tree, v) for k, v in kwargs_obj.items()}
@@ -303,6 +306,10 @@ class _Reader:
 
     def __init__(self) -> None:
         self.unusable: str | None = None
+        #: No value read may differ from a copy of it read again: none is a
+        #: float (nan equals no copy), an enum or a dataclass (whose __eq__
+        #: may compare by identity, or be anything).
+        self.exact = True
 
     def cannot(self, why: str) -> None:
         if self.unusable is None:
@@ -418,6 +425,7 @@ class _Reader:
                     number = None
                 if number is None or number.hex() != text:
                     raise Damaged(f"{shown(text)} is not a float as float.hex writes it").at("float")
+                self.exact = False
                 return number
             if tag == "bytes":
                 text = _at("bytes", _expect, inner, str, "base64 text")
@@ -430,6 +438,7 @@ class _Reader:
                 values = [_at(tag, _at, i, self.value, v) for i, v in enumerate(items)]
                 return tuple(values) if tag == "tuple" else values
         if "enum" in value:
+            self.exact = False
             _keys(value, ("enum", "name"))
             cls = _at("enum", self.cls, value["enum"], "enum")
             name = _at("name", _expect, value["name"], str, "a member's name")
@@ -440,6 +449,7 @@ class _Reader:
                 self.cannot(f"the enum {value['enum']} has no member {shown(name)} in this process")
             return member
         if "dataclass" in value:
+            self.exact = False
             _keys(value, ("dataclass", "fields"))
             cls = _at("dataclass", self.cls, value["dataclass"], "dataclass")
             fields_obj = _at("fields", _expect, value["fields"], dict, "an object of fields")
