@@ -1068,7 +1068,7 @@ def test_a_function_s_specs_are_read_up_to_its_max_signatures(tmp_path):
     saved = ftjit.load_specs(path)
     newest = [e.signature for e in saved.functions["f"]]
     few = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2)
-    with LogCapture("saved signatures of f") as log:
+    with LogCapture(f"{path} holds") as log:  # this thread's file
         specs = saved.for_function(few, name="f")
     assert [type(s) for s in specs] == [ftjit.SavedSpec] * 2
     assert [few._signature_of(*s.args).replace("<lambda>", "") for s in specs] == [
