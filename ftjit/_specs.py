@@ -65,7 +65,7 @@ import os
 import secrets
 import stat
 import threading
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Union
 
 from ._core import JitFunction
 from ._hooks import CompilerHooks
@@ -90,6 +90,9 @@ from ._warmup import BrokenSpec, SavedSpec, Spec
 logger = logging.getLogger("ftjit")
 
 __all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs", "register_static_dataclass"]
+
+#: A path as ``open`` takes it.
+StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 #: Each kind of scalar leaf (ftjit._signature.LEAF_KINDS but "array") rebuilt
 #: as a value of its type (a weak-typed leaf, as a call with one).
@@ -297,7 +300,7 @@ def _named(fn_or_fns: Any) -> dict[str, Any]:
     return named
 
 
-def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[int, tuple[LeftOut, ...]]]:
+def save_specs(path: StrOrBytesPath, fn_or_fns: Any) -> dict[str, tuple[int, tuple[LeftOut, ...]]]:
     """Writes the specs of each function's cached signatures to ``path``,
     atomically; returns {key: (specs written, what was left out)}.
 
@@ -632,7 +635,7 @@ def _read_trusted(path: str) -> bytes:
         os.close(fd)
 
 
-def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> SavedSpecs:
+def load_specs(path: StrOrBytesPath, *, missing_ok: bool = False) -> SavedSpecs:
     """Reads a file of ``save_specs`` (``path``: str, bytes or os.PathLike,
     as ``open`` takes). Never raises for the file: a missing
     one, one refused for what it is or who may have written it (a symbolic
