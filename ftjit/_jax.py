@@ -444,8 +444,8 @@ def _device_memory(sharding: Any) -> int | None:
 #: intermediate) may take: far more than any device holds, and far less than
 #: what makes XLA abort the process compiling it (SIGABRT: on the CPU, a value
 #: of 2**63 bytes, "overflow in static extent product"; on a TPU v5e, from
-#: about 2**56, a failed check of its tiling), where a smaller one gets XLA's
-#: own error (a TPU's "Ran out of memory in memory space hbm") or compiles.
+#: about 2**56, a failed check of its tiling). Below it, XLA compiles the
+#: program or raises its own error (a TPU's "Ran out of memory ... HBM").
 MAX_VALUE_BYTES = 2**53
 
 
@@ -474,8 +474,8 @@ def _check_values(traced: Any) -> None:
             size = math.prod(shape) * itemsize
             if size > MAX_VALUE_BYTES:
                 if not isinstance(what, str):
-                    what = f"the result of {what.primitive}" if jaxpr is top and var in top.outvars else \
-                        f"a value of {what.primitive}"
+                    result = jaxpr is top and any(var is out for out in top.outvars)
+                    what = f"{'the result' if result else 'a value'} of {what.primitive}"
                 raise ValueError(f"{aval.str_short()} ({what}) would take {size} bytes, more than the "
                                  f"{MAX_VALUE_BYTES} (8 PiB) ftjit compiles a value of: not compiled (no device "
                                  "holds that much, and XLA aborts the process compiling larger ones). Is a "

@@ -171,8 +171,9 @@ _STEPS = bytes(1 if b in b"[{" else 255 if b in b"]}" else 0 for b in range(256)
 
 
 def _int(text: str) -> Any:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        return _Marker(f"an integer of {len(text.lstrip('-'))} digits (a specs file holds at most {MAX_INT_DIGITS})")
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        return _Marker(f"an integer of {digits} digits (a specs file holds at most {MAX_INT_DIGITS})")
     return int(text)
 
 
@@ -278,7 +279,8 @@ def _entry(value: Any) -> SavedEntry:
         return SavedEntry(signature, None, ValueError(unusable))
     # Read twice, two sets of objects: a value that does not equal its own
     # copy (it compares by identity, or is nan) would make a signature no call
-    # matches. Only where the entry holds such a value: a float or a dataclass.
+    # matches. Only where the entry holds a value that may: a float, an enum
+    # or a dataclass (_Reader.exact).
     if not reader.exact:
         why = same_record(record, read_record(value)[0])
         if why is not None:
