@@ -29,7 +29,7 @@ def _scaling_panel(ax: object, scaling: ScalingResult) -> None:
         bars = ax.bar(xs, [s.rate(cfg.key) for s in sides], width, label=cfg.label)  # type: ignore[attr-defined]
         if k > 0:  # each bar over 1 thread's
             for bar, s in zip(bars, sides):
-                ax.annotate(f"{s.scaling(cfg.key):.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),  # type: ignore[attr-defined]
+                ax.annotate(f"{s.shown_scaling(cfg.key):.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),  # type: ignore[attr-defined]
                             ha="center", va="bottom", fontsize=7 if len(configs) <= 3 else 5)
     ax.set_xticks(range(len(sides)), [s.label for s in sides], fontsize=8)  # type: ignore[attr-defined]
     ax.set_yscale("log")  # type: ignore[attr-defined]

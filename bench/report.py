@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any, Optional, Sequence
 
-from .threads import ScalingResult
+from .threads import ScalingResult, shown_rate
 from .timing import Measurement
 
 _HEADER = ("case", "thread", "ftjit /call", "anchor", "anchor /call", "ratio", "target", "status")
@@ -71,6 +71,8 @@ def format_table(measurements: Sequence[Measurement]) -> str:
 
 
 def _rate(r: float) -> str:
+    """A rate as the table prints it: rounded by ``shown_rate``, which the targets are computed from."""
+    r = shown_rate(r)
     if r >= 1e6:
         return f"{r / 1e6:.3f}M"
     return f"{r / 1e3:.1f}k"
@@ -91,7 +93,7 @@ def format_scaling(result: ScalingResult) -> str:
     for group in result.groups:
         for s in group:
             rows.append((s.label, *(_rate(s.rate(cfg.key)) for cfg in configs),
-                         *(f"{s.scaling(key):.2f}x" for _, key in ratios)))
+                         *(f"{s.shown_scaling(key):.2f}x" for _, key in ratios)))
     lb, la = result.load_before, result.load_after
     own = "arguments" if result.thread_counts is None else "function and arguments, released by a barrier"
     out = [f"thread scaling: calls/s, all threads together (median of {result.rounds} interleaved rounds of "

@@ -9,14 +9,17 @@ its own (distinct objects of the same signature, as requests carry), so the
 numbers show what the dispatch itself shares between threads, not the
 reference counts of one argument object. A configuration's calls/s is the
 median over the rounds; scaling (speed-up) is the 2-thread (N-thread) median
-over the 1-thread median, so every ratio printed can be recomputed from the
-rates beside it.
+over the 1-thread median. Every number the table prints, and every target
+computed from them, comes from the same rounding (``shown_rate``, and the
+speed-ups as printed), so every ratio printed can be recomputed from the
+numbers beside it, to the last digit printed, on any machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import statistics
 import threading
@@ -68,6 +71,25 @@ class Scaling:
 
     def scaling(self, config: str) -> float:
         return self.rate(config) / self.rate(self.base)
+
+    def shown_rate(self, config: str) -> float:
+        """The median rate as the table prints it (``shown_rate``)."""
+        return shown_rate(self.rate(config))
+
+    def shown_scaling(self, config: str) -> float:
+        """The speed-up as the table prints it: of the printed rates, to two decimals."""
+        return round(ratio(self.shown_rate(config), self.shown_rate(self.base)), 2)
+
+
+def shown_rate(rate: float) -> float:
+    """A rate (calls/s) rounded as the table prints it: to thousands from a million up ("6.181M"), else to
+    hundreds ("165.8k")."""
+    return round(rate, -3) if rate >= 1e6 else round(rate, -2)
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b``, infinite where ``b`` printed as 0."""
+    return a / b if b else math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +340,7 @@ def _default_targets(measured: Sequence[tuple[Scaling, ...]]) -> list[Target]:
     reported only; ftjit.jit against jax.jit has a GIL build's minimum of its own."""
     core, _ = measured[0]
     targets = [
-        Target("ftjit core: 2 threads on one function / 1 thread", core.scaling("same"), 1.8, FREE_THREADED,
+        Target("ftjit core: 2 threads on one function / 1 thread", core.shown_scaling("same"), 1.8, FREE_THREADED,
                "the target is set for the free-threaded build; on a GIL build two threads take turns"),
     ]
     if len(measured) > 1:
@@ -326,7 +348,7 @@ def _default_targets(measured: Sequence[tuple[Scaling, ...]]) -> list[Target]:
         # 2 threads, one function: the ratio of the two rates printed in that column.
         minimum, applies = (1.5, True) if FREE_THREADED else (0.9, True)
         targets.append(Target("ftjit.jit / jax.jit throughput, 2 threads on one function",
-                              ours.rate("same") / theirs.rate("same"), minimum, applies))
+                              ratio(ours.shown_rate("same"), theirs.shown_rate("same")), minimum, applies))
     return targets
 
 
@@ -344,7 +366,7 @@ def _shared_function_targets(measured: Sequence[tuple[Scaling, ...]], counts: Se
               if not FREE_THREADED else f"set for a machine of 12 cores or more; this one has {cpus}")
     wanted = [(1, 0.95), (12, 1.20)] + [(n, 1.0) for n in counts if n >= 48]
     return [Target(f"ftjit.jit / jax.jit, one function, at {n} thread{'s' if n > 1 else ''}",
-                   ours_one.rate(str(n)) / theirs_one.rate(str(n)), minimum, applies, reason)
+                   ratio(ours_one.shown_rate(str(n)), theirs_one.shown_rate(str(n))), minimum, applies, reason)
             for n, minimum in wanted if n in counts]
 
 
@@ -366,21 +388,21 @@ def _thread_targets(measured: Sequence[tuple[Scaling, ...]], n: int) -> list[Tar
         why = "jaxlib's ceiling, reported: ftjit.jit's executables are these calls, one per thread"
         ceiling = [
             Target(f"jaxlib's call per thread / jax.jit, one function, at {n} threads",
-                   own_calls.rate(key) / theirs_one.rate(key), 1.25, False, why),
+                   ratio(own_calls.shown_rate(key), theirs_one.shown_rate(key)), 1.25, False, why),
             Target(f"ftjit.jit, one function / jaxlib's call per thread, at {n} threads",
-                   ours_one.rate(key) / own_calls.rate(key), 1.0, False, why),
-            Target("ftjit.jit / jaxlib's call per thread, 1 thread", ours.rate(one) / own_calls.rate(one), 1.0,
-                   False, why),
+                   ratio(ours_one.shown_rate(key), own_calls.shown_rate(key)), 1.0, False, why),
+            Target("ftjit.jit / jaxlib's call per thread, 1 thread",
+                   ratio(ours.shown_rate(one), own_calls.shown_rate(one)), 1.0, False, why),
         ]
     return [
-        Target(f"ftjit core, jax Array: {n} threads / 1 thread", array.scaling(key), 1.0, applies, reason),
-        Target(f"ftjit.jit / jax.jit throughput, 1 thread", ours.rate(one) / theirs.rate(one), 0.97, applies,
-               reason),
-        Target(f"ftjit.jit / jax.jit throughput at {n} threads, a function each", ours.rate(key) / theirs.rate(key),
-               1.3, applies, reason),
-        Target(f"ftjit.jit / jax.jit throughput at {n} threads, one function", ours_one.rate(key) / theirs_one.rate(key),
-               1.25, applies, reason),
-        Target(f"ftjit.jit's {n}/1 speed-up, one function / a function each", ours_one.scaling(key) / ours.scaling(key),
-               0.9, applies, reason),
+        Target(f"ftjit core, jax Array: {n} threads / 1 thread", array.shown_scaling(key), 1.0, applies, reason),
+        Target(f"ftjit.jit / jax.jit throughput, 1 thread", ratio(ours.shown_rate(one), theirs.shown_rate(one)), 0.97,
+               applies, reason),
+        Target(f"ftjit.jit / jax.jit throughput at {n} threads, a function each",
+               ratio(ours.shown_rate(key), theirs.shown_rate(key)), 1.3, applies, reason),
+        Target(f"ftjit.jit / jax.jit throughput at {n} threads, one function",
+               ratio(ours_one.shown_rate(key), theirs_one.shown_rate(key)), 1.25, applies, reason),
+        Target(f"ftjit.jit's {n}/1 speed-up, one function / a function each",
+               ratio(ours_one.shown_scaling(key), ours.shown_scaling(key)), 0.9, applies, reason),
         *ceiling,
     ]

@@ -58,6 +58,10 @@ CONNECTION_LIMIT = 1000
 #: Seconds an idle connection stays open (waitress's default, 120): with the limit, what a crowd of idle
 #: clients can lock new ones out for. docs/serving.md says how to size both.
 CHANNEL_TIMEOUT = 120.0
+#: The most bytes of a request's line and headers (waitress's default: 256 KiB): this app's requests carry a few
+#: hundred, and a proxy's or a tracer's headers a few KiB more. A client that sends them slowly still holds its
+#: connection as long as it likes: docs/serving.md, "Slow clients".
+MAX_HEADER_BYTES = 16 * 1024
 #: Connections the kernel queues before waitress accepts them (waitress's default: enough for 200 at once).
 BACKLOG = 1024
 
@@ -455,10 +459,20 @@ def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int =
     listener = listen_unix(unix_socket) if unix_socket else socket.create_server((host, port), backlog=BACKLOG)
     server = waitress.create_server(
         app, sockets=[listener], threads=threads, connection_limit=connection_limit, channel_timeout=channel_timeout,
+        cleanup_interval=cleanup_interval(channel_timeout),  # else idle connections are closed every 30 s only
         backlog=BACKLOG,
+        max_request_header_size=MAX_HEADER_BYTES,  # more gets waitress's own 431
         max_request_body_size=app.max_body_bytes,  # a bigger body gets waitress's own 413, unread
         asyncore_use_poll=True)  # select() cannot watch file descriptors past 1023  # fmt: skip
     return server, listener
+
+
+def cleanup_interval(channel_timeout: float) -> int:
+    """waitress's ``cleanup_interval`` for a ``channel_timeout``: the seconds between its sweeps for idle
+    connections, which close only then. A tenth of the timeout, from 1 s to waitress's default 30 s, so that an
+    idle connection closes between ``channel_timeout`` and 10% (at most 30 s) plus a second after it (the
+    loop's own timeout); waitress's 30 s alone kept a connection of --channel-timeout 2 open for 30 s."""
+    return max(1, min(30, int(channel_timeout / 10)))
 
 
 def serve(server: Any, listener: socket.socket, app: App) -> int:
@@ -532,6 +546,13 @@ def bounded(kind: type, low: float, high: float) -> Callable[[str], Any]:
     return parse
 
 
+def path_arg(text: str) -> str:
+    """An argparse ``type`` for a file's path: an empty one names no file (it was ignored, silently)."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty: give the file's path")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: warm up, then listen and serve until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -553,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-workers", type=bounded(int, 1, 256), default=4,
                         help="threads compiling before listening, 1 to 256 (default: 4)")  # fmt: skip
     parser.add_argument("--no-bucket-warmup", dest="buckets", action="store_false", help="compile on first use")
-    parser.add_argument("--specs", metavar="FILE", help="also warm up the signatures in FILE; write it at the stop")
+    parser.add_argument("--specs", metavar="FILE", type=path_arg,
+                        help="also warm up the signatures in FILE; write it at the stop")  # fmt: skip
     parser.add_argument("--specs-every", type=bounded(float, SPECS_EVERY_MIN, SPECS_EVERY_MAX), metavar="MINUTES",
                         help=f"with --specs: also write it this often, {SPECS_EVERY_MIN} to {SPECS_EVERY_MAX} "
                              "minutes")  # fmt: skip
@@ -565,9 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.unix_socket is not None and (args.host is not None or args.port is not None):
         parser.error("--unix-socket cannot be combined with --host or --port")
-    if args.jit == "jax" and args.specs:
+    if args.jit == "jax" and args.specs is not None:
         parser.error("--specs needs --jit ftjit: a specs file holds ftjit's signatures")
-    if args.specs_every is not None and not args.specs:
+    if args.specs_every is not None and args.specs is None:
         parser.error("--specs-every needs --specs FILE: the file to write")
     host, port = args.host or "127.0.0.1", 8000 if args.port is None else args.port
     if args.compile_cache:  # every compile is kept in DIR and read back by the next start (even the small ones)

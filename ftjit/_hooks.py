@@ -242,9 +242,17 @@ class CompilerHooks:
     #: one it does not know, and the spec is reported, not warmed up).
     portable_placement: Callable[[Any], Any] | None = None
     restore_placement: Callable[[Any], Any] | None = None
+    #: ``placement -> int | None``: the bytes of memory of the device a
+    #: restored placement is on (None: the default device), or None where
+    #: unknown (JAX: ``memory_stats()``'s ``bytes_limit``). A spec read from
+    #: a file whose arrays take more on one device (or, where unknown, more
+    #: than ftjit._specs_format.MAX_SPEC_BYTES) is refused before anything
+    #: is traced.
+    device_memory: Callable[[Any], int | None] | None = None
     #: The fields only ftjit's Python layer calls (warm-up specs, specs
     #: files): the core checks them with the rest (callable or None).
-    PYTHON_HOOKS: ClassVar[tuple[str, ...]] = ("spec_leaf", "spec_node", "portable_placement", "restore_placement")
+    PYTHON_HOOKS: ClassVar[tuple[str, ...]] = ("spec_leaf", "spec_node", "portable_placement", "restore_placement",
+                                               "device_memory")
 
     def __post_init__(self) -> None:
         # Sequences of types are kept as tuples (a frozen record's); what is no

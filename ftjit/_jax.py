@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import os
 from typing import Any, Callable, NamedTuple
 
@@ -311,6 +312,7 @@ class _ThroughJaxJit:
     def __call__(self, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Callable[..., Any]:
         jitted = self.jax_jit(fun)
         traced = jitted.trace(*args, **kwargs)
+        _check_values(traced)  # before XLA sees it: a value too large aborts the process compiling it
         if _is_high(traced):
             # A program with hijax state (a jax Box, flax nnx hijax Variables
             # closed over): its lowering needs jax.jit's call path (which
@@ -355,6 +357,7 @@ class _ThroughJaxJit:
             spec_node=_spec_node,
             portable_placement=_portable_placement,
             restore_placement=_restore_placement,
+            device_memory=_device_memory,
         )
 
     def _clear_cache_hook(self) -> Callable[[], None] | None:
@@ -434,6 +437,69 @@ def _restore_placement(portable: Any) -> Any:
         if device.id == device_id:
             return jax.sharding.SingleDeviceSharding(device)
     raise ValueError(f"no {platform} device {device_id} here (devices: {jax.devices(platform)})")
+
+
+def _device_memory(sharding: Any) -> int | None:
+    """The bytes of memory of the device of a single-device placement (None:
+    the default device), as JAX reports it (``memory_stats()``'s
+    ``bytes_limit``); None where it does not (the CPU)."""
+    import jax
+
+    device = jax.devices()[0] if sharding is None else next(iter(sharding.device_set))
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - a backend without memory stats
+        return None
+    limit = stats.get("bytes_limit") if isinstance(stats, dict) else None
+    return limit if type(limit) is int and limit > 0 else None
+
+
+#: The most bytes one value of a program (an argument, a result or an
+#: intermediate) may take: far more than any device holds, and far less than
+#: what makes XLA abort the process compiling it (SIGABRT: on the CPU, a value
+#: of 2**63 bytes, "overflow in static extent product"; on a TPU v5e, from
+#: about 2**56, a failed check of its tiling). Below it, XLA compiles the
+#: program or raises its own error (a TPU's "Ran out of memory ... HBM").
+MAX_VALUE_BYTES = 2**53
+
+
+def _check_values(traced: Any) -> None:
+    """ValueError, naming it, if a value of the traced program takes more than
+    MAX_VALUE_BYTES: its arguments, results and every intermediate, in
+    nested programs too (a loop's body, a cond's branches). Linear in the
+    program's size; nothing to check where the trace has no jaxpr."""
+    closed = getattr(traced, "jaxpr", None)
+    top = getattr(closed, "jaxpr", None)
+    if top is None or not hasattr(top, "eqns"):
+        return
+    todo = [top]
+    seen: set[int] = set()
+    while todo:
+        jaxpr = todo.pop()
+        if id(jaxpr) in seen:
+            continue
+        seen.add(id(jaxpr))
+        for what, var in [*(("an argument", v) for v in (*jaxpr.constvars, *jaxpr.invars)),
+                          *((eqn, v) for eqn in jaxpr.eqns for v in eqn.outvars)]:
+            aval: Any = getattr(var, "aval", None)
+            shape, itemsize = getattr(aval, "shape", None), getattr(getattr(aval, "dtype", None), "itemsize", None)
+            if type(itemsize) is not int or not isinstance(shape, tuple) or not all(type(d) is int for d in shape):
+                continue
+            size = math.prod(shape) * itemsize
+            if size > MAX_VALUE_BYTES:
+                if not isinstance(what, str):
+                    result = jaxpr is top and any(var is out for out in top.outvars)
+                    what = f"{'the result' if result else 'a value'} of {what.primitive}"
+                raise ValueError(f"{aval.str_short()} ({what}) would take {size} bytes, more than the "
+                                 f"{MAX_VALUE_BYTES} (8 PiB) ftjit compiles a value of: not compiled (no device "
+                                 "holds that much, and XLA aborts the process compiling larger ones). Is a "
+                                 "dimension wrong?")
+        for eqn in jaxpr.eqns:
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else (param,):
+                    sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                    if hasattr(sub, "eqns") and hasattr(sub, "invars"):
+                        todo.append(sub)
 
 
 def _is_high(traced: Any) -> bool:

@@ -399,6 +399,9 @@ def _construct(
     if isinstance(compiler_key, _IdentityKey):
         compiler_key.when_dead(jf._store_forgetter())
     functools.update_wrapper(jf, fun)
+    # What a specs file's reader takes of this function's saved signatures at most (SavedSpecs.for_function):
+    # in its attribute dict, as the wrapper attributes above (the core's type declares no such attribute).
+    setattr(jf, "_max_signatures", max_signatures)
     if static.sig is not None:
         # As on a jax.jit function: the attribute itself, not only what
         # inspect.signature() derives through __wrapped__.

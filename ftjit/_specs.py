@@ -26,16 +26,22 @@ class defined inside a function), or whose values do not equal their copies
 read back (they compare by identity: a restored spec would never be
 called), is left out at the save and listed in its report.
 
-Who may have written it (POSIX; elsewhere only the format is checked):
-``load_specs`` opens the file without following a symbolic link, and
-refuses one that is not a regular file, not owned by the process's
-effective user (or root: as ssh, which trusts both), group- or
-world-writable, or in a directory that others can write without the sticky
-bit. ``save_specs``
-makes it with mode 0644 less the umask, atomically (a temporary file in the
-same directory, flushed to disk, then renamed over the old one), so a crash
+Who may have written it (POSIX; elsewhere only the format and the file's
+kind are checked), as ssh's StrictModes sees a key (``_check_trusted``,
+one check for the load and the save): the path's directories are resolved
+first (symbolic links among them followed), the file itself is not
+followed; the file must be a regular file (not a link, a directory, a
+FIFO, a socket or a device), owned by the process's effective user or
+root, and not writable by group or others; and every directory from the
+file's own up to / must be owned by the user or root and not writable by
+group or others, unless it is sticky (as /tmp). ``load_specs`` refuses
+what fails, naming the file or the directory; ``save_specs`` refuses to
+write there, the same way (it never replaces a device, a FIFO or a
+socket). ``save_specs`` writes atomically (a temporary file in the same
+directory, flushed to disk, then renamed over the old one), so a crash
 mid-write leaves the old file, and concurrent writers leave one complete
-file.
+file; the file keeps the mode of the one it replaces, and a new one gets
+0644 less the umask.
 
 What it does not hold: the compiler's context (JAX's configs hold objects
 that exist per process). Warm up under the configuration the traffic uses
@@ -53,11 +59,13 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import errno
+import logging
+import math
 import os
 import secrets
 import stat
 import threading
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Union
 
 from ._core import JitFunction
 from ._hooks import CompilerHooks
@@ -66,6 +74,7 @@ from ._specs_format import (
     FORMAT,
     MAX_BYTES,
     MAX_NESTING,
+    MAX_SPEC_BYTES,
     VERSION,
     CannotHold,
     dumps,
@@ -78,7 +87,12 @@ from ._specs_format import (
 from ._specs_read import Contents, Damaged, NotSpecs, SavedEntry, nesting, parse, read, read_record
 from ._warmup import BrokenSpec, SavedSpec, Spec
 
+logger = logging.getLogger("ftjit")
+
 __all__ = ["LeftOut", "SpecList", "SavedSpecs", "save_specs", "load_specs", "register_static_dataclass"]
+
+#: A path as ``open`` takes it.
+StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 #: Each kind of scalar leaf (ftjit._signature.LEAF_KINDS but "array") rebuilt
 #: as a value of its type (a weak-typed leaf, as a call with one).
@@ -286,7 +300,7 @@ def _named(fn_or_fns: Any) -> dict[str, Any]:
     return named
 
 
-def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[int, tuple[LeftOut, ...]]]:
+def save_specs(path: StrOrBytesPath, fn_or_fns: Any) -> dict[str, tuple[int, tuple[LeftOut, ...]]]:
     """Writes the specs of each function's cached signatures to ``path``,
     atomically; returns {key: (specs written, what was left out)}.
 
@@ -295,14 +309,18 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
     one key are a ValueError), or a dict ``{name: function}`` (keyed by
     those names: ``SavedSpecs.for_function(fn, name=...)`` finds them). A
     signature the file cannot hold (see ftjit/_specs.py) is left out, with
-    the reason. Nothing is pickled. The file gets mode 0644 less the umask.
+    the reason. Nothing is pickled. ``path``: str, bytes or os.PathLike, as
+    ``open`` takes. An existing file keeps its mode; a new one gets 0644
+    less the umask. Raises PermissionError (naming the path and why) where
+    the load would refuse the file: not a regular file (a device, a FIFO, a
+    socket, a directory, a symbolic link), another owner, writable by
+    others, or under a directory others can write or own (see
+    ftjit/_specs.py); FileNotFoundError when its directory is missing.
 
     Thread-safe: concurrent calls each write a complete file, and the last
     rename wins.
     """
-    path = os.fspath(path)
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"save_specs: the path must name a file, got {path!r}")
+    path = _path_of(path, "save_specs")
     named = _named(fn_or_fns)
     functions: dict[str, list[str]] = {}
     summary: dict[str, tuple[int, tuple[LeftOut, ...]]] = {}
@@ -325,7 +343,20 @@ def save_specs(path: str | os.PathLike[str], fn_or_fns: Any) -> dict[str, tuple[
     if len(data) > MAX_BYTES:
         raise ValueError(f"save_specs: the specs would take {len(data)} bytes, more than the {MAX_BYTES} that "
                          f"load_specs reads; nothing was written to {path}")
-    _write_atomically(path, data)
+    target = _resolved(path)
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, f"its directory {directory} does not exist", path)
+    try:
+        st: os.stat_result | None = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    try:
+        _check_trusted(target, st, "written only to")
+    except _Refused as exc:
+        raise PermissionError(f"{path} is not written: {exc}") from None
+    # An existing file keeps its mode (checked above: no one else can write it); a new one gets 0644 less the umask.
+    _write_atomically(target, data, None if st is None else stat.S_IMODE(st.st_mode) & 0o777)
     return summary
 
 
@@ -338,7 +369,7 @@ def _entry_of(sig: Signature, signature: str, hooks: CompilerHooks) -> str:
     entry = encode_entry(signature, record)
     text = dumps(entry)
     # The file around an entry is three levels: the file, its functions, one function's entries.
-    if nesting(text) + 3 > MAX_NESTING:
+    if nesting(text.encode("ascii")) + 3 > MAX_NESTING:
         raise CannotHold(f"its arguments nest deeper than the {MAX_NESTING} levels of JSON a specs file may "
                              "have")
     try:
@@ -353,14 +384,18 @@ def _entry_of(sig: Signature, signature: str, hooks: CompilerHooks) -> str:
     return text
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    # A name of this process and thread; mode 0644 less the umask: others
-    # may read it (a replica running as another user), never write it.
+def _write_atomically(path: str, data: bytes, mode: int | None) -> None:
+    """Writes ``path`` (its directory resolved and checked) through a temporary
+    file beside it, flushed to disk, then renamed over it; with ``mode``, or
+    0644 less the umask (others may read it, a replica running as another
+    user, never write it)."""
+    directory = os.path.dirname(path)
     temporary = os.path.join(directory, f".ftjit-specs-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None and hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -403,13 +438,22 @@ class SavedSpecs:
         still fits, BrokenSpec (an error in the warm-up report) for each that does
         not, and one BrokenSpec for a file that cannot be used. A function
         the file does not name (a new one, or one whose module or name
-        changed) gets none. Never raises for the file's contents."""
+        changed) gets none. Of a function with ``max_signatures=N``, only
+        the N newest are read (no more could be warmed up; a warning on the
+        "ftjit" logger says how many more the file holds). Never raises for
+        the file's contents."""
         _jitted(fn, "SavedSpecs.for_function")
         if name is not None and type(name) is not str:
             raise TypeError(f"SavedSpecs.for_function: name must be a str (a key given to save_specs), got {name!r}")
         if self.error is not None:
             return [BrokenSpec(f"<specs file {self.path}>", self.error)]
-        entries = self.functions.get(_key(fn) if name is None else name, ())
+        key = _key(fn) if name is None else name
+        entries = self.functions.get(key, ())
+        limit = getattr(fn, "_max_signatures", None)
+        if limit is not None and len(entries) > limit:  # the rest could never be warmed up
+            logger.warning("%s holds %d saved signatures of %s, more than its max_signatures=%d: only the newest %d "
+                           "are read", self.path, len(entries), key, limit, limit)
+            entries = entries[:limit]
         now = _versions()
         if self.versions != now:
             error = ValueError(f"{self.path} was written by {_describe(self.versions)}; this is {_describe(now)}: "
@@ -425,6 +469,7 @@ class SavedSpecs:
                 record = entry.record
                 record = Signature(tuple(_restored(a, hooks) for a in record.args),
                                    {k: _restored(v, hooks) for k, v in record.kwargs.items()}, None)
+                _check_memory(record, hooks)  # before anything is traced
                 spec = _spec_of(record, hooks)
                 # The core's record of the rebuilt spec's signature against the saved one, by the values'
                 # own equality (same_record), never their printed form.
@@ -439,50 +484,141 @@ class SavedSpecs:
         return out
 
 
+def _array_leaves(tree: Any) -> Iterable[Leaf]:
+    if isinstance(tree, Leaf):
+        if tree.kind == "array":
+            yield tree
+    elif isinstance(tree, Node):
+        for child in tree.children:
+            yield from _array_leaves(child)
+
+
+def _check_memory(record: Signature, hooks: CompilerHooks) -> None:
+    """ValueError unless the arrays of a saved signature (placements
+    restored) fit in the memory of each device they would be on:
+    ``hooks.device_memory``, or MAX_SPEC_BYTES where it is not known. A
+    shape no device could hold is a damaged or foreign file, and compiling
+    it can abort the process (XLA: "overflow in static extent product")."""
+    needs: dict[Any, int] = {}
+    for leaf in (leaf for tree in (*record.args, *record.kwargs.values()) for leaf in _array_leaves(tree)):
+        key = leaf.sharding
+        needs[key] = needs.get(key, 0) + math.prod(leaf.shape) * leaf.dtype.itemsize
+    for placement, size in needs.items():
+        memory = hooks.device_memory(placement) if hooks.device_memory is not None else None
+        where = "the default device" if placement is None else (
+            hooks.placement_label(placement) if hooks.placement_label is not None else shown(placement))
+        if memory is None:
+            if size > MAX_SPEC_BYTES:
+                raise ValueError(f"its arrays would take {size} bytes on {where}, more than the {MAX_SPEC_BYTES} "
+                                 "(1 TiB) a saved spec may take where the device's memory is not known: not warmed "
+                                 "up (a damaged file?)")
+        elif size > memory:
+            raise ValueError(f"its arrays would take {size} bytes on {where}, more than the {memory} bytes of its "
+                             "memory: not warmed up (a damaged file, or one saved for a larger device?)")
+
+
 def _describe(versions: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "an unknown version"
 
 
 class _Refused(Exception):
-    """The file is not read: who may have written it (owner, mode, a link)."""
+    """The file is not read or written: who may have written it, or what it is."""
 
 
 class _TooBig(Exception):
     """The file is not read: it is larger than a specs file may be."""
 
 
+def _path_of(path: Any, what: str) -> str:
+    """``path`` as ``open`` takes it (str, bytes, os.PathLike), as a str
+    (bytes decoded as the file system's names are); TypeError for another
+    type, ValueError for an empty path."""
+    path = os.fsdecode(os.fspath(path))
+    if not path:
+        raise ValueError(f"{what}: the path is empty: give the specs file's path")
+    return path
+
+
+def _resolved(path: str) -> str:
+    """``path`` with its directories resolved (symbolic links followed, as
+    ssh resolves a key's path), so that the directories checked are the
+    ones the file is in; not the file itself, which must not be a link."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(directory), name)
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _writable(mode: int) -> str:
+    """Who besides the owner can write, by ``mode`` (which has 0o022 bits)."""
+    if mode & 0o022 == 0o022:
+        return "group- and world-writable"
+    return "group-writable" if mode & 0o020 else "world-writable"
+
+
+def _check_trusted(path: str, st: os.stat_result | None, verb: str, directories: bool = True) -> None:
+    """Who may have written the file at ``path`` (directories resolved), or
+    may replace it, as ssh's StrictModes sees a key: _Refused (naming the
+    file or the directory, and why) unless the file (``st``: its lstat, None
+    if there is none yet) is a regular file, owned by this process's
+    effective user or root, not writable by group or others; and (with
+    ``directories``) every directory from its own up to / is owned by the
+    user or root and not writable by group or others, unless sticky (as
+    /tmp: no one else can replace a file they do not own). POSIX; elsewhere
+    the file's kind alone. The load and the save check alike (``verb``:
+    "read only from", "written only to")."""
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            raise _Refused(f"it is a symbolic link (a specs file is {verb} the file itself: give its own path)")
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((what for test, what in _KINDS if test(st.st_mode)), "something else")
+            raise _Refused(f"it is {kind}, not a regular file")
+    geteuid = getattr(os, "geteuid", None)
+    if geteuid is None:  # not POSIX: no owners to check
+        return
+    uid = geteuid()
+    if st is not None:
+        if st.st_uid not in (uid, 0):
+            raise _Refused(f"it is owned by uid {st.st_uid}, not by this process's user (uid {uid}) or root")
+        if st.st_mode & 0o022:
+            raise _Refused(f"it is {_writable(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o}): others could have "
+                           f"written it; chmod go-w {path}")
+    directory = os.path.dirname(path)
+    while directories:
+        dst = os.stat(directory)
+        if dst.st_uid not in (uid, 0):
+            raise _Refused(f"the directory {directory} is owned by uid {dst.st_uid}, not by this process's user "
+                           f"(uid {uid}) or root: its owner can replace the file")
+        if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
+            raise _Refused(f"the directory {directory} is {_writable(dst.st_mode)} (mode "
+                           f"{stat.S_IMODE(dst.st_mode):04o}) without the sticky bit: another user can replace the "
+                           f"file; chmod go-w {directory}")
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
 def _read_trusted(path: str) -> bytes:
-    """The file's bytes, if this process's user (or root) owns it and no
-    one else can have written it; _Refused (why not), or OSError."""
-    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-    # Not through a symbolic link; never blocking on a FIFO (it is refused below).
-    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    """The file's bytes, if no one but this process's user (or root) can
+    have written it (_check_trusted); _Refused (why not), _TooBig, or
+    OSError (FileNotFoundError naming ``path``, for the file or a directory
+    of it missing)."""
+    resolved = _resolved(path)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise _Refused("it is a symbolic link (a specs file is read only from the file itself: give its own "
-                           "path)") from None
-        raise
+        st = os.lstat(resolved)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+    _check_trusted(resolved, st, "read only from")
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    # Not through a link, never blocking, should another process of this user put something else there meanwhile.
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(resolved, flags)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Refused("it is not a regular file")
-        geteuid = getattr(os, "geteuid", None)
-        if geteuid is not None:  # POSIX: who may have written it
-            uid = geteuid()
-            if st.st_uid not in (uid, 0):
-                raise _Refused(f"it is owned by uid {st.st_uid}, not by this process's user (uid {uid}) or root")
-            if st.st_mode & 0o022:
-                who = "group- and world-writable" if st.st_mode & 0o022 == 0o022 else \
-                    "group-writable" if st.st_mode & 0o020 else "world-writable"
-                raise _Refused(f"it is {who} (mode {stat.S_IMODE(st.st_mode):04o}): others could have written "
-                               f"it; chmod go-w {path}")
-            directory = os.path.dirname(os.path.abspath(path))
-            mode = os.stat(directory).st_mode
-            if mode & 0o022 and not mode & stat.S_ISVTX:
-                raise _Refused(f"its directory {directory} is writable by others (mode {stat.S_IMODE(mode):04o}) "
-                               "without the sticky bit: another user could have replaced it")
+        _check_trusted(resolved, st, "read only from", directories=False)
         if st.st_size > MAX_BYTES:
             raise _TooBig(f"it is {st.st_size} bytes, more than the {MAX_BYTES} a specs file may have")
         chunks, size = [], 0
@@ -499,10 +635,12 @@ def _read_trusted(path: str) -> bytes:
         os.close(fd)
 
 
-def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> SavedSpecs:
-    """Reads a file of ``save_specs``. Never raises for the file: a missing
-    one, one refused for who may have written it (a symbolic link, another
-    owner, writable by others: see ftjit/_specs.py), one that is not a specs
+def load_specs(path: StrOrBytesPath, *, missing_ok: bool = False) -> SavedSpecs:
+    """Reads a file of ``save_specs`` (``path``: str, bytes or os.PathLike,
+    as ``open`` takes). Never raises for the file: a missing
+    one, one refused for what it is or who may have written it (a symbolic
+    link, a FIFO, another owner, writable by others, under a directory others
+    can write: see ftjit/_specs.py), one that is not a specs
     file of this format version (an old pickle: save the specs again), or a
     damaged one comes back as a SavedSpecs whose ``error`` says why, and
     whose specs report it when warmed up. Reading runs no code of the
@@ -511,9 +649,7 @@ def load_specs(path: str | os.PathLike[str], *, missing_ok: bool = False) -> Sav
 
     Thread-safe (it reads the file into a new object).
     """
-    path = os.fspath(path)
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"load_specs: the path must name a file, got {path!r}")
+    path = _path_of(path, "load_specs")
     try:
         data = _read_trusted(path)
     except FileNotFoundError as exc:

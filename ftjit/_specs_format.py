@@ -46,7 +46,9 @@ the save uses on what it wrote read back, and the reader on two readings.
 
 Shared state: the classes registered with ``register_static_dataclass``
 (``_static_dataclasses``), guarded by ``_registry_lock`` (a leaf: nothing
-else is called under it). Everything else works on its own objects.
+else is called under it); the dtypes ``find_dtype`` found
+(``_dtypes_found``, racy on purpose: each store is of an equal value).
+Everything else works on its own objects.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ MAX_BYTES = 64 * 1024 * 1024
 #: How deep JSON arrays and objects may nest: a file cannot exhaust the stack.
 #: A tree node is two levels (the node, its children), the file around a tree five.
 MAX_NESTING = 200
+#: The most digits an integer of the file has (CPython's default bound on int-str conversions): reading one
+#: costs time that grows with the square of its digits, whatever the process's ``sys.set_int_max_str_digits``.
+MAX_INT_DIGITS = 4300
+#: The most bytes a saved spec's arrays may take on one device whose memory the compiler does not report
+#: (CompilerHooks.device_memory; JAX's CPU): 1 TiB. Where it does, the device's memory is the bound.
+MAX_SPEC_BYTES = 2**40
 
 T = TypeVar("T", bound=type)
 
@@ -186,13 +194,22 @@ def find_dtype(name: str) -> np.dtype | None:
     """The dtype of this name (numpy's, or one registered with numpy by a
     loaded module: ml_dtypes' bfloat16), if it is exactly that: no structured
     or object dtype, no alias."""
+    found = _dtypes_found.get(name)
+    if found is not None:
+        return found
     try:
         dtype = np.dtype(name)
     except TypeError:
         return None
     if dtype.name != name or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         return None
+    _dtypes_found[name] = dtype
     return dtype
+
+
+#: Names find_dtype found, and their dtypes (never a name it did not find: a module imported later may register
+#: it). Racy on purpose: a dict's item store is atomic, and every writer of a name writes an equal dtype.
+_dtypes_found: dict[str, np.dtype] = {}
 
 
 # --- writing ----------------------------------------------------------------------

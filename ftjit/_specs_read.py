@@ -18,7 +18,11 @@ kinds:
   or is nan): that entry's ``error``, and the rest of the file is used.
 
 The JSON is parsed only after its nesting was counted without recursion,
-with no NaN, Infinity or bare float, and no key twice. Classes are found
+with no NaN, Infinity or bare float, no key twice, and no integer of more
+than ``MAX_INT_DIGITS`` digits: reading takes time linear in the file's
+size, whatever it holds (an unclosed string, nesting without end, a number
+without end, many keys), and a file at the size cap is read or refused in
+seconds. Classes are found
 only in modules already imported (``find_class``: dictionary lookups).
 What runs of the process's own code: the ``__init__`` of dataclasses
 registered with ``register_static_dataclass``, and ``__eq__``/``__hash__``
@@ -34,7 +38,6 @@ import binascii
 import dataclasses
 import enum
 import json
-import re
 import sys
 from typing import Any, Callable
 
@@ -46,6 +49,7 @@ from ._specs_format import (
     FORMAT,
     LEAF_KINDS,
     MAX_DIM,
+    MAX_INT_DIGITS,
     MAX_NESTING,
     VERSION,
     find_class,
@@ -79,7 +83,7 @@ class Damaged(Exception):
 
     @property
     def where(self) -> str:
-        return "".join(f"[{key!r}]" for key in reversed(self.path)) or "the top level"
+        return "".join(f"[{shown(key)}]" for key in reversed(self.path)) or "the top level"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,11 +115,13 @@ class _Marker:
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> Any:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            return _Marker(f"an object with the key {key!r} twice")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                return _Marker(f"an object with the key {shown(key)} twice")
+            seen.add(key)
     return out
 
 
@@ -127,31 +133,58 @@ def _constant(text: str) -> Any:
     return _Marker(f"{text}, which is not JSON")
 
 
-def nesting(text: str) -> int:
-    """How deep arrays and objects nest in JSON ``text``, counted without
-    recursion (before parsing, so that parsing cannot exhaust the stack)."""
-    brackets = _STRING.sub("", text).encode("ascii", "ignore").translate(None, _NOT_BRACKETS)
+def nesting(data: bytes) -> int:
+    """How deep arrays and objects nest in the JSON ``data`` (UTF-8), counted
+    before parsing, so that parsing cannot exhaust the stack: without
+    recursion, and in time linear in its size whatever it holds (no pattern
+    that rescans: an unclosed string is one pass, as any other text).
+
+    Brackets inside strings do not count. Escapes go first: a run of
+    backslashes pairs from its left, and what remains of it escapes the
+    byte after it, so that every quote left opens or closes a string
+    (json's own reading of a valid prefix, the only part a parser reaches:
+    UTF-8 never puts these ASCII bytes inside a multi-byte character).
+    Then, a chunk at a time, the text between quotes is dropped and the
+    brackets outside are summed as steps of +1 and -1."""
+    text = data.replace(b"\\\\", b"").replace(b'\\"', b"")
     depth = deepest = 0
-    for b in brackets:
-        if b in (91, 123):  # [ {
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_NESTING:
-                    return deepest
-        else:
-            depth -= 1
+    inside = False  # whether the chunk starts inside a string
+    for start in range(0, len(text), _CHUNK):
+        parts = text[start:start + _CHUNK].split(b'"')
+        outside = b"".join(parts[1::2] if inside else parts[0::2])
+        if len(parts) % 2 == 0:  # an odd number of quotes: the next chunk starts on the other side
+            inside = not inside
+        steps = np.frombuffer(outside.translate(_STEPS, _NOT_BRACKETS), dtype=np.int8)
+        if steps.size:
+            levels = np.cumsum(steps, dtype=np.int64)
+            deepest = max(deepest, depth + int(levels.max()))
+            depth += int(levels[-1])
+            if deepest > MAX_NESTING:
+                break
     return deepest
 
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_CHUNK = 1 << 20
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+#: [ and { a step in (+1), ] and } a step out (-1, as int8).
+_STEPS = bytes(1 if b in b"[{" else 255 if b in b"]}" else 0 for b in range(256))
+
+
+def _int(text: str) -> Any:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        return _Marker(f"an integer of {digits} digits (a specs file holds at most {MAX_INT_DIGITS})")
+    return int(text)
 
 
 def parse(text: str) -> Any:
-    """Strict JSON: no NaN or Infinity, no bare floats, no repeated keys
-    (each becomes a marker the checks refuse, with where it is)."""
-    return json.loads(text, object_pairs_hook=_pairs, parse_float=_bare_float, parse_constant=_constant)
+    """Strict JSON: no NaN or Infinity, no bare floats, no repeated keys,
+    no integer of more than MAX_INT_DIGITS digits (each becomes a marker the
+    checks refuse, with where it is). Linear in the text's size once
+    ``nesting`` bounded its depth: json's scanner is, and an integer's
+    conversion is bounded here whatever ``sys.set_int_max_str_digits`` says."""
+    return json.loads(text, object_pairs_hook=_pairs, parse_float=_bare_float, parse_constant=_constant,
+                      parse_int=_int)
 
 
 def read(data: bytes) -> Contents:
@@ -164,7 +197,7 @@ def read(data: bytes) -> Contents:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise NotSpecs(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    depth = nesting(text)
+    depth = nesting(data)
     if depth > MAX_NESTING:
         raise NotSpecs(f"it nests arrays and objects more than {MAX_NESTING} deep")
     try:
@@ -217,7 +250,7 @@ def _keys(obj: dict[str, Any], required: tuple[str, ...]) -> None:
         raise Damaged(f"the key {missing[0]!r} is missing")
     extra = [k for k in obj if k not in required]
     if extra:
-        raise Damaged(f"the key {extra[0]!r} is not one of this format")
+        raise Damaged(f"the key {shown(extra[0])} is not one of this format")
 
 
 def _versions(value: Any) -> dict[str, str]:
@@ -240,22 +273,26 @@ def _entry(value: Any) -> SavedEntry:
     _expect(value, dict, "a saved signature (an object)")
     _keys(value, ("signature", "args", "kwargs"))
     signature = _at("signature", _expect, value["signature"], str, "a string")
-    record, unusable = read_record(value)
+    reader = _Reader()
+    record, unusable = read_record(value, reader)
     if unusable is not None:
         return SavedEntry(signature, None, ValueError(unusable))
     # Read twice, two sets of objects: a value that does not equal its own
-    # copy (it compares by identity) would make a signature no call matches.
-    why = same_record(record, read_record(value)[0])
-    if why is not None:
-        return SavedEntry(signature, None, ValueError(why))
+    # copy (it compares by identity, or is nan) would make a signature no call
+    # matches. Only where the entry holds a value that may: a float, an enum
+    # or a dataclass (_Reader.exact).
+    if not reader.exact:
+        why = same_record(record, read_record(value)[0])
+        if why is not None:
+            return SavedEntry(signature, None, ValueError(why))
     return SavedEntry(signature, record, None)
 
 
-def read_record(entry: dict[str, Any]) -> tuple[Signature | None, str | None]:
+def read_record(entry: dict[str, Any], reader: _Reader | None = None) -> tuple[Signature | None, str | None]:
     """An entry's trees as a Signature record (context None), or None and
     the first thing this process cannot rebuild (the rest of the entry is
     still checked). Damaged (raised) for anything save_specs never writes."""
-    reader = _Reader()
+    reader = _Reader() if reader is None else reader
     args = tuple(_at("args", reader.trees, entry["args"]))
     kwargs_obj = _at("kwargs", _expect, entry["kwargs"], dict, "an object of keyword arguments")
     kwargs = {k: _at("kwargs", _at, k, reader.tree, v) for k, v in kwargs_obj.items()}
@@ -271,6 +308,10 @@ class _Reader:
 
     def __init__(self) -> None:
         self.unusable: str | None = None
+        #: No value read may differ from a copy of it read again: none is a
+        #: float (nan equals no copy), an enum or a dataclass (whose __eq__
+        #: may compare by identity, or be anything).
+        self.exact = True
 
     def cannot(self, why: str) -> None:
         if self.unusable is None:
@@ -386,6 +427,7 @@ class _Reader:
                     number = None
                 if number is None or number.hex() != text:
                     raise Damaged(f"{shown(text)} is not a float as float.hex writes it").at("float")
+                self.exact = False
                 return number
             if tag == "bytes":
                 text = _at("bytes", _expect, inner, str, "base64 text")
@@ -398,6 +440,7 @@ class _Reader:
                 values = [_at(tag, _at, i, self.value, v) for i, v in enumerate(items)]
                 return tuple(values) if tag == "tuple" else values
         if "enum" in value:
+            self.exact = False
             _keys(value, ("enum", "name"))
             cls = _at("enum", self.cls, value["enum"], "enum")
             name = _at("name", _expect, value["name"], str, "a member's name")
@@ -405,9 +448,10 @@ class _Reader:
                 return None
             member = cls.__members__.get(name)
             if member is None:
-                self.cannot(f"the enum {value['enum']} has no member {name!r} in this process")
+                self.cannot(f"the enum {value['enum']} has no member {shown(name)} in this process")
             return member
         if "dataclass" in value:
+            self.exact = False
             _keys(value, ("dataclass", "fields"))
             cls = _at("dataclass", self.cls, value["dataclass"], "dataclass")
             fields_obj = _at("fields", _expect, value["fields"], dict, "an object of fields")
@@ -425,4 +469,5 @@ class _Reader:
                 self.cannot(f"the dataclass {value['dataclass']} could not be rebuilt from its fields "
                              f"({type(exc).__name__}: {exc})")
                 return None
-        raise Damaged(f"an object with the keys {', '.join(map(repr, value))} is not a value of this format")
+        keys = [shown(k) for k in list(value)[:4]] + (["..."] if len(value) > 4 else [])
+        raise Damaged(f"an object with the keys {', '.join(keys)} is not a value of this format")

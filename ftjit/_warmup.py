@@ -112,23 +112,45 @@ class WarmupReport:
         return tuple(r for r in self.results if r.error is not None)
 
     def __str__(self) -> str:
+        """A table, one line per result (the first MAX_REPORT_ROWS, then one
+        line for the rest), then a summary line. Text that is not printable
+        (a line break, a terminal escape, a lone surrogate: a specs file's
+        signature may hold any) is escaped as ``repr`` escapes it, so that a
+        result is one line and the table prints on a strict UTF-8 stream."""
         rows = [("signature", "seconds", "result")]
-        for r in self.results:
+        for r in self.results[:MAX_REPORT_ROWS]:
             what = "compiled" if r.compiled else "cached"
             if r.skipped is not None:
                 what = f"skipped: {r.skipped}"
             if r.error is not None:
                 what = f"{type(r.error).__name__}: {r.error}"
-            rows.append((r.signature, f"{r.seconds:.3f}", what))
+            rows.append((printable(r.signature), f"{r.seconds:.3f}", printable(what)))
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
         lines = [f"{a.ljust(w0)}  {b.rjust(w1)}  {c}" for a, b, c in rows]
         lines.insert(1, f"{'-' * w0}  {'-' * w1}  ------")
+        more = self.results[MAX_REPORT_ROWS:]
+        if more:
+            errors = sum(r.error is not None for r in more)
+            lines.append(f"... and {len(more)} more ({errors} of them errors): WarmupReport.results has them all")
         n_ok = sum(r.error is None for r in self.results)
         lines.append(
             f"warmup: {n_ok}/{len(self.results)} ok in {self.wall_seconds:.2f} s with {self.workers} worker(s)"
         )
         return "\n".join(lines)
+
+
+#: The most results WarmupReport's text lists, one line each; one more line counts the rest.
+MAX_REPORT_ROWS = 100
+
+
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (line breaks, tabs,
+    terminal escapes, format characters, lone surrogates) written as ``repr``
+    writes it: ``\\n``, ``\\x1b``, ``\\ud800``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class _Progress:

@@ -644,6 +644,36 @@ def test_a_corrupted_specs_file_still_lets_the_server_start_and_answer(tmp_path,
     assert len(_saved_signatures(path)) == 3  # the stop replaced the damaged file with the buckets
 
 
+@starts_servers
+@pytest.mark.timeout(300)
+def test_a_saved_shape_no_device_holds_is_a_report_line_and_the_server_starts(monkeypatch):
+    # The restart setup of docs/serving.md with one saved shape edited to [2**56, 16]: the first matmul's result
+    # overflowed XLA's 64-bit byte count, which aborted the start (rc 134) before the port opened, every time.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
+        path = os.path.join(tmp, "specs.json")
+        model = serve.Model(max_batch=8)
+        model.predict(_rows(3))
+        ftjit.save_specs(path, {SCRIPT_KEY: model.fn})
+        data = json.loads(Path(path).read_text())
+        data["functions"][SCRIPT_KEY][0]["args"][1]["shape"] = [2**56, 16]
+        Path(path).write_text(json.dumps(data))
+        (entry,) = ftjit.load_specs(path).functions[SCRIPT_KEY]
+        size = 2**56 * 16 * 4 + sum(w.nbytes for w in model.weights.values())
+        socket_path = os.path.join(tmp, "serve.sock")
+        server = ServerProcess("--max-batch", "8", "--threads", "2", "--no-bucket-warmup", "--specs", path,
+                               unix_socket=socket_path)  # fmt: skip
+        try:
+            assert load.fetch_json("localhost", None, "/healthz", unix_socket=socket_path) == (200, {"ok": True})
+        finally:
+            output = _stop_cleanly(server)
+    line = next(line for line in output.splitlines() if line.startswith(entry.signature))
+    assert line.endswith(f"  ValueError: its arrays would take {size} bytes on the default device, more than the "
+                         "1099511627776 (1 TiB) a saved spec may take where the device's memory is not known: not "
+                         "warmed up (a damaged file?)")
+    assert "warmup: 0/1 ok" in output
+
+
 # --- --jit jax and --unix-socket: the comparison on a machine without TCP (the TPU one) -----------------------
 
 
@@ -696,6 +726,8 @@ SERVE_UNIX_CLASH = "--unix-socket cannot be combined with --host or --port"
     (serve.main, ["--unix-socket", "s", "--host", "::1"], SERVE_UNIX_CLASH),
     (serve.main, ["--jit", "jax", "--specs", "f"], "--specs needs --jit ftjit: a specs file holds ftjit's signatures"),
     (serve.main, ["--specs-every", "5"], "--specs-every needs --specs FILE: the file to write"),
+    (serve.main, ["--specs", ""], "argument --specs: the path is empty: give the file's path"),
+    (serve.main, ["--specs", "", "--specs-every", "1"], "argument --specs: the path is empty: give the file's path"),
     (serve.main, ["--specs", "f", "--specs-every", "nan"], "argument --specs-every: nan is not between 0.01 and 10080"),
     (serve.main, ["--specs", "f", "--specs-every", "inf"], "argument --specs-every: inf is not between 0.01 and 10080"),
     (serve.main, ["--specs", "f", "--specs-every", "1e-7"],
@@ -712,7 +744,8 @@ SERVE_UNIX_CLASH = "--unix-socket cannot be combined with --host or --port"
     (load.main, ["--unix-socket", "s", "--port", "8000"], "argument --port: not allowed with argument --unix-socket"),
     (load.main, ["--unix-socket", "s", "--host", "::1"], "argument --host: not allowed with argument --unix-socket"),
     (load.main, ["--threads", "2"], "one of the arguments --port --unix-socket is required"),
-], ids=["serve-port", "serve-host", "serve-specs-jax", "serve-every-alone", "serve-every-nan", "serve-every-inf",
+], ids=["serve-port", "serve-host", "serve-specs-jax", "serve-every-alone", "serve-specs-empty",
+        "serve-specs-empty-every", "serve-every-nan", "serve-every-inf",
         "serve-every-tiny", "serve-every-text", "serve-port-high", "serve-port-negative", "serve-port-float",
         "serve-threads", "serve-max-batch", "serve-workers", "serve-connections", "serve-channel-timeout",
         "load-port", "load-host", "load-neither"])  # fmt: skip
@@ -721,6 +754,60 @@ def test_option_clashes_are_argparse_errors(main, argv, message, capsys):
         main(argv)
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
+
+
+def _answer(path, request):
+    """Sends ``request`` (bytes) on a new connection to the unix socket ``path``; what the server sent back
+    before it closed the connection."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(60)
+        client.connect(path)
+        client.sendall(request)
+        chunks = []
+        try:
+            while chunk := client.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:  # closed with some of the request unread (waitress's 431)
+            pass
+    return b"".join(chunks)
+
+
+@starts_servers
+@pytest.mark.timeout(300)
+def test_an_idle_connection_closes_after_the_channel_timeout_and_headers_are_capped():
+    # waitress swept idle connections every 30 s (its cleanup_interval), whatever --channel-timeout said:
+    # --channel-timeout 2 closed an idle connection after 30.1 s, and kept clients behind --connection-limit
+    # waiting as long. Headers were capped only by waitress's 256 KiB.
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
+        path = os.path.join(tmp, "serve.sock")
+        server = ServerProcess("--max-batch", "1", "--threads", "2", "--no-bucket-warmup", "--channel-timeout", "2",
+                               unix_socket=path)  # fmt: skip
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+                idle.settimeout(28)  # past 25 s below, short of waitress's 30 s sweep
+                idle.connect(path)
+                started = time.monotonic()
+                assert idle.recv(1) == b""  # the server closed it, sending nothing
+                seconds = time.monotonic() - started
+            get = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+            small = _answer(path, get + b"X-Pad: " + b"a" * (8 * 1024) + b"\r\n\r\n")
+            big = _answer(path, get + b"X-Pad: " + b"a" * (serve.MAX_HEADER_BYTES + 1) + b"\r\n\r\n")
+        finally:
+            _stop_cleanly(server)
+    # channel_timeout, then the sweep: every max(1, 2/10) s, and the loop's own second. A hang guard above.
+    print(f"idle connection closed after {seconds:.2f} s")
+    assert 1.9 <= seconds < 25, seconds
+    assert small.startswith(b"HTTP/1.1 200 OK\r\n") and small.endswith(b'{"ok": true}')
+    assert big.startswith(b"HTTP/1.0 431 Request Header Fields Too Large\r\n"), big[:200]
+    assert big.endswith(b"exceeds max_header of 16384\r\n\r\n(generated by waitress)")
+
+
+@pytest.mark.parametrize(("timeout", "interval"), [(1, 1), (2, 1), (10, 1), (45, 4), (120, 12), (299, 29),
+                                                   (300, 30), (3600, 30)])
+def test_waitress_sweeps_idle_connections_every_tenth_of_the_channel_timeout(timeout, interval):
+    assert serve.cleanup_interval(timeout) == interval
 
 
 def _report_values(stdout):

@@ -33,7 +33,7 @@ import pytest
 
 import ftjit
 from ftjit import _specs_format
-from helpers import ContextCompiler, CountingCompiler, child_env, run_threads
+from helpers import ContextCompiler, CountingCompiler, LogCapture, child_env, run_threads
 
 jax = pytest.importorskip("jax")  # the default compiler (absent only in dev.sh tsan-ft)
 import jax.numpy as jnp  # noqa: E402
@@ -458,30 +458,183 @@ def test_a_file_of_another_owner_is_refused(tmp_path, monkeypatch):
     _refused(jf, path, f"it is owned by uid {os.stat(path).st_uid}, not by this process's user (uid {me}) or root")
 
 
-@pytest.mark.skipif(not POSIX, reason="symbolic links and FIFOs are POSIX")
-def test_a_symbolic_link_or_a_fifo_is_refused_without_waiting(tmp_path):
+def _node(path, kind):
+    """Makes a file system node of ``kind`` at ``path``: a directory, a FIFO, a socket (not listening: only
+    its node), or a character device (the numbers of /dev/null, made here: root only)."""
+    if kind == "a directory":
+        os.mkdir(path)
+    elif kind == "a FIFO":
+        os.mkfifo(path)  # opening it to read would wait for a writer forever
+    elif kind == "a socket":
+        os.mknod(path, stat.S_IFSOCK | 0o600)  # opening it fails with ENXIO, "No such device or address"
+    else:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    return path
+
+
+NODES = ["a directory", "a FIFO", "a socket",
+         pytest.param("a character device", marks=pytest.mark.skipif(not POSIX or os.geteuid() != 0,
+                                                                     reason="only root makes device nodes"))]
+
+
+@pytest.mark.skipif(not POSIX, reason="symbolic links, FIFOs, sockets and devices are POSIX")
+@pytest.mark.parametrize("kind", NODES)
+def test_a_node_that_is_not_a_regular_file_is_refused_by_the_load_and_the_save_without_waiting(tmp_path, kind):
+    # The save refused nothing before: it replaced the node with a file (run as root with --specs /dev/zero, the
+    # server's stop replaced /dev/zero), and a socket was read as "[Errno 6] No such device or address".
+    tmp_path = _private(tmp_path)
+    jf = _saved_function()
+    path = _node(tmp_path / "specs.json", kind)
+    _refused(jf, path, f"it is {kind}, not a regular file")
+    with pytest.raises(PermissionError, match=f"^{re.escape(str(path))} is not written: it is {kind}, not a regular "
+                                              "file$"):
+        ftjit.save_specs(path, jf)
+    assert stat.S_IFMT(os.lstat(path).st_mode) == stat.S_IFMT(_node(tmp_path / "again", kind).stat().st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["again", "specs.json"]  # no temporary file left behind
+
+
+@pytest.mark.skipif(not POSIX, reason="symbolic links are POSIX")
+def test_a_symbolic_link_to_the_file_is_refused_by_the_load_and_the_save(tmp_path):
     tmp_path = _private(tmp_path)
     jf, path = _good_file(tmp_path)
     link = tmp_path / "link.json"
     link.symlink_to(path)
     _refused(jf, link, "it is a symbolic link (a specs file is read only from the file itself: give its own path)")
-    fifo = tmp_path / "fifo.json"
-    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
-    _refused(jf, fifo, "it is not a regular file")
-    _refused(jf, tmp_path, "it is not a regular file")
+    with pytest.raises(PermissionError, match=f"^{re.escape(str(link))} is not written: it is a symbolic link \\(a "
+                                              "specs file is written only to the file itself: give its own path\\)$"):
+        ftjit.save_specs(link, jf)
+    assert link.is_symlink()
+
+
+def _directory_refused(jf, path, directory, why):
+    """Both the load and the save of ``path`` are refused for ``directory`` (``why``: what is wrong with it)."""
+    reason = f"the directory {directory} is {why}"
+    _refused(jf, path, reason)
+    with pytest.raises(PermissionError, match=f"^{re.escape(f'{path} is not written: {reason}')}$"):
+        ftjit.save_specs(path, jf)
 
 
 @pytest.mark.skipif(not POSIX, reason="file modes are POSIX")
-def test_a_file_in_a_directory_others_can_write_is_refused_unless_it_is_sticky(tmp_path):
+@pytest.mark.parametrize("mode, who", [(0o777, "group- and world-writable"), (0o775, "group-writable"),
+                                       (0o757, "world-writable")])
+@pytest.mark.parametrize("where", ["its own", "above it"])
+def test_a_file_under_a_directory_others_can_write_is_refused_unless_it_is_sticky(tmp_path, mode, who, where):
+    # As ssh's StrictModes: every directory up to /, not only the file's own (which was all that was checked).
     tmp_path = _private(tmp_path)
-    directory = tmp_path / "shared"
-    directory.mkdir()
-    jf, path = _good_file(directory)
-    os.chmod(directory, 0o777)
-    _refused(jf, path, f"its directory {directory} is writable by others (mode 0777) without the sticky bit: another "
-                       "user could have replaced it")
-    os.chmod(directory, 0o1777)  # as /tmp: others cannot replace a file they do not own
+    shared = tmp_path / "shared"
+    own = shared / "own" if where == "above it" else shared
+    own.mkdir(parents=True, mode=0o700)
+    jf, path = _good_file(own)
+    os.chmod(shared, mode)
+    _directory_refused(jf, path, shared, f"{who} (mode {mode:04o}) without the sticky bit: another user can replace "
+                                         f"the file; chmod go-w {shared}")
+    os.chmod(shared, 0o1000 | mode)  # as /tmp: others cannot replace a file they do not own
     assert ftjit.load_specs(path).error is None
+    ftjit.save_specs(path, jf)
+
+
+@pytest.mark.skipif(not POSIX, reason="symbolic links and file modes are POSIX")
+def test_a_symbolic_link_among_the_directories_is_resolved_before_they_are_checked(tmp_path):
+    # The link's own directory is private, and so is the one it points to, but that one is in a directory
+    # others can write: they could rename it away and put their own in its place. The link was followed, and
+    # the file read.
+    tmp_path = _private(tmp_path)
+    (tmp_path / "shared" / "real").mkdir(parents=True, mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "shared" / "real", target_is_directory=True)
+    jf, path = _good_file(tmp_path / "link")
+    os.chmod(tmp_path / "shared", 0o777)
+    shared = tmp_path / "shared"
+    _directory_refused(jf, path, shared, "group- and world-writable (mode 0777) without the sticky bit: another user "
+                                         f"can replace the file; chmod go-w {shared}")
+    os.chmod(tmp_path / "shared", 0o700)
+    assert ftjit.load_specs(path).error is None
+
+
+@pytest.mark.skipif(not POSIX or os.geteuid() != 0, reason="only root can give a directory to another user")
+def test_a_file_under_a_directory_of_another_owner_is_refused(tmp_path):
+    tmp_path = _private(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir(mode=0o755)
+    jf, path = _good_file(other)
+    os.chown(other, 12345, -1)  # its owner can replace anything in it, whatever its mode
+    _directory_refused(jf, path, other, "owned by uid 12345, not by this process's user (uid 0) or root: its owner "
+                                        "can replace the file")
+    os.chown(other, 0, -1)
+    assert ftjit.load_specs(path).error is None
+
+
+@pytest.mark.skipif(not POSIX, reason="file modes and owners are POSIX")
+@pytest.mark.thread_unsafe(reason="may replace os.geteuid for the process")
+def test_the_save_refuses_a_file_the_load_would_refuse(tmp_path, monkeypatch):
+    # An existing file that others could have written, or of another owner, is not replaced either.
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    os.chmod(path, 0o664)
+    written = f"{path} is not written: it is group-writable (mode 0664): others could have written it; chmod go-w " \
+              f"{path}"
+    with pytest.raises(PermissionError, match=f"^{re.escape(written)}$"):
+        ftjit.save_specs(path, jf)
+    os.chmod(path, 0o644)
+    if os.geteuid() == 0:
+        os.chown(path, 4242, -1)
+        me = 0
+    else:
+        me = 4242
+        monkeypatch.setattr(os, "geteuid", lambda: me)
+    written = f"{path} is not written: it is owned by uid {os.stat(path).st_uid}, not by this process's user " \
+              f"(uid {me}) or root"
+    with pytest.raises(PermissionError, match=f"^{re.escape(written)}$"):
+        ftjit.save_specs(path, jf)
+
+
+@pytest.mark.skipif(not POSIX, reason="file modes are POSIX")
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o400, 0o644])
+def test_the_save_keeps_the_mode_of_the_file_it_replaces(tmp_path, mode):
+    # A 0600 file became 0644 (a new file's mode) at every save.
+    tmp_path = _private(tmp_path)
+    jf, path = _good_file(tmp_path)
+    os.chmod(path, mode)
+    inode = os.stat(path).st_ino
+    ftjit.save_specs(path, jf)
+    assert os.stat(path).st_ino != inode  # replaced (a new file renamed over it), not written in place
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+    assert ftjit.load_specs(path).error is None
+
+
+def test_a_save_into_a_missing_directory_names_the_file(tmp_path):
+    # It named the temporary .ftjit-specs-* file it could not make.
+    tmp_path = _private(tmp_path)
+    path = tmp_path / "missing" / "specs.json"
+    with pytest.raises(FileNotFoundError) as raised:
+        ftjit.save_specs(path, _saved_function())
+    assert raised.value.filename == str(path)
+    assert str(raised.value) == f"[Errno 2] its directory {tmp_path}/missing does not exist: '{path}'"
+    saved = ftjit.load_specs(path)
+    assert type(saved.error) is FileNotFoundError and saved.error.filename == str(path)
+
+
+class _BytesPath:
+    def __init__(self, path):
+        self.path = path
+
+    def __fspath__(self):
+        return os.fsencode(self.path)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "a path-like of bytes"])
+def test_a_path_may_be_bytes_or_path_like_as_open_takes_it(tmp_path, kind):
+    # A bytes path was refused as "the path must name a file".
+    tmp_path = _private(tmp_path)
+    jf = _saved_function()
+    path = tmp_path / "specs.json"
+    given = os.fsencode(path) if kind == "bytes" else _BytesPath(path)
+    assert ftjit.save_specs(given, jf) == {f"{jf.__module__}:{jf.__qualname__}": (1, ())}
+    saved = ftjit.load_specs(given)
+    assert saved.error is None and saved.path == str(path)
+    assert [type(s) for s in saved.for_function(jf)] == [ftjit.SavedSpec]
+    for call in (lambda: ftjit.save_specs(3, jf), lambda: ftjit.load_specs(3)):
+        with pytest.raises(TypeError, match="^expected str, bytes or os.PathLike object, not int$"):
+            call()
 
 
 # --- a damaged file never stops the start ------------------------------------------------------------------------
@@ -678,7 +831,8 @@ NOT_SPECS = {
     "nesting inside a good file": (lambda text: text.replace('"kwargs": {}', '"kwargs": {"k": %s}' % _DEEP).encode(),
                                    _HEAD + "it nests arrays and objects more than 200 deep"),
     "an int of too many digits": (lambda text: text.replace('"version": 2', '"version": ' + "9" * 5000).encode(),
-                                  None),
+                                  _HEAD + "its format version is not an int: an integer of 5000 digits (a specs file "
+                                  "holds at most 4300)"),
     "NaN": (lambda text: text.replace('"weak_type": false', '"weak_type": NaN').encode(), "DAMAGED"),
     "a key twice": (lambda text: text.replace('"dtype": "float32"', '"dtype": "float32", "dtype": "int8"').encode(),
                     "DAMAGED"),
@@ -698,9 +852,6 @@ def test_a_file_that_is_not_this_format_is_one_report_line(tmp_path, case):
     if case == "truncated":
         assert re.fullmatch(re.escape(f"{path} {_HEAD}it is not JSON (") + r"(Expecting|Unterminated) [^()]+ "
                             r"\(char \d+\)\); save the specs again with this version", message), message
-    elif case == "an int of too many digits":
-        assert message.startswith(f"{path} {_HEAD}it is not JSON (Exceeds the limit (4300 digits) for integer string "
-                                  "conversion")
     elif case == "NaN":
         assert message == (f"{path} is damaged at ['functions']['{key}'][0]['args'][0]['weak_type']: true or false "
                            "expected, found NaN, which is not JSON")
@@ -712,6 +863,78 @@ def test_a_file_that_is_not_this_format_is_one_report_line(tmp_path, case):
         assert message == f"{path} {expected}; save the specs again with this version"
     report = jf.warmup(saved.for_function(jf))
     assert [(r.signature, r.error) for r in report] == [(f"<specs file {path}>", saved.error)]
+
+
+def _hostile(shape, size):
+    """A file of ``size`` bytes of one shape that a parser must not take quadratic time or deep recursion on."""
+    if shape == "an unclosed string":  # a pattern rescanning to the end from every quote took minutes
+        return b'"' + b'\\"' * ((size - 1) // 2) + b"x" * ((size - 1) % 2)
+    if shape == "nesting without end":
+        return b"[" * size
+    if shape == "a number without end":
+        return b"1" * size
+    if shape == "many keys":
+        keys = b",".join(b'"%d":0' % i for i in range(size // 12))
+        return b"{" + keys + b" " * (size - len(keys) - 2) + b"}"
+    if shape == "brackets in a string":  # not nesting: they are text
+        return b'{"format": "' + b"[" * (size - 14) + b'"}'
+    raise AssertionError(shape)
+
+
+#: shape -> the error after the path and _HEAD, when read at the size cap
+HOSTILE = {
+    "an unclosed string": "it is not JSON (Unterminated string starting at: line 1 column 1 (char 0))",
+    "nesting without end": "it nests arrays and objects more than 200 deep",
+    "a number without end": "it has no \"format\": 'ftjit-specs'",
+    "many keys": "it has no \"format\": 'ftjit-specs'",
+    "brackets in a string": "it has no \"format\": 'ftjit-specs'",
+}
+
+
+@pytest.mark.thread_unsafe(reason="each file is 64 MiB, and parsing one takes up to a GiB: 8 at once would not fit")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("digits_unlimited", [False, True], ids=["int-digits-default", "int-digits-unlimited"])
+@pytest.mark.parametrize("shape", sorted(HOSTILE))
+def test_a_hostile_file_at_the_size_cap_is_refused_in_linear_time(tmp_path, shape, digits_unlimited):
+    """At the size cap, each shape is read (or refused) in seconds: the
+    nesting is counted in one pass, and integers are bounded by the reader,
+    also when the program lifted Python's bound on int conversions (which
+    made a long number's conversion quadratic: 800 KB took 10 s)."""
+    import time
+
+    tmp_path = _private(tmp_path)
+    path = tmp_path / "specs.json"
+    _written(path, _hostile(shape, _specs_format.MAX_BYTES))
+    assert os.path.getsize(path) == _specs_format.MAX_BYTES
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0 if digits_unlimited else limit)
+    try:
+        started = time.process_time()  # this process's CPU time: other work on the machine does not count
+        saved = ftjit.load_specs(path)
+        seconds = time.process_time() - started
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert type(saved.error) is ValueError
+    assert str(saved.error) == f"{path} {_HEAD}{HOSTILE[shape]}; save the specs again with this version"
+    # A hang guard: the unclosed string took hours of CPU here (200 KB: 148 s), as did the number without end
+    # with the digits unlimited (800 KB: 10 s); now about 1 s each, and many keys about 8 s (json's own parse).
+    assert seconds < 60
+
+
+@pytest.mark.parametrize("text, depth", [
+    (b"", 0), (b"[]", 1), (b"[[{}]]", 3), (b'["[[[", {"a": "]]]"}]', 2), (b'["\\\\", [[]]]', 3),
+    (b'["\\"[[", [[]]]', 3), (b'["\\\\\\"[[", [[]]]', 3), (b'"\\\\"[[', 2), (b'"\\', 0),
+    (b'"a\\\\\\\\"[', 1), ("[\"\u00e9[\", \"\\u005b\"]".encode(), 1),
+])  # fmt: skip
+def test_nesting_counts_brackets_outside_strings_as_json_reads_them(text, depth):
+    """Escaped quotes and backslashes (a run of backslashes pairs from its
+    left), brackets in strings, escapes of brackets, UTF-8 text."""
+    from ftjit._specs_read import nesting
+
+    assert nesting(text) == depth
+    chunk = ftjit._specs_read._CHUNK
+    padded = b" " * (chunk - 3) + text  # the same text across a chunk's end
+    assert nesting(padded) == depth
 
 
 def test_a_file_too_large_is_refused_unread(tmp_path):
@@ -787,6 +1010,173 @@ def test_an_entry_this_process_cannot_use_is_its_own_report_line_and_the_rest_wa
     assert [(r.signature, r.compiled, r.error is None) for r in report] == [
         (newest, False, False), (oldest, True, True)]
     assert jf.cache_info().compiles == 2 + 1
+
+
+#: Text a file may hold in a saved signature or its versions: valid JSON, and shown as is it would split a
+#: report line, clear the terminal, and (the lone surrogate) make print() raise UnicodeEncodeError.
+HOSTILE_TEXT = "h(\n\x1b[2J\ud800\u202e)"
+HOSTILE_SHOWN = "h(\\n\\x1b[2J\\ud800\\u202e)"
+
+
+@pytest.mark.parametrize("where", ["signature", "versions"])
+def test_text_from_a_file_is_escaped_in_the_report_one_line_per_entry(tmp_path, where):
+    # print(report) raised UnicodeEncodeError (with the default flags too), before serving: the file was
+    # never rewritten, and every restart crashed the same way.
+    import io
+
+    tmp_path = _private(tmp_path)
+    jf = _pair_function()
+    newest, oldest = [s.signature for s in jf.signatures()]
+
+    def edit(data):
+        if where == "versions":
+            data["versions"]["jax"] = HOSTILE_TEXT
+        else:
+            _first(data)["signature"] = HOSTILE_TEXT
+            _first(data)["args"][1]["type"] = "no_such_module_here:Pair"  # not usable: shown by its signature
+
+    path = _saved_then_edited(tmp_path / "specs.json", jf, edit)
+    saved = ftjit.load_specs(path)
+    report = jf.warmup(saved.for_function(jf))
+    text = str(report)
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    print(report, file=stream)  # raises on a character a strict UTF-8 stream cannot take
+    stream.flush()
+    assert stream.buffer.getvalue().decode("utf-8") == text + "\n"
+    lines = text.splitlines()
+    assert len(lines) == 2 + 2 + 1 and all(line.isprintable() for line in lines)  # header, rule, 2 rows, summary
+    if where == "signature":
+        assert lines[2].startswith(HOSTILE_SHOWN + " ")
+        assert lines[2].endswith("  ValueError: the class no_such_module_here:Pair is not loaded: its module is not "
+                                 "imported (load_specs never imports a module: import it first)")
+        assert report.results[0].signature == HOSTILE_TEXT  # escaped where shown, not in the results
+    else:
+        assert [line.split("  ")[0] for line in lines[2:4]] == [newest, oldest]
+        assert all(f"jax {HOSTILE_SHOWN}; this is" in line for line in lines[2:4])
+
+
+def test_a_function_s_specs_are_read_up_to_its_max_signatures(tmp_path):
+    # A 61.5 MB file of 90,000 entries made a start take 40 s and 770 MB, and print a 10.7 MB table; only
+    # max_signatures of them could ever be warmed up.
+    tmp_path = _private(tmp_path)
+    comp = CountingCompiler()
+    many = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    for n in range(1, 6):
+        many(np.zeros(n, np.float32))
+    path = tmp_path / "specs.json"
+    ftjit.save_specs(path, {"f": many})
+    saved = ftjit.load_specs(path)
+    newest = [e.signature for e in saved.functions["f"]]
+    few = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(), max_signatures=2)
+    with LogCapture(f"{path} holds") as log:  # this thread's file
+        specs = saved.for_function(few, name="f")
+    assert [type(s) for s in specs] == [ftjit.SavedSpec] * 2
+    assert [few._signature_of(*s.args).replace("<lambda>", "") for s in specs] == [
+        s.replace("<lambda>", "") for s in newest[:2]]
+    assert log.messages() == [f"{path} holds 5 saved signatures of f, more than its max_signatures=2: only the "
+                              "newest 2 are read"]
+    assert len(saved.for_function(many, name="f")) == 5  # no max_signatures: all
+
+
+ABSURD = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    import ftjit
+
+    traced = []
+
+    def widen(x):
+        traced.append(x.shape)
+        return x.astype(jnp.float32)
+
+    # The program's own spec: an int8[2**61] argument whose float32 result no 64-bit byte count holds.
+    f = ftjit.jit(widen)
+    print("program:", f.warmup([(jax.ShapeDtypeStruct((2**61,), np.int8),)]).results[0].error)
+
+    # A file's spec: a saved shape edited to [2**56, 16], of a matmul whose result no 64-bit byte count holds
+    # (serve.py --no-bucket-warmup --specs F aborted with one such shape).
+    def project(x, w):
+        traced.append(x.shape)
+        return x @ w
+
+    g = ftjit.jit(project)
+    g(np.ones((4, 16), np.float32), np.ones((16, 64), np.float32))
+    ftjit.save_specs(sys.argv[1], {"project": g})
+    data = json.load(open(sys.argv[1]))
+    data["functions"]["project"][0]["args"][0]["shape"] = [2**56, 16]
+    open(sys.argv[1], "w").write(json.dumps(data))
+    g.clear_cache()
+    del traced[:]
+    compiles = g.cache_info().compiles
+    report = g.warmup(ftjit.load_specs(sys.argv[1]).for_function(g, name="project"))
+    print("file:", report.results[0].error)
+    print("traced:", traced, "compiles:", g.cache_info().compiles - compiles)
+    """
+)
+
+
+@pytest.mark.thread_unsafe(reason="runs an interpreter")
+def test_absurd_shapes_from_the_program_or_a_file_are_refused_and_the_process_lives(tmp_path):
+    # Both aborted the process in XLA (SIGABRT, "overflow in static extent product"), the file's in every
+    # start of a server warming it up.
+    tmp_path = _private(tmp_path)
+    done = _run(tmp_path, ABSURD, str(tmp_path / "specs.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "program: int8[2305843009213693952] (an argument) would take 2305843009213693952 bytes, more than the "
+        "9007199254740992 (8 PiB) ftjit compiles a value of: not compiled (no device holds that much, and XLA aborts "
+        "the process compiling larger ones). Is a dimension wrong?",
+        "file: its arrays would take 4611686018427392000 bytes on the default device, more than the 1099511627776 "
+        "(1 TiB) a saved spec may take where the device's memory is not known: not warmed up (a damaged file?)",
+        "traced: [] compiles: 0",  # the file's spec was refused before anything was traced
+    ]
+
+
+class _MemoryCompiler(CountingCompiler):
+    """A compiler whose default device holds ``memory`` bytes (CompilerHooks.device_memory), or an unknown
+    amount (None)."""
+
+    def __init__(self, memory):
+        super().__init__()
+        self.memory = memory
+
+    def hooks(self, fun):
+        return ftjit.CompilerHooks(device_memory=lambda placement: self.memory)
+
+
+@pytest.mark.parametrize("memory", [4096, None])
+def test_a_saved_spec_past_the_device_s_memory_is_refused_before_anything_is_traced(tmp_path, memory):
+    tmp_path = _private(tmp_path)
+    comp = _MemoryCompiler(memory)
+    jf = ftjit.jit(lambda x, y: x, compiler=comp, cache=ftjit.FunctionCache())
+    jf(np.ones((8, 16), np.float32), np.ones(16, np.int8))  # 512 + 16 bytes: fits
+    path = tmp_path / "specs.json"
+    ftjit.save_specs(path, {"f": jf})
+    fits = ftjit.load_specs(path).for_function(jf, name="f")
+    assert [type(s) for s in fits] == [ftjit.SavedSpec]
+    data = json.loads(path.read_text())
+    data["functions"]["f"][0]["args"][0]["shape"] = [8, 2**40 // 32]  # float32: 2**40 bytes, and 16 more
+    _written(path, json.dumps(data).encode())
+    (spec,) = ftjit.load_specs(path).for_function(jf, name="f")
+    assert type(spec) is ftjit.BrokenSpec and type(spec.error) is ValueError
+    if memory is None:
+        assert str(spec.error) == ("its arrays would take 1099511627792 bytes on the default device, more than the "
+                                   "1099511627776 (1 TiB) a saved spec may take where the device's memory is not "
+                                   "known: not warmed up (a damaged file?)")
+    else:
+        assert str(spec.error) == ("its arrays would take 1099511627792 bytes on the default device, more than the "
+                                   "4096 bytes of its memory: not warmed up (a damaged file, or one saved for a larger "
+                                   "device?)")
+    report = jf.warmup([spec])
+    assert [(r.signature, r.error) for r in report] == [(spec.signature, spec.error)] and comp.calls == 1
+
+
+def test_the_jax_compiler_reports_the_memory_jax_reports():
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    assert ftjit._jax._device_memory(None) == stats.get("bytes_limit")  # None on the CPU
+    assert ftjit._jax._device_memory(jax.sharding.SingleDeviceSharding(device)) == stats.get("bytes_limit")
 
 
 def test_a_file_from_another_version_or_a_changed_function_is_a_report_line_per_spec(tmp_path):
@@ -945,10 +1335,11 @@ def test_save_specs_of_something_else_than_jitted_functions_is_a_type_error(tmp_
 def test_an_empty_path_is_a_value_error_and_writes_nothing(tmp_path, monkeypatch):
     tmp_path = _private(tmp_path)
     jf = _saved_function()
-    with pytest.raises(ValueError, match=r"^save_specs: the path must name a file, got ''$"):
+    with pytest.raises(ValueError, match=r"^save_specs: the path is empty: give the specs file's path$"):
         ftjit.save_specs("", jf)
-    with pytest.raises(ValueError, match=r"^load_specs: the path must name a file, got ''$"):
-        ftjit.load_specs("")
+    with pytest.raises(ValueError, match=r"^load_specs: the path is empty: give the specs file's path$"):
+        ftjit.load_specs(b"")
+    assert os.listdir(tmp_path) == []
 
 
 def test_for_function_of_something_else_is_a_type_error(tmp_path):

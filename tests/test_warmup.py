@@ -12,6 +12,7 @@ with a timeout and re-raise worker exceptions.
 
 import _thread
 import logging
+import re
 import signal
 import threading
 import time
@@ -510,6 +511,46 @@ def test_an_oversized_jax_spec_is_refused_instead_of_aborting():
     with pytest.raises(ValueError, match=r"float32\[1099511627776,1099511627776\], whose size in bytes"):
         jf.precompile(jax.ShapeDtypeStruct((2**40, 2**40), np.float32))
     assert jf.cache_info().size == 0
+
+
+def test_the_report_lists_at_most_100_results_then_says_how_many_more():
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache())
+    report = jf.warmup([(z(n),) for n in range(1, 251)] + [ftjit.BrokenSpec("f(?)", ValueError("gone"))])
+    lines = str(report).splitlines()
+    assert len(report) == 251 and len(lines) == 2 + 100 + 2
+    assert [line.split()[0].rpartition(".")[2] for line in lines[2:102]] == [
+        f"<lambda>(float32[{n}])" for n in range(1, 101)]
+    assert lines[-2] == "... and 151 more (1 of them errors): WarmupReport.results has them all"
+    assert lines[-1].startswith("warmup: 250/251 ok in ")
+
+
+@pytest.mark.parametrize(("fun", "shape", "dtype", "message"), [
+    (lambda x: x.astype(np.complex64), (2**51,), np.int8,
+     r"complex64\[2251799813685248\] \(the result of convert_element_type\) would take 18014398509481984 bytes"),
+    (lambda x: (x.astype(np.float32) * 2).sum(), (2**52,), np.int8,
+     r"float32\[4503599627370496\] \(a value of convert_element_type\) would take 18014398509481984 bytes"),
+    (lambda x: x, (2**54,), np.int8, r"int8\[18014398509481984\] \(an argument\) would take 18014398509481984 bytes"),
+], ids=["result", "intermediate", "argument"])  # fmt: skip
+def test_a_program_value_past_8_pib_is_refused_after_tracing_and_before_xla(fun, shape, dtype, message):
+    """The JAX compiler checks every value of the traced program, not only
+    the arguments (whose bytes must fit in 64 bits, above): an int8[2**61]
+    argument cast to float32 made XLA abort the process (SIGABRT, "overflow
+    in static extent product"). Such a spec is an error of its report line
+    and of precompile(); the process lives (tests/test_specs.py checks the
+    abort case itself in a child process)."""
+    jax = pytest.importorskip("jax")
+    jf = ftjit.jit(fun, cache=ftjit.FunctionCache())
+    spec = jax.ShapeDtypeStruct(shape, dtype)
+    tail = (r", more than the 9007199254740992 \(8 PiB\) ftjit compiles a value of: not compiled \(no device holds "
+            r"that much, and XLA aborts the process compiling larger ones\). Is a dimension wrong\?")
+    with pytest.raises(ValueError, match="^" + message + tail):  # (JAX adds a note on its traceback filtering)
+        jf.precompile(spec)
+    (result,) = jf.warmup([(spec,)])
+    assert type(result.error) is ValueError and re.fullmatch(message + tail, str(result.error))
+    with pytest.raises(ValueError, match="^" + message):
+        jf.warmup([(spec,)], strict=True)
+    assert jf.cache_info().size == 0 and jf.cache_info().failures == 3
 
 
 @pytest.mark.thread_unsafe(reason="delivers SIGINT to the main thread")
