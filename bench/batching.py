@@ -251,3 +251,46 @@ def format_batching(rows: Sequence[Row], threads: Sequence[int], hidden: int, se
     if not on_tpu:
         lines.append(f"(report: the targets are set for a TPU; this backend is {backend})")
     return "\n".join(lines)
+
+
+def slicing_costs(hidden: int = 64, size: int = 64, repeat: int = 50) -> str:
+    """What handing each caller its row of a batch costs, three ways, per batch of ``size`` (median of
+    ``repeat``), each row read to the host as a caller does: one copy of the batch to the host, then numpy
+    rows (``to_host``); the rows split inside the compiled program, each copied to the host (batched's
+    default); and one slice per caller of the batch's jax Array, each copied to the host."""
+    import jax
+
+    import ftjit
+
+    fn, x = _model(hidden)
+    stacked = ftjit.jit(jax.vmap(fn))
+    split = ftjit.jit(lambda xs: tuple(jax.vmap(fn)(xs)[i] for i in range(size)))
+    xs = np.stack([x] * size)
+
+    def host_once() -> None:
+        out = np.asarray(stacked(xs))
+        for i in range(size):
+            out[i]
+
+    def in_program() -> None:
+        for row in split(xs):
+            np.asarray(row)
+
+    def per_caller() -> None:
+        out = stacked(xs)
+        for i in range(size):
+            np.asarray(out[i])
+
+    lines = [f"slicing a batch of {size} into callers' rows on {jax.default_backend()} (µs per batch, median of "
+             f"{repeat})"]
+    for label, run in (("one copy to the host, numpy rows (to_host)", host_once),
+                       ("rows split in the program, each copied", in_program),
+                       ("one device slice per caller, each copied", per_caller)):
+        run()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        lines.append(f"  {label:<44} {statistics.median(times) * 1e6:10.0f}")
+    return "\n".join(lines)

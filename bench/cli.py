@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds each side runs per thread count and round (default: %(default)s)")
     parser.add_argument("--batching-rounds", type=int, default=3, metavar="R",
                         help="interleaved rounds of the batching rows (default: %(default)s)")
+    parser.add_argument("--batching-slicing", action="store_true",
+                        help="with --batching: also what handing each caller its row of a batch costs, three ways")
     parser.add_argument("--batching-hidden", type=int, default=64, metavar="H",
                         help="the batching model's hidden width, 16 -> H -> 4 (default: %(default)s)")
     parser.add_argument("--threads", type=thread_counts, metavar="1,N,...",
@@ -190,6 +192,11 @@ def _batching(args: argparse.Namespace) -> int:
           f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
     print()
     print(format_batching(rows, counts, args.batching_hidden, args.batching_seconds, args.batching_rounds))
+    if args.batching_slicing:
+        from .batching import slicing_costs
+
+        print()
+        print(slicing_costs(args.batching_hidden))
     return 0
 
 
