@@ -9,8 +9,9 @@ round by round:
 - ``hand-written``: the anchor, a batcher as one writes it by hand: a queue and one worker thread that
   collects for up to 1 ms (or 64 examples), pads to a power of two, calls ``ftjit.jit(jax.vmap(f))``, copies
   the batch to the host and hands each caller its row (collect, run and copy out in that one thread);
-- ``ftjit.batched``: callers of one signature merged (jax Arrays back, one row each);
-- ``ftjit.batched, to_host``: the same, the batch copied to the host once (numpy rows back).
+- ``ftjit.batched, jax Arrays`` (``to_host=False``): callers of one signature merged, jax Arrays back (rows
+  split in the program);
+- ``ftjit.batched (to_host)``: the default, the batch copied to the host once (numpy rows back).
 
 Printed: calls/s (all threads together, the median of the rounds) and p50/p99 latency of one call (over every
 call of every round), per thread count; then the ratios issue 41 sets targets on, each computed from the
@@ -146,7 +147,7 @@ def _sides(hidden: int) -> list[Side]:
         return make
 
     return [Side("ftjit.jit, per call", per_call), Side("hand-written batcher", hand),
-            Side("ftjit.batched", batched(False)), Side("ftjit.batched, to_host", batched(True))]
+            Side("ftjit.batched, jax Arrays", batched(False)), Side("ftjit.batched (to_host)", batched(True))]
 
 
 def _run(call: Callable[[Any], Any], threads: int, seconds: float) -> tuple[float, list[int]]:

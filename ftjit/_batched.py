@@ -425,7 +425,7 @@ def _check_timeout(timeout: float | None) -> float | None:
 
 
 def batched(fn: Any = None, /, *, max_batch: int = 64, max_wait: float = 0.001, sizes: Sequence[int] | None = None,
-            to_host: bool = False, timeout: float | None = None, static_argnums: int | Sequence[int] = (),
+            to_host: bool = True, timeout: float | None = None, static_argnums: int | Sequence[int] = (),
             static_argnames: str | Sequence[str] = (), **jit_options: Any) -> Any:
     """Merges concurrent calls of ``fn``, each with one example, into calls of a batch.
 
@@ -436,8 +436,10 @@ def batched(fn: Any = None, /, *, max_batch: int = 64, max_wait: float = 0.001, 
     powers of two up to ``max_batch``) and run as one call of ``jax.vmap(fn)``, compiled by ``ftjit.jit``
     once per size (``warmup()`` compiles every size ahead of traffic). A call that finds nothing forming and
     nothing running goes at once, alone; the batch of calls arriving meanwhile starts when the running one
-    ends, when ``max_batch`` wait, or after ``max_wait`` seconds. With ``to_host=True`` a batch's outputs
-    are copied to the host once and each caller gets numpy rows; else jax Arrays. ``timeout`` (seconds)
+    ends, when ``max_batch`` wait, or after ``max_wait`` seconds. With ``to_host=True`` (the default) a
+    batch's outputs are copied to the host once and each caller gets numpy rows (views of that copy); with
+    ``to_host=False`` each gets jax Arrays, split from the batch inside the compiled program (on a TPU v5e, 64
+    rows each read back to the host took 24 times as long as one copy of the batch: docs/behaviour.md). ``timeout`` (seconds)
     bounds each call's wait for its result (``BatchTimeoutError``). Other keywords go to ``ftjit.jit``
     (``cache``, ``compile_timeout``, ``explain_misses``, ...). Usable as ``@batched(max_batch=32)``.
 
