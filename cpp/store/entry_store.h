@@ -228,7 +228,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     UnlistAll();
   }
 
-  using Slot = typename Entry::Slot;
+  using Slot = EntrySlot<typename Traits::LocalExe>;  // StoreEntry::Slot (not named through it: the entry type is not complete here)
   using Record = typename EpochDomain<Mutex>::Record;
 
   // What a hit holds in flight (see InFlight): the entry the probe found
