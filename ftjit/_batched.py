@@ -322,10 +322,11 @@ class BatchedFunction:
                 q.finished_locked()
                 q.failed += 1
                 self._count_batch_locked(q, len(batch), size)
-                for b in batch:
-                    if b is not w and b.state == _TAKEN:
-                        b.error, b.state = error, _DONE
-                        b.gate.release()
+                woken = [b for b in batch if b is not w and b.state == _TAKEN]
+                for b in woken:
+                    b.error, b.state = error, _DONE
+            for b in woken:  # after the lock: a woken caller that calls again must not wait for it
+                b.gate.release()
             raise
         except BaseException:
             with q.cond:  # this thread was interrupted: the others go back to the queue, unharmed
@@ -341,10 +342,13 @@ class BatchedFunction:
         with q.cond:
             q.finished_locked()
             self._count_batch_locked(q, len(batch), size)
+            woken = []
             for b, r in zip(batch, results):
                 if b is not w and b.state == _TAKEN:
                     b.result, b.state = r, _DONE
-                    b.gate.release()
+                    woken.append(b)
+        for b in woken:  # after the lock: a woken caller that calls again must not wait for it
+            b.gate.release()
         return results[batch.index(w)]
 
     def _count_batch_locked(self, q: _Queue, n: int, size: int) -> None:
