@@ -87,31 +87,78 @@ PUBLIC_CONTEXT_NAMES = (
     "jax_custom_jvp3",
     "jax_remat_barrier_no_cotangents",
     "jax_accurate_erf_inv",
+    # jax 0.12.1
+    "jax_random_normal_mode",
+    "jax_legacy_random_uniform",
+    "jax_tanh_sech_jvp",
+    "jax_accurate_logistic",
+    "jax_accurate_default_erfc",
+    "jax_partitioning",
+    # in jax.jit's key, not in trace_context() (JIT_KEY_EXTRA_CONFIGS_IF_PRESENT)
+    "jax_pallas_auto_assign_collective_ids",
+    "jax_pallas_auto_assign_collective_ids_limit",
 )
 
 # Configs in jax.jit's own cache key (jaxlib's JitConfigs) that trace_context()
 # leaves out, so the core keys on them as extra context parts: the concrete
 # mesh of jax.set_mesh (it places outputs and sharding constraints) and two
-# compiler options. Names in jax._src.config.
+# compiler options; and, in the JAX releases that have them (0.11 on), the
+# collective ids Pallas assigns. Names in jax._src.config.
 JIT_KEY_EXTRA_CONFIGS = ("device_context", "optimization_level", "memory_fitting_level")
+JIT_KEY_EXTRA_CONFIGS_IF_PRESENT = (
+    "jax_pallas_auto_assign_collective_ids",  # jax 0.11
+    "jax_pallas_auto_assign_collective_ids_limit",  # jax 0.11.2
+)
 # Where jax keeps them (device_context moved from config to mesh in jax 0.11).
 _EXTRA_CONFIG_MODULES = ("jax._src.config", "jax._src.mesh")
 
-# Configs in trace_context() that jax.jit's cache key leaves out (jax 0.10.2;
-# tests/test_jax_copies.py lists them against the running JAX). They are the
-# context's unkeyed items (ContextHooks.unkeyed): a change of one of these
-# alone selects the entry compiled before it, in every thread, exactly as
-# with jax.jit: what is compiled keeps the value it was traced with. (jax_
-# disable_jit is checked by jaxlib's call itself, and by the core's
-# `requires`: ftjit then calls the function's jax.jit, which runs it
-# eagerly.) A signature that misses for another reason compiles under their
-# values then.
-TRACE_CONTEXT_NOT_IN_JIT_KEY = (
-    "jax_disable_jit",
-    "jax_high_dynamic_range_gumbel",
-    "jax_hlo_source_file_canonicalization_regex",
-    "jax_mutable_array_checks",
-)
+# Configs in trace_context() that jax.jit's cache key leaves out, each with
+# the first JAX release whose key holds it (None: none checked does), checked
+# for every release from 0.10.2 to NEWEST_CHECKED_JAX (tests/test_jax_copies.py
+# lists them against the running JAX). They are the context's unkeyed items
+# (ContextHooks.unkeyed): a change of one of these alone selects the entry
+# compiled before it, in every thread, exactly as with jax.jit: what is
+# compiled keeps the value it was traced with. (jax_disable_jit is checked by
+# jaxlib's call itself, and by the core's `requires`: ftjit then calls the
+# function's jax.jit, which runs it eagerly.) A signature that misses for
+# another reason compiles under their values then.
+#
+# Leaving out a config that jax.jit keys on would be the bug of issue 40's
+# finding 2 (a program that depends on the thread), so a JAX newer than
+# NEWEST_CHECKED_JAX leaves out none but jax_disable_jit: it keys on the rest,
+# and recompiles where such a jax.jit might not.
+TRACE_CONTEXT_NOT_IN_JIT_KEY: dict[str, tuple[int, ...] | None] = {
+    "jax_disable_jit": None,
+    "jax_high_dynamic_range_gumbel": (0, 12, 1),
+    "jax_hlo_source_file_canonicalization_regex": None,
+    "jax_mutable_array_checks": None,
+}
+NEWEST_CHECKED_JAX = (0, 12, 1)
+
+
+def unkeyed_names(version: tuple[int, ...]) -> frozenset[str]:
+    """The configs of TRACE_CONTEXT_NOT_IN_JIT_KEY that the key of jax.jit
+    leaves out in JAX ``version`` (its release numbers, as jax.__version_info__)."""
+    if version[:3] > NEWEST_CHECKED_JAX:
+        return frozenset({"jax_disable_jit"})
+    return frozenset(n for n, keyed_from in TRACE_CONTEXT_NOT_IN_JIT_KEY.items()
+                     if keyed_from is None or version[:3] < keyed_from)
+
+
+def _jax_version() -> tuple[int, ...]:
+    """The running JAX's release numbers ("0.12.0.1" -> (0, 12, 0, 1); a
+    development tail such as ".dev20261201" is dropped)."""
+    import jax
+
+    numbers = []
+    for part in str(jax.__version__).split("."):
+        digits = part[: len(part) - len(part.lstrip("0123456789"))]
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if digits != part:
+            break
+    return tuple(numbers)
 
 
 _hooks_lock = threading.Lock()
@@ -182,6 +229,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
     extras = (_private_context_extras() if "context" in fast else None) or _public_context_extras()
 
     probe_fn, probe_arg, probe_ok = probe
+    unkeyed = unkeyed_names(_jax_version())
     committed_attr, sharding_attr = placement
     return {
         # Shaped as the core keys the context (its items, then the extras), for miss explanations.
@@ -205,7 +253,7 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
             spec_types=(jax.ShapeDtypeStruct,) if isinstance(jax.ShapeDtypeStruct, type) else (),
             # What jax.jit's key leaves out selects no entry here either: the
             # same program in every thread, until a miss for another reason.
-            unkeyed=tuple(i for i, name in enumerate(names) if name in TRACE_CONTEXT_NOT_IN_JIT_KEY),
+            unkeyed=tuple(i for i, name in enumerate(names) if name in unkeyed),
         ),
         # With the registry's own one-level flatten (C++, called directly by
         # the core), a custom node costs what it costs jax.jit; the hook above
@@ -377,12 +425,16 @@ def _private_context_extras() -> tuple[ContextExtra, ...] | None:
                 modules.append(importlib.import_module(module_name))
             except ImportError:
                 pass
-        extras = []
-        for name in JIT_KEY_EXTRA_CONFIGS:
+
+        def find(name: str) -> Any:
             config = next((c for m in modules if isinstance(c := getattr(m, name, None), base)), None)
-            if config is not None and fget(config) is config.value:
-                extras.append(ContextExtra(fget, config))
-        return tuple(extras) if len(extras) == len(JIT_KEY_EXTRA_CONFIGS) else None
+            return config if config is not None and fget(config) is config.value else None
+
+        extras = [ContextExtra(fget, c) for c in map(find, JIT_KEY_EXTRA_CONFIGS) if c is not None]
+        if len(extras) != len(JIT_KEY_EXTRA_CONFIGS):
+            return None
+        return tuple(extras) + tuple(ContextExtra(fget, c) for c in map(find, JIT_KEY_EXTRA_CONFIGS_IF_PRESENT)
+                                     if c is not None)
     except Exception:  # noqa: BLE001 - a JAX without them: the public fallback
         return None
 

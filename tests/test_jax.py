@@ -487,9 +487,40 @@ def test_compiler_option_configs_recompile_like_jax_jit():
     import importlib
 
     modules = [importlib.import_module(m) for m in ftjit._jax_hooks._EXTRA_CONFIG_MODULES]
+    h = ftjit._jax_hooks
     assert [extra.arg for extra in sig.extras] == [
-        next(getattr(m, name) for m in modules if hasattr(m, name)) for name in ftjit._jax_hooks.JIT_KEY_EXTRA_CONFIGS]
+        next(getattr(m, name) for m in modules if hasattr(m, name)) for name in h.JIT_KEY_EXTRA_CONFIGS] + [
+        getattr(m, name) for name in h.JIT_KEY_EXTRA_CONFIGS_IF_PRESENT for m in modules if hasattr(m, name)]
 
+
+
+def test_pallas_collective_id_configs_recompile_like_jax_jit():
+    """jax 0.11 put jax_pallas_auto_assign_collective_ids (and 0.11.2 its
+    _limit) in jax.jit's key but not in trace_context(): keyed as extras."""
+    from jax._src import config as jax_config
+
+    ids = getattr(jax_config, "jax_pallas_auto_assign_collective_ids", None)
+    limit = getattr(jax_config, "jax_pallas_auto_assign_collective_ids_limit", None)
+    if ids is None:
+        pytest.skip(f"jax {jax.__version__} has no jax_pallas_auto_assign_collective_ids")
+    fj, jj, ff, jf = counted_jits(lambda x: x * 2)
+    x = jnp.arange(3.0)
+    for fn in (jj, jf):
+        fn(x)
+        with ids("yes"):
+            fn(x)
+            fn(x)
+        if limit is not None:
+            with limit(limit.value + 1):
+                fn(x)
+        fn(x)
+    # jax.jit compiles again without tracing again (its trace cache keys on
+    # trace_context()); ftjit's compiles go through the same trace cache.
+    assert fj.tracer.count == ff.tracer.count == 1
+    programs = 3 if limit is not None else 2
+    assert jj._cache_size() == programs
+    info = jf.cache_info()
+    assert (info.compiles, info.hits) == (programs, 5 - programs)
 
 SET_MESH = """
     import jax, jax.numpy as jnp, numpy as np, ftjit, ftjit._jax

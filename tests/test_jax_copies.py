@@ -139,30 +139,56 @@ TRACE_CONTEXT_ONLY = """
     records = {}
     Base = _jax.config.Config
 
-    class Recording(Base):
-        def __init__(self, name, value, *, include_in_jit_key=False, include_in_trace_context=False):
+    class Recording(Base):  # sees every config jax makes, with its flags (include_in_jaxpr_eqn_ctx: jax 0.12)
+        def __init__(self, name, value, *, include_in_jit_key=False, include_in_trace_context=False, **rest):
             super().__init__(name, value, include_in_jit_key=include_in_jit_key,
-                             include_in_trace_context=include_in_trace_context)
+                             include_in_trace_context=include_in_trace_context, **rest)
             records[name] = (include_in_jit_key, include_in_trace_context)
 
     _jax.config.Config = Recording
-    import jax, ftjit._jax_hooks
+    import jax, ftjit._jax_hooks as h
     print(sorted(n for n, (key, trace) in records.items() if trace and not key))
-    print(sorted(ftjit._jax_hooks.TRACE_CONTEXT_NOT_IN_JIT_KEY))
+    print(sorted(h.unkeyed_names(h._jax_version())))
+    print(sorted(n for n, (key, trace) in records.items() if key and not trace and n != "trace_state"))
+    print(sorted(h._extra_name(e.arg) for e in h.build_hooks()["context_hooks"].extras))
+    print(h._jax_version() <= h.NEWEST_CHECKED_JAX)
 """
 
 
 @pytest.mark.thread_unsafe(reason="spawns an interpreter")
-def test_the_configs_in_the_trace_context_but_not_in_jax_jits_key_are_the_documented_ones():
-    found, documented = run_script(TRACE_CONTEXT_ONLY).splitlines()
-    assert found == documented
+def test_the_configs_in_only_one_of_trace_context_and_jax_jits_key_are_the_documented_ones():
+    """Against the running JAX: what trace_context() has and jax.jit's key has
+    not is what the core leaves out (unkeyed); what the key has and
+    trace_context() has not (trace_state aside: the probe defers active traces)
+    is what it keys on as extras. A JAX release that moves a config fails this:
+    check it, then raise NEWEST_CHECKED_JAX."""
+    trace_only, unkeyed, key_only, extras, checked = run_script(TRACE_CONTEXT_ONLY).splitlines()
+    assert checked == "True", f"jax {jax.__version__} is newer than ftjit._jax_hooks.NEWEST_CHECKED_JAX"
+    assert trace_only == unkeyed
+    assert key_only == extras
 
 
-def test_a_config_outside_jax_jits_key_recompiles_nothing_as_with_jax_jit():
-    """jax_high_dynamic_range_gumbel is in trace_context() but not in jax.jit's
-    key: changing it alone recompiles neither jax.jit nor ftjit.jit."""
-    from jax._src import config as jax_config
+@pytest.mark.parametrize("version, gumbel_unkeyed", [
+    ((0, 10, 2), True), ((0, 12, 0, 1), True), ((0, 12, 1), False), ((0, 13, 0), False)])
+def test_unkeyed_configs_follow_the_jax_release(version, gumbel_unkeyed):
+    names = ftjit._jax_hooks.unkeyed_names(version)
+    assert ("jax_high_dynamic_range_gumbel" in names) is gumbel_unkeyed
+    assert "jax_disable_jit" in names
+    # Past the newest release checked, nothing else is left out of the key (the safe side).
+    assert (names == {"jax_disable_jit"}) is (version > ftjit._jax_hooks.NEWEST_CHECKED_JAX)
 
+
+@pytest.mark.thread_unsafe(reason="replaces jax.__version__ for a moment")
+@pytest.mark.parametrize("text, numbers", [
+    ("0.10.2", (0, 10, 2)), ("0.12.0.1", (0, 12, 0, 1)), ("0.13.0.dev20261201", (0, 13, 0)), ("0.14rc1", (0, 14))])
+def test_the_jax_release_is_read_from_its_version_text(monkeypatch, text, numbers):
+    monkeypatch.setattr(jax, "__version__", text)
+    assert ftjit._jax_hooks._jax_version() == numbers
+
+
+def _traces_under_a_config_change(state):
+    """Traces of jax.jit and of ftjit.jit of one function, called before and
+    under a change of ``state`` alone; and ftjit's compiles."""
     traces = {"jax": 0, "ftjit": 0}
 
     def make(side):
@@ -175,11 +201,31 @@ def test_a_config_outside_jax_jits_key_recompiles_nothing_as_with_jax_jit():
     jj, jf = jax.jit(make("jax")), ftjit.jit(make("ftjit"), cache=ftjit.FunctionCache())
     x = jnp.arange(3.0)
     jj(x), jf(x)
-    state = jax_config.use_high_dynamic_range_gumbel
     with state(not state.value):
         jj(x), jf(x)
-    assert traces == {"jax": 1, "ftjit": 1}
-    assert jf.cache_info().compiles == 1
+    return traces, jf.cache_info().compiles
+
+
+def test_a_config_outside_jax_jits_key_recompiles_nothing_as_with_jax_jit():
+    """jax_mutable_array_checks is in trace_context() but not in jax.jit's key
+    (in every JAX release checked): changing it alone recompiles neither
+    jax.jit nor ftjit.jit."""
+    from jax._src import config as jax_config
+
+    traces, compiles = _traces_under_a_config_change(jax_config.mutable_array_checks)
+    assert (traces, compiles) == ({"jax": 1, "ftjit": 1}, 1)
+    gc.collect()
+
+
+def test_jax_high_dynamic_range_gumbel_recompiles_as_with_the_running_jax_jit():
+    """jax_high_dynamic_range_gumbel left jax.jit's key out until jax 0.12.1,
+    which keys on it: ftjit.jit recompiles exactly when jax.jit does."""
+    from jax._src import config as jax_config
+
+    traces, compiles = _traces_under_a_config_change(jax_config.use_high_dynamic_range_gumbel)
+    assert traces["ftjit"] == traces["jax"] == compiles
+    keyed = "jax_high_dynamic_range_gumbel" not in ftjit._jax_hooks.unkeyed_names(ftjit._jax_hooks._jax_version())
+    assert compiles == (2 if keyed else 1)
     gc.collect()
 
 
@@ -233,9 +279,10 @@ def _gumbel_globally(on):
 def test_a_config_outside_jax_jits_key_gives_one_answer_in_every_thread_as_with_jax_jit():
     """Finding 2: after jax_high_dynamic_range_gumbel changes (globally), a
     thread that never called the function (a new one, and twenty alive at
-    once: more than the old core's sixteen shards) gets the program compiled
-    before, as in the main thread and as jax.jit gives; with key-array
-    arguments too. Nothing recompiles."""
+    once: more than the old core's sixteen shards) gets the program jax.jit
+    gives, as the main thread does; with key-array arguments too. Up to jax
+    0.12.0 that is the program compiled before (the config is not in jax.jit's
+    key: nothing recompiles); from 0.12.1, the new one (one recompile each)."""
 
     def f(x):
         return jax.random.gumbel(jax.random.key(0), (3,)) + x
@@ -251,8 +298,11 @@ def test_a_config_outside_jax_jits_key_gives_one_answer_in_every_thread_as_with_
     assert before_f == before_jax
     _gumbel_globally(True)
     try:
-        changed = np.asarray(jax.jit(lambda v: f(v))(x)).tolist()  # a new function traces under the new value
-        assert changed != before_f  # (so the test can tell the programs apart)
+        changed = (np.asarray(jax.jit(lambda v: f(v))(x)).tolist(),  # new functions trace under the new value
+                   np.asarray(jax.jit(lambda k, v: g(k, v))(key, x)).tolist())
+        assert changed[0] != before_f  # (so the test can tell the programs apart)
+        keyed = np.asarray(jj(x)).tolist() == changed[0]  # jax.jit recompiled: its key holds the config
+        assert keyed or np.asarray(jj(x)).tolist() == before_jax
         all_in = threading.Barrier(20)
 
         def call(i):
@@ -264,9 +314,10 @@ def test_a_config_outside_jax_jits_key_gives_one_answer_in_every_thread_as_with_
         here = (np.asarray(jf(x)).tolist(), np.asarray(jg(key, x)).tolist(), np.asarray(jj(x)).tolist())
     finally:
         _gumbel_globally(False)
-    assert out == [(before_f, before_g, before_jax)] * 20
-    assert here == (before_f, before_g, before_jax)
-    assert (jf.cache_info().compiles, jg.cache_info().compiles) == (1, 1)
+    want = (changed[0], changed[1], changed[0]) if keyed else (before_f, before_g, before_jax)
+    assert out == [want] * 20
+    assert here == want
+    assert (jf.cache_info().compiles, jg.cache_info().compiles) == ((2, 2) if keyed else (1, 1))
 
 
 @pytest.mark.thread_unsafe(reason="resets the JAX compiler's once-per-process check")
