@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from typing import Any, Sequence
 
@@ -102,7 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"--callgrind-out-file={work}/callgrind.out.%p", sys.executable,
                    *(["-S"] if sys.flags.no_site else []), "-m", "bench.callgrind",
                    "--calls", str(args.calls), "--inner", lib] + (["--no-jax"] if args.no_jax else [])
-        env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), PYTHONMALLOC="malloc")
+        env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+        # The system allocator, which valgrind follows; a free-threaded build refuses any but mimalloc.
+        if sysconfig.get_config_var("Py_GIL_DISABLED"):
+            env.pop("PYTHONMALLOC", None)
+        else:
+            env["PYTHONMALLOC"] = "malloc"
         proc = subprocess.run(command, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr[-4000:])
