@@ -60,7 +60,8 @@ from ._hooks import CompilerHooks, ContextExtra, ContextHooks, ContextRequiremen
 from ._jax import JaxCompiler
 from ._jit import CacheInfo, FunctionCache, JitFunction, SignatureInfo, clear_caches, default_cache, disable_jit, jit
 from ._observe import FunctionStats, Stats, set_explain_misses, stats
-from ._specs import LeftOut, SavedSpecs, SpecList, load_specs, register_static_dataclass, save_specs
+from ._specs import LeftOut, SavedSpecs, SpecList, load_specs, register_static_dataclass
+from ._specs_save import save_specs
 from ._warmup import BrokenSpec, SavedSpec, Spec, WarmupReport, WarmupResult
 from .errors import (
     BatchTimeoutError,

@@ -7,9 +7,10 @@ API, behind a feature check) and the public ``Compiled`` otherwise.
 
 The signature hooks it gives the core (ftjit._jax_hooks) follow
 jax.jit; here: the compiler (JaxCompiler, bound to one function as
-BoundJaxCompiler), the CompilerHooks it hands ftjit.jit, the executable's
-fast call, and the one-time integration with JAX (hidden frames,
-jax.clear_caches()).
+BoundJaxCompiler), the CompilerHooks it hands ftjit.jit, the checks of a
+traced program's values, and the one-time integration with JAX (hidden
+frames, jax.clear_caches()). How a compiled program is called:
+ftjit._jax_calls.
 
 Shared state and what guards it:
 
@@ -29,23 +30,12 @@ import math
 import os
 from typing import Any, Callable, NamedTuple
 
-from ._hooks import CompilerHooks, ThreadExecutables
+from ._hooks import CompilerHooks
+from ._jax_calls import executable_for
 from ._jax_hooks import _jax_hooks
+from ._specs_format import shown
 
-__all__ = ["JaxCompiler", "fast_callable", "executable_for", "placement_label", "FAST_PATH", "FLAT_CALLS",
-           "THREAD_COPIES"]
-
-# Whether fast_callable() may use Compiled's private C++ callable. Tests turn
-# it off to prove the public fallback gives the same answers.
-FAST_PATH = True
-# Whether executables take the leaves ftjit flattened (flatten once), where
-# JAX's own leaves of the arguments are exactly those. Tests and the bench
-# turn it off to compare with calling the compiled program with the arguments.
-FLAT_CALLS = True
-# Whether executables are ThreadExecutables: jaxlib's C++ call of the program
-# made once per thread, checking JAX's configs itself (see _copies). Tests
-# and the bench turn it off to compare with one call object shared by all.
-THREAD_COPIES = True
+__all__ = ["JaxCompiler", "placement_label"]
 
 _jax_jit: Callable[..., Any] | None = None  # written once (a benign race: every writer writes the same)
 
@@ -100,204 +90,6 @@ def resolves_negative_static_argnums() -> bool:
             digits = "".join(ch for ch in part if ch.isdigit())
             parts.append(int(digits or 0))
         return tuple(parts) >= (0, 12)
-
-
-def fast_callable(compiled: Any) -> Callable[..., Any]:
-    """The fastest callable equivalent to ``compiled`` (a ``jax.stages.Compiled``).
-
-    Uses the C++ callable that ``Compiled.__call__`` builds lazily, when this
-    JAX version has it; otherwise the public ``Compiled`` object itself.
-    """
-    if FAST_PATH:
-        try:
-            call = compiled._executable.create_cpp_call(compiled._params)
-        except Exception:  # a JAX without this private API: degrade, never fail
-            call = None
-        if call is not None and callable(call):
-            return call
-    return compiled
-
-
-def executable_for(compiled: Any, args: tuple, kwargs: dict, leaves: tuple
-                   ) -> tuple[Callable[..., Any], bool] | ThreadExecutables:
-    """The JAX compiler's ``CompilerHooks.executable_for``: what each call of
-    a compiled signature calls. A ``jax.stages.Compiled`` is called with the
-    call's leaves when it can be (``_flat_params``), else with the arguments,
-    through jaxlib's C++ call of the program: one per thread
-    (``ThreadExecutables``, see ``_copies``) where this JAX allows, else one
-    shared (``fast_callable``); anything else (the function's jax.jit, for a
-    hijax program) is called with the arguments as it is."""
-    from jax import stages
-
-    if not isinstance(compiled, stages.Compiled):
-        return compiled, False
-    if FAST_PATH:
-        flat_params = _flat_params(compiled, args, kwargs, leaves) if FLAT_CALLS else None
-        params = flat_params if flat_params is not None else getattr(compiled, "_params", None)
-        if THREAD_COPIES and params is not None:
-            copies = _copies(compiled, params, flat_params is not None)
-            if copies is not None:
-                return copies
-        if flat_params is not None:
-            flat = _flat_call(compiled, flat_params)
-            if flat is not None:
-                return flat, True
-    return fast_callable(compiled), False
-
-
-def _flat_params(compiled: Any, args: tuple, kwargs: dict, leaves: tuple) -> Any:
-    """``compiled``'s call parameters for a call of ``leaves`` alone: the
-    input tree of that many flat leaves (everything else JAX keyed at
-    compile time is per leaf: donation, shardings, pruned arguments). None,
-    so that calls keep their arguments, when JAX's leaves of ``(args,
-    kwargs)`` (the flatten ``Compiled.call`` does) are not exactly
-    ``leaves``, one by one, or not the compiled program's input tree; when
-    the program has hijax inputs or outputs; or when this JAX lacks the
-    private API (``Compiled._params``, ``tree_util.tracing_registry``)."""
-    try:
-        from jax._src import tree_util as jax_tree_util
-
-        registry = jax_tree_util.tracing_registry
-        params = compiled._params
-        if params.is_high:
-            return None
-        jax_leaves, tree = registry.flatten((args, kwargs))
-        if tree != params.in_tree or len(jax_leaves) != len(leaves) or any(
-                a is not b for a, b in zip(jax_leaves, leaves)):
-            return None
-        return params._replace(in_tree=registry.flatten((tuple(leaves), {}))[1])
-    except Exception:  # noqa: BLE001 - a JAX without this private API: the arguments, as before
-        return None
-
-
-def _flat_call(compiled: Any, flat_params: Any) -> Callable[..., Any] | None:
-    """``compiled`` as one callable of the flat leaves of ``flat_params``:
-    jaxlib's C++ call of the program (``_executable.create_cpp_call``), or,
-    for a program with ordered effects or host callbacks, JAX's own Python
-    call. None without the private API."""
-    try:
-        from jax._src import stages as jax_stages
-
-        call = compiled._executable.create_cpp_call(flat_params)
-        if call is None:
-            compiled_call = jax_stages.Compiled.call
-
-            def call(*flat: Any) -> Any:
-                return compiled_call(flat_params, *flat)[0]
-
-        return call if callable(call) else None
-    except Exception:  # noqa: BLE001 - a JAX without this private API: the arguments, as before
-        return None
-
-
-def _copies(compiled: Any, params: Any, takes_leaves: bool) -> ThreadExecutables | None:
-    """``compiled`` as ``ThreadExecutables``: each copy is a jaxlib C++ call
-    object of the program (``_jax.pjit``, as ``create_cpp_call`` makes it),
-    with the core's miss as its cache miss and the core's eager callback as
-    its function: it checks JAX's configs itself on every call (jax.jit's own
-    cache key: JitConfigs), caches what ``own_miss`` (JAX's own miss of the
-    program: it runs it, and returns what the C++ call caches) gave in the
-    program's context, and sends every other context to the core. None where
-    the program has ordered effects or host callbacks (JAX runs those in
-    Python), or where this JAX's private API is not the one checked by
-    ``_copies_work`` (once per process, at the first compile)."""
-    try:
-        template = compiled._executable.create_cpp_call(params)
-        if template is None or not callable(template):
-            return None
-        parts = _copy_parts()
-        if parts is None:
-            return None
-        own_miss = template._cache_miss
-        name = getattr(getattr(compiled._executable, "unsafe_call", None), "name", None) or "jit"
-    except Exception:  # noqa: BLE001 - a JAX without this private API: one shared call, as before
-        return None
-    pjit, keys, registry, shard_arg = parts
-
-    def make(miss: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
-        return pjit(name, eager, miss, [], [], keys, registry, shard_arg)
-
-    return ThreadExecutables(make, own_miss, takes_leaves)
-
-
-_copy_parts_cache: list[Any] = []  # [parts or None], written once (a benign race: every writer writes equal parts)
-
-
-def _copy_parts() -> tuple[Any, Any, Any, Any] | None:
-    """(``_jax.pjit``, the global cache key, the dispatch registry, the
-    shard-argument fallback) that jaxlib's C++ call objects are made of,
-    when this JAX has them and they behave as ``_copies`` needs (checked
-    once: ``_copies_work``); else None, said once by a RuntimeWarning."""
-    if not _copy_parts_cache:
-        parts = None
-        why = ""
-        try:
-            from jax._src import tree_util as jax_tree_util
-            from jax._src.interpreters import pxla
-            from jax._src.lib import _jax as jaxlib_jax
-
-            parts = (jaxlib_jax.pjit, pxla.JitGlobalCppCacheKeys(), jax_tree_util.dispatch_registry,
-                     pxla.cc_shard_arg)
-            why = _copies_work(parts)
-        except Exception as error:  # noqa: BLE001 - a JAX without them
-            why = f"{type(error).__name__}: {error}"
-        if why:
-            parts = None
-            import warnings
-
-            warnings.warn(
-                "ftjit: this JAX's per-thread call objects (jaxlib's pjit) failed ftjit's check, so every "
-                "thread calls one shared call object per compiled signature (correct, but threads then wait "
-                f"on its lock instead of scaling): {why}", RuntimeWarning, stacklevel=2)
-        _copy_parts_cache.append(parts)
-    return _copy_parts_cache[0]
-
-
-def _copies_work(parts: tuple[Any, Any, Any, Any]) -> str:
-    """Feature check, on a program of its own: a copy made of ``parts``
-    calls the miss at its first call and returns the miss's outputs, serves
-    the next call without it, calls the miss again under another config
-    (jax.enable_x64, thread-local), and calls ``eager`` under
-    jax.disable_jit(). Its argument is already on the device, and it runs
-    under ``jax.transfer_guard("allow")``: a guard the program set cannot
-    refuse it. "" when it passes, else what failed."""
-    import jax
-    import numpy as np
-
-    pjit, keys, registry, shard_arg = parts
-    with jax.transfer_guard("allow"):
-        x = jax.device_put(np.float32(1))
-        compiled = jax.jit(lambda v: v + 1).lower(x).compile()
-        template = compiled._executable.create_cpp_call(compiled._params)
-        if template is None:
-            return "Compiled._executable.create_cpp_call gave no C++ call"
-        own_miss = template._cache_miss
-        seen: list[str] = []
-
-        def miss(*args: Any, **kwargs: Any) -> Any:
-            seen.append("miss")
-            return own_miss(*args, **kwargs)
-
-        def eager(*args: Any, **kwargs: Any) -> Any:
-            seen.append("eager")
-            return "eager"
-
-        copy = pjit("ftjit-check", eager, miss, [], [], keys, registry, shard_arg)
-        if not (float(copy(x)) == 2.0 and float(copy(x)) == 2.0 and seen == ["miss"]):
-            return f"a call object's first two calls did not miss once and hit once (seen: {seen})"
-        with jax.enable_x64(not jax.config.jax_enable_x64):  # type: ignore[attr-defined]
-            seen.append("x64")
-            miss_seen = len(seen)
-            try:
-                copy(x)
-            except Exception:  # noqa: BLE001 - the program under x64: only the miss matters here
-                pass
-            if seen[miss_seen:] != ["miss"]:
-                return f"a call object did not miss under another config (seen: {seen})"
-        with jax.disable_jit():
-            if copy(x) != "eager":
-                return "a call object did not call its eager callback under jax.disable_jit()"
-    return ""
 
 
 class _ThroughJaxJit:
@@ -426,9 +218,11 @@ def _restore_placement(portable: Any) -> Any:
     that backend."""
     import jax
 
-    kind, platform, device_id = portable
-    if kind != "single_device":
-        raise ValueError(f"unknown placement {portable!r}")
+    if not (type(portable) is tuple and len(portable) == 3 and portable[0] == "single_device"
+            and type(portable[1]) is str and type(portable[2]) is int):
+        raise ValueError(f"unknown placement {shown(portable)}: a placement is (\"single_device\", platform, "
+                         "device id), as save_specs writes it")
+    _, platform, device_id = portable
     running = {"cpu", jax.default_backend()}
     if platform not in running:
         raise ValueError(f"a placement on {platform!r}, which this process does not run (it runs "
@@ -460,14 +254,21 @@ def _device_memory(sharding: Any) -> int | None:
 #: of 2**63 bytes, "overflow in static extent product"; on a TPU v5e, from
 #: about 2**56, a failed check of its tiling). Below it, XLA compiles the
 #: program or raises its own error (a TPU's "Ran out of memory ... HBM").
+#: An empty value is held to it too, its nonzero dimensions alone counted:
+#: XLA multiplies dimensions in whatever order it lays them out, so
+#: f32[0, 2**62, 4] moved to [2**62, 4, 0] aborts it as well.
 MAX_VALUE_BYTES = 2**53
 
 
 def _check_values(traced: Any) -> None:
     """ValueError, naming it, if a value of the traced program takes more than
-    MAX_VALUE_BYTES: its arguments, results and every intermediate, in
-    nested programs too (a loop's body, a cond's branches). Linear in the
-    program's size; nothing to check where the trace has no jaxpr."""
+    MAX_VALUE_BYTES (an empty one: its nonzero dimensions' product, in bytes)
+    or has a rank above the core's MAX_SPEC_RANK: its arguments, results and
+    every intermediate, in nested programs too (a loop's body, a cond's
+    branches). Linear in the program's size; nothing to check where the
+    trace has no jaxpr."""
+    from ._core import MAX_SPEC_RANK
+
     closed = getattr(traced, "jaxpr", None)
     top = getattr(closed, "jaxpr", None)
     if top is None or not hasattr(top, "eqns"):
@@ -485,15 +286,23 @@ def _check_values(traced: Any) -> None:
             shape, itemsize = getattr(aval, "shape", None), getattr(getattr(aval, "dtype", None), "itemsize", None)
             if type(itemsize) is not int or not isinstance(shape, tuple) or not all(type(d) is int for d in shape):
                 continue
-            size = math.prod(shape) * itemsize
-            if size > MAX_VALUE_BYTES:
-                if not isinstance(what, str):
-                    result = jaxpr is top and any(var is out for out in top.outvars)
-                    what = f"{'the result' if result else 'a value'} of {what.primitive}"
-                raise ValueError(f"{aval.str_short()} ({what}) would take {size} bytes, more than the "
-                                 f"{MAX_VALUE_BYTES} (8 PiB) ftjit compiles a value of: not compiled (no device "
-                                 "holds that much, and XLA aborts the process compiling larger ones). Is a "
-                                 "dimension wrong?")
+            empty = 0 in shape
+            size = math.prod(d for d in shape if d) * itemsize
+            if size <= MAX_VALUE_BYTES and len(shape) <= MAX_SPEC_RANK:
+                continue
+            if not isinstance(what, str):
+                result = jaxpr is top and any(var is out for out in top.outvars)
+                what = f"{'the result' if result else 'a value'} of {what.primitive}"
+            if len(shape) > MAX_SPEC_RANK:
+                raise ValueError(f"a value of rank {len(shape)} ({what}), more than the {MAX_SPEC_RANK} ftjit "
+                                 "compiles (numpy's own limit; XLA takes minutes to compile such ranks): not "
+                                 "compiled. Is a shape wrong?")
+            text = aval.str_short()
+            took = (f"is empty, but its nonzero dimensions would take {size} bytes" if empty else
+                    f"would take {size} bytes")
+            raise ValueError(f"{text} ({what}) {took}, more than the {MAX_VALUE_BYTES} (8 PiB) ftjit compiles a "
+                             "value of: not compiled (no device holds that much, and XLA aborts the process "
+                             "compiling larger ones). Is a dimension wrong?")
         for eqn in jaxpr.eqns:
             for param in eqn.params.values():
                 for sub in param if isinstance(param, (tuple, list)) else (param,):

@@ -301,6 +301,30 @@ def read_record(entry: dict[str, Any], reader: _Reader | None = None) -> tuple[S
     return Signature(args, kwargs, None), None
 
 
+#: The most keys of one dict node that may share a hash value. Python's int hash is not randomised (keys
+#: ``k * (2**61 - 1)`` all hash alike), and a dict of n keys of one hash takes time that grows with n squared
+#: to build: 40,000 of them took 51 s. Keys of real dicts share a hash by chance alone, a few at most.
+MAX_SAME_HASH = 8
+
+
+def _crowded_hash(keys: tuple[Any, ...]) -> str | None:
+    """Why a dict of ``keys`` is not built (more than MAX_SAME_HASH of them share a hash value, or one is
+    unhashable), else None. Linear: the hash values are counted in a dict keyed by them, ints whose hashes are
+    the values themselves, so no two of them collide there."""
+    counts: dict[int, int] = {}
+    for key in keys:
+        try:
+            h = hash(key)
+        except TypeError:
+            return f"the dict key {shown(key)} is unhashable"
+        n = counts.get(h, 0) + 1
+        if n > MAX_SAME_HASH:
+            return (f"a dict node has more than {MAX_SAME_HASH} keys of one hash value ({h}): it is not built, as "
+                    "building it takes time that grows with the square of their number (a crafted file?)")
+        counts[h] = n
+    return None
+
+
 class _Reader:
     """Reads trees and values (read_record); ``unusable``: the first thing
     this process cannot rebuild. Recursive: ``read`` counted the nesting
@@ -349,6 +373,9 @@ class _Reader:
             key = tuple(_at("keys", _at, i, self.value, k) for i, k in enumerate(keys))
             if len(key) != len(children):
                 raise Damaged(f"a dict node of {len(key)} keys and {len(children)} children")
+            crowded = _crowded_hash(key)
+            if crowded is not None:
+                self.cannot(crowded)
         elif kind == "namedtuple":
             key = _at("type", self.cls, value["type"], "namedtuple")
         elif kind == "registered":

@@ -82,6 +82,18 @@ class WarmupResult:
     #: Why a SavedSpec was not compiled although nothing failed (no room under max_signatures), else None.
     skipped: str | None = None
 
+    def shown(self) -> tuple[str, str]:
+        """(signature, outcome) as a report shows them: printable (see ``printable``) and each cut to
+        ``MAX_TEXT`` characters, since a specs file's signatures and errors may hold any text of any length.
+        The outcome is "compiled", "cached", "skipped: why", or the error as "Type: message"."""
+        what = "compiled" if self.compiled else "cached"
+        if self.skipped is not None:
+            what = f"skipped: {self.skipped}"
+        if self.error is not None:
+            what = f"{type(self.error).__name__}: {cut(str(self.error))}"
+        # Cut before escaping too: escaping a file's megabytes only to cut them would cost as much again.
+        return cut(printable(cut(self.signature))), cut(printable(cut(what)))
+
 
 @dataclasses.dataclass(frozen=True)
 class WarmupReport:
@@ -113,18 +125,17 @@ class WarmupReport:
 
     def __str__(self) -> str:
         """A table, one line per result (the first MAX_REPORT_ROWS, then one
-        line for the rest), then a summary line. Text that is not printable
-        (a line break, a terminal escape, a lone surrogate: a specs file's
-        signature may hold any) is escaped as ``repr`` escapes it, so that a
-        result is one line and the table prints on a strict UTF-8 stream."""
+        line for the rest), then a summary line. Each result is shown as
+        ``WarmupResult.shown`` gives it: text that is not printable (a line
+        break, a terminal escape, a lone surrogate: a specs file's signature
+        may hold any) escaped as ``repr`` escapes it, so that a result is one
+        line and the table prints on a strict UTF-8 stream, and cut to
+        MAX_TEXT characters, so that the table's size is bounded by its
+        number of rows whatever a file holds."""
         rows = [("signature", "seconds", "result")]
         for r in self.results[:MAX_REPORT_ROWS]:
-            what = "compiled" if r.compiled else "cached"
-            if r.skipped is not None:
-                what = f"skipped: {r.skipped}"
-            if r.error is not None:
-                what = f"{type(r.error).__name__}: {r.error}"
-            rows.append((printable(r.signature), f"{r.seconds:.3f}", printable(what)))
+            signature, what = r.shown()
+            rows.append((signature, f"{r.seconds:.3f}", what))
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
         lines = [f"{a.ljust(w0)}  {b.rjust(w1)}  {c}" for a, b, c in rows]
@@ -142,6 +153,16 @@ class WarmupReport:
 
 #: The most results WarmupReport's text lists, one line each; one more line counts the rest.
 MAX_REPORT_ROWS = 100
+#: The most characters of one text a report shows (a signature, an error's message): a specs file's
+#: signature may be megabytes, and a table pads every row to its longest.
+MAX_TEXT = 1000
+
+
+def cut(text: str, limit: int = MAX_TEXT) -> str:
+    """``text``, or its first characters and how many more there were, in at most about ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 40]}... ({len(text) - (limit - 40)} more characters)"
 
 
 def printable(text: str) -> str:

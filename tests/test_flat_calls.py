@@ -1,7 +1,7 @@
 """Flatten once: an executable that takes the leaves ftjit flattened.
 
 With the JAX compiler each compiled signature's executable is jaxlib's C++
-call of the compiled program rebuilt for flat leaves (``_jax._flat_call``),
+call of the compiled program rebuilt for flat leaves (``_jax_calls._flat_call``),
 called with the leaves the core collected while building the signature, so
 a custom node's flatten function runs once per call, not twice. The one way
 this could go wrong without an error is an order of leaves other than JAX's
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 import ftjit
-import ftjit._jax
+import ftjit._jax_calls
 from helpers import run_threads
 
 
@@ -145,7 +145,7 @@ def test_a_custom_node_is_flattened_once_per_call():
     for _ in range(5):
         jf(r)
     assert len(FLATTENS) == 5  # once per call: the executable takes the leaves
-    ftjit._jax.FLAT_CALLS = False
+    ftjit._jax_calls.FLAT_CALLS = False
     try:
         jf2 = ftjit.jit(lambda r: r.x + r.y * 2 + r.z * 3, cache=ftjit.FunctionCache())
         jf2(r)
@@ -153,7 +153,7 @@ def test_a_custom_node_is_flattened_once_per_call():
         for _ in range(5):
             jf2(r)
     finally:
-        ftjit._jax.FLAT_CALLS = True
+        ftjit._jax_calls.FLAT_CALLS = True
     assert len(FLATTENS) == 10 and _takes_leaves(jf2) == [False]  # twice: ftjit's walk, then jaxlib's
 
 
@@ -261,12 +261,12 @@ def test_flat_calls_can_be_turned_off_and_give_the_same_results():
     a, b, k = _vals(3)
     results = []
     for flat in (True, False):
-        ftjit._jax.FLAT_CALLS = flat
+        ftjit._jax_calls.FLAT_CALLS = flat
         try:
             jf = ftjit.jit(f, cache=ftjit.FunctionCache())
             results.append(jf({"b": b, "a": a}, k=k))
         finally:
-            ftjit._jax.FLAT_CALLS = True
+            ftjit._jax_calls.FLAT_CALLS = True
         assert _takes_leaves(jf) == [flat]
     _same(*results)
 

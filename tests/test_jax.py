@@ -27,6 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import ftjit  # noqa: E402
 import ftjit._jax  # noqa: E402
+import ftjit._jax_calls  # noqa: E402
 import ftjit._jax_hooks  # noqa: E402
 from helpers import run_script, run_threads  # noqa: E402
 
@@ -1078,17 +1079,17 @@ def test_concrete_array_type_inside_a_trace_is_not_a_tracer():
 def test_fast_path_is_used_on_this_jax():
     """On the installed JAX the private C++ callable exists (else the fast path silently degraded)."""
     compiled = jax.jit(add).lower(1.0, 2.0).compile()
-    call = ftjit._jax.fast_callable(compiled)
+    call = ftjit._jax_calls.fast_callable(compiled)
     assert call is not compiled
     assert float(call(1.0, 2.0)) == 3.0
 
 
 def test_public_fallback_when_fast_path_is_off(monkeypatch):
-    monkeypatch.setattr(ftjit._jax, "FAST_PATH", False)
+    monkeypatch.setattr(ftjit._jax_calls, "FAST_PATH", False)
     jf = ftjit.jit(add, cache=ftjit.FunctionCache())
     assert_same(jf(np.ones(3, np.float32), 1.0), jax.jit(add)(np.ones(3, np.float32), 1.0))
     compiled = jax.jit(add).lower(1.0, 2.0).compile()
-    assert ftjit._jax.fast_callable(compiled) is compiled
+    assert ftjit._jax_calls.fast_callable(compiled) is compiled
 
 
 def test_public_fallback_when_private_api_is_missing(monkeypatch):
@@ -1100,7 +1101,7 @@ def test_public_fallback_when_private_api_is_missing(monkeypatch):
             raise AttributeError(name)
 
     monkeypatch.setattr(compiled, "_executable", NoCppCall())
-    assert ftjit._jax.fast_callable(compiled) is compiled
+    assert ftjit._jax_calls.fast_callable(compiled) is compiled
     monkeypatch.undo()  # Compiled.__call__ itself needs the real executable
     np.testing.assert_array_equal(np.asarray(compiled(np.ones(2, np.float32), 1.0)), np.full(2, 2.0))
 

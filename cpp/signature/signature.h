@@ -50,6 +50,11 @@ enum class LeafKind : uint8_t { kArray, kBool, kInt, kFloat, kComplex, kLast = k
 // (ftjit._signature.LEAF_KINDS is the core's _leaf_kinds()), and how a
 // scalar leaf prints.
 inline constexpr const char* kLeafKindNames[] = {"array", "bool", "int", "float", "complex"};
+
+// The highest rank of an array a spec (warm-up, precompile, a specs file)
+// may have: numpy's own limit (NPY_MAXDIMS). Programs stay far below it,
+// and XLA takes minutes to compile ranks in the thousands.
+inline constexpr size_t kMaxSpecRank = 64;
 static_assert(sizeof(kLeafKindNames) / sizeof(kLeafKindNames[0]) == static_cast<size_t>(LeafKind::kLast) + 1,
               "one name per LeafKind, in its order");
 inline const char* LeafKindName(LeafKind kind) { return kLeafKindNames[static_cast<size_t>(kind)]; }

@@ -79,14 +79,27 @@ void Builder::NotAnArgument(PyObject* obj, const ArrayShape& s) {
 }
 
 void Builder::CheckSpecShape(const ArrayShape& s) {
+  if (s.dims.size() > kMaxSpecRank) {
+    PyErr_Format(PyExc_ValueError, "Argument %s has rank %zu, more than the %zu an array of a spec may have "
+                 "(numpy's own limit; XLA takes minutes to compile such ranks). Is its shape wrong?",
+                 PathText().c_str(), s.dims.size(), kMaxSpecRank);
+    throw nb::python_error();
+  }
+  // XLA multiplies dimensions in whatever order it lays them out: an empty
+  // array's zero may come last, after the others overflowed. So the nonzero
+  // dimensions' product (in bytes) must fit, as a nonempty array's size does.
   int64_t elements = 1;
-  bool overflow = false;
+  bool overflow = false, empty = false;
   for (int64_t d : s.dims) {
     if (d < 0) {
       PyErr_Format(PyExc_ValueError, "Argument %s has the shape %s, whose dimension %lld is negative: an array's "
                    "dimensions are sizes (>= 0)", PathText().c_str(), ShapeText(s).c_str(),
                    static_cast<long long>(d));
       throw nb::python_error();
+    }
+    if (d == 0) {
+      empty = true;
+      continue;
     }
     overflow = overflow || __builtin_mul_overflow(elements, d, &elements);
   }
@@ -99,9 +112,10 @@ void Builder::CheckSpecShape(const ArrayShape& s) {
   }
   int64_t bytes = 0;
   if (overflow || __builtin_mul_overflow(elements, itemsize < 1 ? 1 : itemsize, &bytes)) {
-    PyErr_Format(PyExc_ValueError, "Argument %s has the shape %s, whose size in bytes does not fit in a signed "
+    PyErr_Format(PyExc_ValueError, "Argument %s has the shape %s, whose size in bytes%s does not fit in a signed "
                  "64-bit integer: no array can have it (XLA would abort the process compiling it). "
-                 "Is a dimension wrong?", PathText().c_str(), ShapeText(s).c_str());
+                 "Is a dimension wrong?", PathText().c_str(), ShapeText(s).c_str(),
+                 empty ? " counting its nonzero dimensions alone (XLA multiplies them in any order)" : "");
     throw nb::python_error();
   }
 }

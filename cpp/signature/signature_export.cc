@@ -149,6 +149,7 @@ void RegisterSignatureRecords(nb::module_& m) {
       },
       nb::sig("def _leaf_kinds() -> tuple[str, ...]"),
       "The kinds of leaves the core exports (Leaf.kind), in its order.");
+  m.attr("MAX_SPEC_RANK") = kMaxSpecRank;
 }
 
 }  // namespace ftjit
