@@ -48,20 +48,22 @@ SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 
 class ServerProcess:
     """``examples/serve.py --port 0 ARGS`` in a child process; returns once it listens (``port``).
-    With ``unix_socket``, ``--unix-socket PATH`` instead of ``--port 0`` (``port`` stays None).
+    With ``unix_socket``, ``--unix-socket PATH`` instead of ``--port 0`` (``port`` stays None); ``env``: its
+    environment (None: this process's).
 
     Its stdout and stderr (one stream) are collected in ``output``. Raises
     RuntimeError, with that output, if it exits or is silent for ``timeout``
     seconds before listening.
     """
 
-    def __init__(self, *args: str, timeout: float = 120.0, unix_socket: str | None = None):
+    def __init__(self, *args: str, timeout: float = 120.0, unix_socket: str | None = None,
+                 env: dict[str, str] | None = None):
         self.port: int | None = None
         self.unix_socket, self.listening = unix_socket, False
         self._lines: list[str] = []
         self._listening = threading.Event()
         where = ["--unix-socket", unix_socket] if unix_socket else ["--port", "0"]
-        self.proc = subprocess.Popen([sys.executable, SERVE, *where, *args],
+        self.proc = subprocess.Popen([sys.executable, SERVE, *where, *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self._reader = threading.Thread(target=self._read, name="serve-output", daemon=True)
         self._reader.start()

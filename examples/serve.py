@@ -41,10 +41,13 @@ import jax.numpy as jnp
 import numpy as np
 import prometheus_client
 import waitress
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.registry import Collector
 
 import ftjit
+
+if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable (as demo.py does)
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from examples.serve_metrics import BatchCollector, FtjitCollector  # noqa: E402
 
 logger = logging.getLogger("serve")
 
@@ -64,6 +67,9 @@ CHANNEL_TIMEOUT = 120.0
 MAX_HEADER_BYTES = 16 * 1024
 #: Connections the kernel queues before waitress accepts them (waitress's default: enough for 200 at once).
 BACKLOG = 1024
+#: Open files the server needs besides its connections: the listener, waitress's trigger pipe, logs, the specs
+#: file, JAX's compilation cache and runtime (9 in all here, idle on the CPU; an accelerator's runtime opens more).
+FILES_BESIDE_CONNECTIONS = 128
 
 
 def make_weights(seed: int = DEFAULT_SEED) -> dict[str, np.ndarray]:
@@ -164,8 +170,8 @@ class Model:
             "buckets": list(self.buckets),
             "warmup": None if not report else {  # None: nothing was warmed up
                 "ok": report.ok, "wall_seconds": report.wall_seconds, "workers": report.workers,
-                "results": [{"signature": r.signature, "seconds": r.seconds, "compiled": r.compiled,
-                             "error": None if r.error is None else repr(r.error)} for r in report]},
+                "results": [{"signature": r.shown()[0], "seconds": r.seconds, "compiled": r.compiled,
+                             "error": None if r.error is None else r.shown()[1]} for r in report]},
             "gil_enabled": gil_enabled(),
         }  # fmt: skip
 
@@ -260,57 +266,6 @@ class BatchedModel(Model):
         out = super().stats()
         out["batched"] = dataclasses.asdict(self.one.batch_info())
         return out
-
-
-class BatchCollector(Collector):
-    """``--batch``: the batched function's batch sizes as a prometheus histogram (``ftjit_batch_size``: one
-    observation per batch, of its examples), and its calls, alone calls and timeouts as counters."""
-
-    def __init__(self, model: BatchedModel):
-        self.model = model
-
-    def collect(self) -> Iterable[Any]:
-        info = self.model.one.batch_info()
-        counts = dict(info.sizes)
-        buckets = [(str(bound), sum(c for n, c in counts.items() if n <= bound)) for bound in self.model.one.sizes]
-        hist = HistogramMetricFamily("ftjit_batch_size", "Examples per batch of ftjit.batched (calls alone not included).")
-        hist.add_metric([], buckets + [("+Inf", info.batches)], sum_value=sum(n * c for n, c in counts.items()))
-        yield hist
-        for name, value, text in (("ftjit_batched_calls", info.calls, "Calls of ftjit.batched, however they ran."),
-                                  ("ftjit_batched_alone", info.alone, "Calls that ran alone (nothing to batch with)."),
-                                  ("ftjit_batched_timeouts", info.timeouts, "Calls that gave up waiting.")):
-            family = CounterMetricFamily(name, text)
-            family.add_metric([], value)
-            yield family
-
-
-class FtjitCollector(Collector):
-    """``ftjit.stats()`` for prometheus_client, read at each scrape: a series per function name
-    (live functions that share a name, which ``ftjit.stats()`` does not tell apart, are added up)."""
-
-    METRICS = (  # (FunctionStats field, kind, name, help); a counter is exposed as name + "_total"
-        ("hits", CounterMetricFamily, "ftjit_cache_hits", "Calls served by an already compiled signature."),
-        ("misses", CounterMetricFamily, "ftjit_cache_misses", "Calls that found no compiled signature."),
-        ("compiles", CounterMetricFamily, "ftjit_compiles", "Successful compiles."),
-        ("waits", CounterMetricFamily, "ftjit_compile_waits", "Calls that waited for another thread's compile."),
-        ("failures", CounterMetricFamily, "ftjit_compile_failures", "Compiles that raised or were refused."),
-        ("evictions", CounterMetricFamily, "ftjit_cache_evictions", "Compiled signatures evicted by the LRU bound."),
-        ("compile_seconds", CounterMetricFamily, "ftjit_compile_seconds", "Seconds spent compiling."),
-        ("wait_seconds", CounterMetricFamily, "ftjit_compile_wait_seconds", "Seconds spent waiting for compiles."),
-        ("size", GaugeMetricFamily, "ftjit_cache_entries", "Compiled signatures cached now."),
-    )  # fmt: skip
-
-    def collect(self) -> Iterable[Any]:
-        totals: dict[str, dict[str, float]] = {}
-        for f in ftjit.stats().functions:
-            row = totals.setdefault(f.name, dict.fromkeys(f._fields[1:], 0))
-            for field in row:
-                row[field] += getattr(f, field)
-        for field, kind, name, text in self.METRICS:
-            family = kind(name, text, labels=["function"])
-            for function, row in sorted(totals.items()):
-                family.add_metric([function], row[field])
-            yield family
 
 
 class HTTPError(Exception):
@@ -467,6 +422,28 @@ def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int =
     return server, listener
 
 
+def fit_open_files(connection_limit: int) -> str | None:
+    """Raises this process's soft limit of open files (``ulimit -n``) to fit ``connection_limit`` connections and
+    FILES_BESIDE_CONNECTIONS more, up to its hard limit; why it cannot, else None. Past the limit, waitress's
+    accept() fails at once and its loop spins on it, logging each failure (a CPU core and a flood of tracebacks)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to raise
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = connection_limit + FILES_BESIDE_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    if hard != resource.RLIM_INFINITY and hard < need:
+        return (f"--connection-limit {connection_limit} needs {need} open files ({FILES_BESIDE_CONNECTIONS} besides "
+                f"the connections), but the hard limit (ulimit -Hn) is {hard}: lower --connection-limit to "
+                f"{max(1, hard - FILES_BESIDE_CONNECTIONS)} or less, or raise the hard limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    logger.info("raised the limit of open files (ulimit -n) from %d to %d for --connection-limit %d", soft, need,
+                connection_limit)
+    return None
+
+
 def cleanup_interval(channel_timeout: float) -> int:
     """waitress's ``cleanup_interval`` for a ``channel_timeout``: the seconds between its sweeps for idle
     connections, which close only then. A tenth of the timeout, from 1 s to waitress's default 30 s, so that an
@@ -591,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--specs needs --jit ftjit: a specs file holds ftjit's signatures")
     if args.specs_every is not None and args.specs is None:
         parser.error("--specs-every needs --specs FILE: the file to write")
+    too_few_files = fit_open_files(args.connection_limit)
+    if too_few_files:
+        parser.error(too_few_files)
     host, port = args.host or "127.0.0.1", 8000 if args.port is None else args.port
     if args.compile_cache:  # every compile is kept in DIR and read back by the next start (even the small ones)
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)

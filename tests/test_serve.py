@@ -61,6 +61,12 @@ if str(REPO) not in sys.path:  # ``examples`` is a package at the repository roo
 from examples import load, serve  # noqa: E402
 from examples.demo import ServerProcess  # noqa: E402
 
+def _server(*args, **options):
+    """examples/serve.py in a child process (demo's ServerProcess) on the CPU backend, as every process a test
+    starts (helpers.child_env): on a TPU the test process holds the chip, and a second cannot open it."""
+    return ServerProcess(*args, env=child_env(), **options)
+
+
 starts_servers = pytest.mark.thread_unsafe(reason="starts server processes on ports and counts their compiles")
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 JSON = "application/json"
@@ -304,13 +310,9 @@ def test_warmup_happens_before_the_port_opens(monkeypatch, capsys):
 
 @starts_servers
 @pytest.mark.timeout(300)
-def test_the_server_under_200_clients_at_once_then_sigterm(capsys, monkeypatch):
+def test_the_server_under_200_clients_at_once_then_sigterm(capsys):
     require_tcp("examples/serve.py's server")
-    # ServerProcess starts the server with this process's environment: the server must not open the
-    # accelerator this process may hold (helpers.child_env). This process's JAX read JAX_PLATFORMS when
-    # it was imported, so the variable changes nothing here; monkeypatch restores it after the test.
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    server = ServerProcess("--max-batch", "8", "--warmup-workers", "2", "--threads", "4")
+    server = _server("--max-batch", "8", "--warmup-workers", "2", "--threads", "4")
     try:
         output = server.output
         assert output.index("warmup: 4/4 ok") < output.index("serving on http://127.0.0.1:")
@@ -534,6 +536,27 @@ def test_a_damaged_file_is_a_report_line_and_the_model_is_ready(tmp_path):
     assert warmup["ok"] is False and [r["error"] is None for r in warmup["results"]] == [True] * 3 + [False]
 
 
+def test_stats_shows_a_files_megabyte_signature_cut(tmp_path):
+    """A 20 MB signature of a specs file made /stats 60 MB a request (the warm-up's results, each in full)."""
+    first = serve.Model(max_batch=4)
+    first.predict(_rows(1))
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "specs"
+    ftjit.save_specs(path, first.fn)
+    data = json.loads(path.read_text())
+    (entry,) = data["functions"]["examples.serve:mlp"]
+    entry["signature"], entry["args"][1]["dtype"] = "mlp(" + "x" * 2_000_000 + ")", "no_such_dtype"
+    path.write_text(json.dumps(data))
+    model = serve.Model(max_batch=4)
+    model.warm(workers=1, saved=ftjit.load_specs(path))
+    status, _, body = _call(serve.App(model), "GET", "/stats")
+    results = json.loads(body)["warmup"]["results"]
+    assert status == 200 and len(body) < 64 * 1024
+    assert [r["error"] is None for r in results] == [True] * 3 + [False]
+    assert results[3]["signature"].endswith("x... (1999045 more characters)")
+    assert results[3]["error"] == f"ValueError: the dtype no_such_dtype is not known in this process (numpy {np.__version__})"
+
+
 def test_a_stale_specs_file_never_takes_a_buckets_signature(tmp_path):
     # issue 34 §2: specs saved by a server with --max-batch 64 name float32[64,16]; a restart with
     # --max-batch 32 (six buckets, max_signatures=6) warms its buckets first, the stale spec finds no room and
@@ -585,7 +608,7 @@ def test_a_restart_with_specs_compiles_nothing_during_traffic(tmp_path, monkeypa
     flags = ("--max-batch", "8", "--threads", "4", "--warmup-workers", "2", "--no-bucket-warmup", "--specs", str(path))
     # First run: no file yet, nothing warmed up; traffic of 1 and 3 rows compiles buckets 1 and 4. The
     # file is written every 0.01 minutes (0.6 s, the least --specs-every takes) while it runs.
-    server = ServerProcess(*flags, "--specs-every", "0.01")
+    server = _server(*flags, "--specs-every", "0.01")
     try:
         assert "warmup: nothing to compile before listening" in server.output
         for n in (1, 3):
@@ -599,7 +622,7 @@ def test_a_restart_with_specs_compiles_nothing_during_traffic(tmp_path, monkeypa
     assert output.rstrip().endswith(f"INFO serve: wrote 2 signature(s) to {path} (left out: none)")
 
     # Restart from the file: both signatures compile before the port opens, none during traffic.
-    server = ServerProcess(*flags)
+    server = _server(*flags)
     try:
         assert server.output.index("warmup: 2/2 ok") < server.output.index("serving on http://127.0.0.1:")
         for i, n in enumerate((1, 3, 4, 1)):  # buckets 1 and 4 only: the saved ones
@@ -629,7 +652,7 @@ def test_a_corrupted_specs_file_still_lets_the_server_start_and_answer(tmp_path,
     path.write_bytes(GARBAGE)
     refused = ftjit.load_specs(path).error
     error = f"{type(refused).__name__}: {refused}"  # what the warm-up report says of it
-    server = ServerProcess("--max-batch", "4", "--threads", "2", "--warmup-workers", "2", "--specs", str(path))
+    server = _server("--max-batch", "4", "--threads", "2", "--warmup-workers", "2", "--specs", str(path))
     try:
         assert server.output.index("warmup: 3/4 ok") < server.output.index("serving on http://127.0.0.1:")
         assert _request(server.port, "GET", "/healthz") == (200, {"ok": True})
@@ -661,7 +684,7 @@ def test_a_saved_shape_no_device_holds_is_a_report_line_and_the_server_starts(mo
         (entry,) = ftjit.load_specs(path).functions[SCRIPT_KEY]
         size = 2**56 * 16 * 4 + sum(w.nbytes for w in model.weights.values())
         socket_path = os.path.join(tmp, "serve.sock")
-        server = ServerProcess("--max-batch", "8", "--threads", "2", "--no-bucket-warmup", "--specs", path,
+        server = _server("--max-batch", "8", "--threads", "2", "--no-bucket-warmup", "--specs", path,
                                unix_socket=socket_path)  # fmt: skip
         try:
             assert load.fetch_json("localhost", None, "/healthz", unix_socket=socket_path) == (200, {"ok": True})
@@ -756,6 +779,48 @@ def test_option_clashes_are_argparse_errors(main, argv, message, capsys):
     assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
 
 
+def _limited_files(soft, hard, command):
+    """``command`` run under a limit of open files (ulimit -n) of ``soft``, hard limit ``hard``: through an
+    interpreter that sets it and execs the command (not a preexec_fn, which would fork this process, JAX's
+    threads and all)."""
+    setter = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), "
+              "int(sys.argv[2]))); os.execv(sys.argv[3], sys.argv[3:])")
+    return [sys.executable, "-c", setter, str(soft), str(hard), *command]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the limits from /proc (Linux)")
+@starts_servers
+def test_a_connection_limit_past_the_open_files_limit_is_raised_to_fit_or_refused(tmp_path):
+    """Under ulimit -n below --connection-limit, waitress's accept() failed once descriptors ran out and its loop
+    spun on it (190 of 500 CPU ticks, 17,824 tracebacks in 5 s, /healthz in 3.1 s). Now the start raises the soft
+    limit to fit, or refuses, naming both numbers, when the hard limit is below what it needs."""
+    need = 1000 + serve.FILES_BESIDE_CONNECTIONS
+    sock = str(tmp_path / "s.sock")
+    command = [sys.executable, serve.__file__, "--unix-socket", sock, "--connection-limit", "1000", "--threads", "2"]
+    done = subprocess.run(_limited_files(256, need - 1, command), capture_output=True, text=True, timeout=120,
+                          env=child_env())
+    assert done.returncode == 2, done.stdout + done.stderr  # before: it warmed up and served
+    assert done.stderr.splitlines()[-1].endswith(
+        f"error: --connection-limit 1000 needs {need} open files ({serve.FILES_BESIDE_CONNECTIONS} besides the "
+        f"connections), but the hard limit (ulimit -Hn) is {need - 1}: lower --connection-limit to "
+        f"{need - 1 - serve.FILES_BESIDE_CONNECTIONS} or less, or raise the hard limit")
+    proc = subprocess.Popen(_limited_files(256, need + 10, [*command, "--no-bucket-warmup"]), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=child_env())
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() == f"serving on unix:{sock}":
+                break
+        assert lines and lines[-1].strip() == f"serving on unix:{sock}", "".join(lines)
+        with open(f"/proc/{proc.pid}/limits") as f:
+            (row,) = [r for r in f if r.startswith("Max open files")]
+        assert row.split()[3:5] == [str(need), str(need + 10)], row  # soft raised to fit, hard as it was
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
 def _answer(path, request):
     """Sends ``request`` (bytes) on a new connection to the unix socket ``path``; what the server sent back
     before it closed the connection."""
@@ -782,7 +847,7 @@ def test_an_idle_connection_closes_after_the_channel_timeout_and_headers_are_cap
 
     with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
         path = os.path.join(tmp, "serve.sock")
-        server = ServerProcess("--max-batch", "1", "--threads", "2", "--no-bucket-warmup", "--channel-timeout", "2",
+        server = _server("--max-batch", "1", "--threads", "2", "--no-bucket-warmup", "--channel-timeout", "2",
                                unix_socket=path)  # fmt: skip
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
@@ -826,7 +891,7 @@ def test_ftjit_and_jax_servers_on_unix_sockets_answer_load_py_alike(monkeypatch)
     with tempfile.TemporaryDirectory(prefix="serve-") as tmp:  # short: a unix socket path has at most 107 bytes
         for jit in ("ftjit", "jax"):
             path = os.path.join(tmp, f"{jit}.sock")
-            server = ServerProcess("--jit", jit, "--max-batch", "8", "--threads", "2", "--warmup-workers", "2",
+            server = _server("--jit", jit, "--max-batch", "8", "--threads", "2", "--warmup-workers", "2",
                                    unix_socket=path)  # fmt: skip
             try:
                 assert f"serving on unix:{path}\n" in server.output
@@ -937,7 +1002,7 @@ def test_a_batch_server_on_a_unix_socket_answers_load_py_one_example_per_request
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     with tempfile.TemporaryDirectory(prefix="serve-") as tmp:
         path = os.path.join(tmp, "batch.sock")
-        server = ServerProcess("--batch", "--max-batch", "8", "--threads", "8", "--warmup-workers", "2",
+        server = _server("--batch", "--max-batch", "8", "--threads", "8", "--warmup-workers", "2",
                                unix_socket=path)  # fmt: skip
         try:
             command = [sys.executable, str(REPO / "examples" / "load.py"), "--unix-socket", path,
