@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "primitives/batch_queue.h"
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
 #include "primitives/listing_table.h"
@@ -57,6 +58,8 @@ struct Traits {
   static ftjit::EpochDomain<TsaMutex>& Epochs();
 };
 
+struct BatchWaiter : ftjit::BatchWaiter {};
+
 using Key = std::shared_ptr<int>;
 using Map = ftjit::ReentrantMap<Key, Key, TsaMutex>;
 using Lru = ftjit::SharedLru<NodePtr, TsaMutex>;
@@ -72,6 +75,7 @@ template class ThreadSlot<tsa::Traits>;
 template class PerThread<tsa::Node>;
 template struct StoreEntry<tsa::Traits>;
 template class EntryStore<tsa::Traits>;
+template class BatchQueue<TsaMutex, tsa::BatchWaiter>;
 }  // namespace ftjit
 
 namespace tsa {

@@ -1,0 +1,282 @@
+// ftjit: the queue that merges concurrent calls of one signature into
+// batches (ftjit.batched), Python-free and templated over its lock
+// (LeafMutex in the extension, StdMutex in cpp/tests/test_batch_queue.cc).
+//
+// A call joins its queue (Join). One that finds nothing forming and nothing
+// running goes alone. Any other waits, pending; the first pending call
+// leads: it takes a batch of the pending calls (TryTake: when max_batch of
+// them wait, when no batch runs, or once it waited max_wait and fewer than
+// max_running batches run), runs it unlocked, and hands each member its
+// outcome (Finish): kDone (its row of the batch's output) or kRetry (the
+// batch failed: it runs alone, so that an error stays with its example).
+// While a batch runs, the next forms under the next leader (the first
+// pending call, promoted as the batch is taken). A leader interrupted
+// while its batch ran puts the others back in front (Requeue). A waiter
+// that stops waiting (a timeout, an interrupt) leaves (GiveUp): a pending
+// one is taken out and, if it led, the lead passes on; a taken one is
+// marked kGone and its row is dropped.
+//
+// Invariants, under mu_: !leading_ implies pending_ is empty; leading_
+// implies pending_.front() is the leader (state kLead). A waiter's state
+// goes kPending -> kLead -> kTaken -> kDone | kRetry (kPending -> kTaken
+// for the others), or to kGone from any of the first three; Requeue turns
+// kTaken back to kPending.
+//
+// Waking. Each waiter sleeps on its own state word (a futex on Linux),
+// which only the thread that decides its fate changes, under mu_ (release;
+// the owner reads it with acquire); the leader collecting sleeps on the
+// queue's changed_ word, bumped when a batch may start (max_batch pending,
+// a running batch or alone call ended). Nobody sleeps holding mu_, and
+// wakes happen after unlocking, so one wake per waiter is a syscall on the
+// waker's thread and the woken threads run in parallel.
+//
+// Fork: every sleeper sleeps on a word, holding no lock, so no lock of the
+// parent's waiters is left held in a child. A queue made before the latest
+// fork is closed in the child (Join answers kClosed without touching mu_,
+// which a parent thread may hold): its waiters do not exist there.
+//
+// Memory: waiters are shared (shared_ptr) by the queue's lists and their
+// owner, so one that leaves while its batch runs is still there when the
+// leader hands out outcomes. Nothing is freed under mu_ that runs code: the
+// lists hold shared_ptrs whose last release is the owner's or the leader's,
+// after unlocking (W's destructor may run Python code in the extension).
+//
+//   | member                         | protection                           |
+//   |--------------------------------|--------------------------------------|
+//   | pending_, leading_, running_,  | FTJIT_GUARDED_BY(mu_)                |
+//   |   closed_                      |                                      |
+//   | changed_                       | atomic; bumped under mu_             |
+//   | max_batch_, max_running_,      | fixed at construction                |
+//   |   generation_                  |                                      |
+//   | BatchWaiter::state             | atomic; written under mu_ (release), |
+//   |                                | read by its owner (acquire)          |
+//   | BatchWaiter::index             | written by its leader before the     |
+//   |                                | state that publishes it              |
+//
+// Lock order: mu_ is a leaf.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "primitives/compile_latch.h"  // detail::WaitOnWord, WakeAllOnWord, g_fork_generation
+#include "primitives/locks.h"
+#include "primitives/thread_annotations.h"
+
+namespace ftjit {
+
+// A waiter's state word (see BatchQueue).
+enum BatchState : uint32_t { kPending, kLead, kTaken, kDone, kRetry, kGone };
+
+struct BatchWaiter {
+  std::atomic<uint32_t> state{kPending};
+  size_t index = 0;  // its row in its batch (the leader's is 0)
+
+  uint32_t Load() const { return state.load(std::memory_order_acquire); }
+  // Sleeps while the state is `seen`, for at most `timeout`; may wake early.
+  void Wait(uint32_t seen, std::chrono::nanoseconds timeout) { detail::WaitOnWord(&state, seen, timeout); }
+  void Wake() { detail::WakeAllOnWord(&state); }
+};
+
+// W derives from BatchWaiter (the extension adds the call's arguments and
+// its outcome); the queue holds shared_ptr<W>.
+template <class Mutex, class W>
+class BatchQueue {
+ public:
+  using WaiterPtr = std::shared_ptr<W>;
+  enum class Role { kAlone, kLead, kFollow, kClosed };
+
+  BatchQueue(size_t max_batch, size_t max_running)
+      : max_batch_(std::max<size_t>(1, max_batch)),
+        max_running_(std::max<size_t>(1, max_running)),
+        generation_(g_fork_generation.load(std::memory_order_relaxed)) {}
+  BatchQueue(const BatchQueue&) = delete;
+  BatchQueue& operator=(const BatchQueue&) = delete;
+
+  // A new call: kAlone (run it now; Finish(nullptr) when it ends), kLead
+  // (w leads: TryTake), kFollow (w waits on its state word), or kClosed
+  // (this queue is closed, or a parent's: use another).
+  Role Join(const WaiterPtr& w) FTJIT_EXCLUDES(mu_) {
+    if (generation_ != g_fork_generation.load(std::memory_order_relaxed)) return Role::kClosed;
+    {
+      LockGuard<Mutex> lock(mu_);
+      if (closed_) return Role::kClosed;
+      if (running_ == 0 && !leading_) {
+        ++running_;
+        return Role::kAlone;
+      }
+      w->state.store(kPending, std::memory_order_relaxed);
+      pending_.push_back(w);
+      if (!leading_) {
+        leading_ = true;
+        w->state.store(kLead, std::memory_order_relaxed);  // its own thread: no wake
+        return Role::kLead;
+      }
+      if (pending_.size() != max_batch_) return Role::kFollow;
+      BumpLockHeld();
+    }
+    WakeChanged();
+    return Role::kFollow;
+  }
+
+  // The leader `w`: starts its batch when it may (`waited`: it waited
+  // max_wait already), moving the members (w first) into `batch` and
+  // promoting the next leader, whom the caller wakes (`*next`, or null).
+  // Else false, with `*seen` the changed_ word to sleep on.
+  bool TryTake(const W* w, bool waited, std::vector<WaiterPtr>* batch, WaiterPtr* next, uint32_t* seen)
+      FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
+    *seen = changed_.load(std::memory_order_relaxed);
+    if (!(pending_.size() >= max_batch_ || running_ == 0 || (waited && running_ < max_running_))) return false;
+    assert(!pending_.empty() && pending_.front().get() == w && "the leader is the first pending call");
+    (void)w;
+    size_t n = std::min(max_batch_, pending_.size());
+    batch->clear();
+    for (size_t i = 0; i < n; ++i) {
+      pending_.front()->state.store(kTaken, std::memory_order_relaxed);  // no wake: still waiting
+      pending_.front()->index = i;
+      batch->push_back(std::move(pending_.front()));
+      pending_.pop_front();
+    }
+    ++running_;
+    *next = PromoteLockHeld();
+    return true;
+  }
+
+  // Sleeps while changed_ is `seen` (the leader collecting).
+  void WaitChanged(uint32_t seen, std::chrono::nanoseconds timeout) { detail::WaitOnWord(&changed_, seen, timeout); }
+
+  // A lone call (batch null) or batch ended. Each member but the leader
+  // still taken gets `outcome` (kDone or kRetry) and is added to `wake`,
+  // for the caller to wake after this returns. True when the queue is now
+  // idle, and closed.
+  bool Finish(const std::vector<WaiterPtr>* batch, const W* leader, uint32_t outcome, std::vector<WaiterPtr>* wake)
+      FTJIT_EXCLUDES(mu_) {
+    bool closed;
+    {
+      LockGuard<Mutex> lock(mu_);
+      if (batch) {
+        for (const WaiterPtr& m : *batch) {
+          if (m.get() == leader || m->state.load(std::memory_order_relaxed) != kTaken) continue;
+          m->state.store(outcome, std::memory_order_release);
+          wake->push_back(m);
+        }
+      }
+      --running_;
+      BumpLockHeld();
+      closed = CloseIfIdleLockHeld();
+    }
+    WakeChanged();
+    return closed;
+  }
+
+  // The leader was interrupted while its batch ran: the other members go
+  // back in front of the pending calls (after a leader collecting, if
+  // any; else the first of them leads, added to `wake`). True when idle.
+  bool Requeue(const std::vector<WaiterPtr>& batch, const W* leader, std::vector<WaiterPtr>* wake)
+      FTJIT_EXCLUDES(mu_) {
+    bool closed;
+    {
+      LockGuard<Mutex> lock(mu_);
+      auto at = leading_ ? pending_.begin() + 1 : pending_.begin();
+      for (const WaiterPtr& m : batch) {
+        if (m.get() == leader || m->state.load(std::memory_order_relaxed) != kTaken) continue;
+        m->state.store(kPending, std::memory_order_relaxed);
+        at = pending_.insert(at, m) + 1;
+      }
+      if (!leading_ && !pending_.empty()) {
+        leading_ = true;
+        pending_.front()->state.store(kLead, std::memory_order_release);
+        wake->push_back(pending_.front());
+      }
+      --running_;
+      BumpLockHeld();
+      closed = CloseIfIdleLockHeld();
+    }
+    WakeChanged();
+    return closed;
+  }
+
+  // `w` stops waiting (a timeout, an interrupt). A pending one leaves the
+  // queue (a leader hands the lead on: `*next`, to wake); a taken one is
+  // marked kGone. Returns the state it had: kDone, kRetry (and, when
+  // `lead_too` is false, kLead) mean its fate was decided and nothing
+  // changed. `*closed`: the queue is now idle, and closed.
+  // The caller holds `w` (a shared_ptr of its own), so the queue's
+  // reference, dropped here, is never the last.
+  uint32_t GiveUp(W* w, bool lead_too, WaiterPtr* next, bool* closed) FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
+    uint32_t s = w->state.load(std::memory_order_relaxed);
+    *closed = false;
+    if (s == kTaken) {
+      w->state.store(kGone, std::memory_order_relaxed);
+    } else if (s == kPending || (s == kLead && lead_too)) {
+      auto it = std::find_if(pending_.begin(), pending_.end(), [w](const WaiterPtr& p) { return p.get() == w; });
+      pending_.erase(it);
+      w->state.store(kGone, std::memory_order_relaxed);
+      if (s == kLead) *next = PromoteLockHeld();
+      *closed = CloseIfIdleLockHeld();
+    }
+    return s;
+  }
+
+  size_t max_batch() const { return max_batch_; }
+
+  // Tests only: (pending, leading, running, closed), read under mu_.
+  struct Snapshot {
+    size_t pending;
+    bool leading;
+    size_t running;
+    bool closed;
+  };
+  Snapshot SnapshotForTest() FTJIT_EXCLUDES(mu_) {
+    LockGuard<Mutex> lock(mu_);
+    return {pending_.size(), leading_, running_, closed_};
+  }
+
+ private:
+  // The first pending call leads next (returned, to be woken), or none
+  // does (null: the lead lapses).
+  WaiterPtr PromoteLockHeld() FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
+    if (pending_.empty()) {
+      leading_ = false;
+      return nullptr;
+    }
+    pending_.front()->state.store(kLead, std::memory_order_release);
+    return pending_.front();
+  }
+
+  // A batch may start: the word a leader collecting sleeps on changes
+  // (WakeChanged, after unlocking, wakes it).
+  void BumpLockHeld() FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
+    changed_.fetch_add(1, std::memory_order_release);
+  }
+  void WakeChanged() { detail::WakeAllOnWord(&changed_); }
+
+  bool CloseIfIdleLockHeld() FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
+    if (pending_.empty() && !leading_ && running_ == 0) closed_ = true;
+    return closed_;
+  }
+
+  const size_t max_batch_;
+  const size_t max_running_;
+  const uint64_t generation_;
+  Mutex mu_;
+  std::deque<WaiterPtr> pending_ FTJIT_GUARDED_BY(mu_);
+  bool leading_ FTJIT_GUARDED_BY(mu_) = false;
+  size_t running_ FTJIT_GUARDED_BY(mu_) = 0;
+  bool closed_ FTJIT_GUARDED_BY(mu_) = false;
+  std::atomic<uint32_t> changed_{0};
+};
+
+}  // namespace ftjit
