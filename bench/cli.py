@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only the thread-scaling table (for a many-core machine's short lease)")
     parser.add_argument("--batching", action="store_true",
                         help="only the batching rows: threads with one example each, per call, a hand-written "
-                             "batcher and ftjit.batched (issue 41's targets, set for a TPU)")
+                             "batcher and ftjit.batched, with their batches and host overhead (issue 45's targets, "
+                             "set for a TPU)")
     parser.add_argument("--batching-threads", type=thread_counts, metavar="1,N,...", default=(1, 4, 16, 64),
                         help="the batching rows' thread counts (default: 1,4,16,64)")
     parser.add_argument("--batching-seconds", type=float, default=2.0, metavar="S",
@@ -185,13 +186,14 @@ def _batching(args: argparse.Namespace) -> int:
     print(f"bench: batching rows with {','.join(map(str, counts))} threads, {args.batching_rounds} rounds of "
           f"{args.batching_seconds:g} s, on {_interpreter()}, load average {load_before[0]:.2f}", file=sys.stderr,
           flush=True)
-    rows = batching_rows(counts, args.batching_seconds, args.batching_rounds, args.batching_hidden,
-                         on_round=lambda d, t: print(f"bench: batching round {d}/{t}", file=sys.stderr, flush=True))
+    rows, overheads = batching_rows(counts, args.batching_seconds, args.batching_rounds, args.batching_hidden,
+                                    on_round=lambda d, t: print(f"bench: batching round {d}/{t}", file=sys.stderr,
+                                                                flush=True))
     load_after = os.getloadavg()
     print(f"ftjit {ftjit.__version__} on {_interpreter()}; load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
     print()
-    print(format_batching(rows, counts, args.batching_hidden, args.batching_seconds, args.batching_rounds))
+    print(format_batching(rows, counts, args.batching_hidden, args.batching_seconds, args.batching_rounds, overheads))
     if args.batching_slicing:
         from .batching import slicing_costs
 

@@ -3,7 +3,7 @@
 # compiles against an include root of its own that holds nothing else
 # (symbolic links to the allowed folders), so an #include that climbs a floor
 # is "file not found". The floors, lowest first (docs/design.md, "Floors"):
-set(FTJIT_FLOORS primitives pyutil signature store jit)
+set(FTJIT_FLOORS primitives pyutil signature store batch jit)
 
 # Sets `out` to the include root of `floor` (made under the build tree):
 # FTJIT_CPP_DIR/<each floor up to and including `floor`>, and nothing above.

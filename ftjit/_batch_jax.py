@@ -1,78 +1,181 @@
-"""How ``ftjit.batched`` runs a batch with JAX: examples stacked along a new leading axis, padded, and one call
-of ``jax.vmap(fn)`` compiled by ``ftjit.jit`` (once per size); each caller's row split off in the same program
-(jax Arrays) or from one host copy (``to_host``).
+"""How ``ftjit.batched`` runs a batch with JAX: each leaf's examples stacked along a new leading axis into one
+buffer, padded to the batch's size, and one call of ``jax.vmap(fn)`` compiled by ``ftjit.jit`` (once per size and
+signature); each caller takes its own row from one host copy (``to_host``) or from the rows the program split.
 
-Shared state: none of its own (two JitFunctions, which are thread-safe). No locks.
+A batch answers as lone calls would: a signature's *plan* (``_Plan``, made once from the core's record of the first
+example's signature) says which arguments are static, by position or by name as the core resolved them (so as
+``jax.jit`` does), the tree of the others, and which leaves are weak-typed: those are stacked as their lone call's
+dtype would be (a Python float as float32 without x64, an int as int32, out of range raising as it would alone) and
+marked weak again inside the program, so that ``x * 1.5`` keeps ``x``'s dtype. A signature without leaves, one whose
+plan cannot be made, and one whose batched program cannot be compiled (``jax.vmap`` refuses ordered effects and
+``pure_callback`` without ``vmap_method``: said once by a warning) run each call alone.
+
+Shared state: the plans (``_plans``, a dict: a racing second maker stores an equal plan, benign) and the signatures
+run per call (``per_call``, a dict used as a set, likewise), both cleared by ``clear``; ``_warned`` (whether the
+warning was given: written at most a few times, benign). No locks: the two JitFunctions are thread-safe.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from ._jit import jit
+from ._signature import Leaf, Static
 from ._warmup import Spec, WarmupReport
 
-__all__ = ["JaxBatches", "stack_rows"]
+__all__ = ["JaxBatches"]
+
+#: ftjit.jit options that name the user function's own arguments: they do not apply to the batched program.
+_PER_ARGUMENT = frozenset({"static_argnums", "static_argnames", "donate_argnums", "donate_argnames",
+                           "in_shardings", "out_shardings"})
+#: The most plans kept (one per signature seen in a batch); past it they are made again.
+_MAX_PLANS = 1024
+#: The dtype a Python scalar of each kind has in a lone call (canonicalized by JAX's config when stacked).
+_SCALAR_TYPES = {"bool": np.bool_, "int": np.int64, "float": np.float64, "complex": np.complex128}
 
 
-def stack_rows(rows: Sequence[Any]) -> Any:
-    """One leaf's examples stacked along a new leading axis: on the host (numpy) when every row is there,
-    else on the device (jax.numpy)."""
-    if all(isinstance(r, (np.ndarray, np.generic, int, float, complex, bool)) for r in rows):
-        return np.stack([np.asarray(r) for r in rows])
-    import jax.numpy as jnp
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How the examples of one signature become one call of the batched program: a static argument of that program
+    (hashed and compared by value), so that one compile serves every batch of the signature and size."""
 
-    return jnp.stack(rows)
+    statics: tuple[tuple[int, Any], ...]  #: (position, value) of each static positional argument
+    static_kwargs: tuple[tuple[str, Any], ...]  #: (name, value) of each static keyword argument
+    nargs: int  #: positional arguments of a call
+    treedef: Any  #: JAX's tree of (dynamic positional arguments, dynamic keyword arguments)
+    weak: tuple[bool, ...]  #: per leaf: weak-typed (marked weak again inside the program)
+    scalars: tuple[str | None, ...]  #: per leaf: a Python scalar's kind (stacked to its dtype), else None
+    _hash: int = dataclasses.field(default=0, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Hashed once: a batch's call of the program hashes its static plan each time.
+        fields = (self.statics, self.static_kwargs, self.nargs, self.treedef, self.weak, self.scalars)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def call(self, fn: Callable[..., Any], leaves: Sequence[Any]) -> Any:
+        """``fn`` of one example, rebuilt from its leaves and the statics."""
+        import jax
+
+        dyn, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
+        args, it = [], iter(dyn)
+        statics = dict(self.statics)
+        for i in range(self.nargs):
+            args.append(statics[i] if i in statics else next(it))
+        return fn(*args, **dyn_kwargs, **dict(self.static_kwargs))
+
+
+def _preorder_leaves(tree: Any) -> Iterable[Leaf]:
+    if isinstance(tree, Leaf):
+        yield tree
+    elif not isinstance(tree, Static):
+        for child in tree.children:
+            yield from _preorder_leaves(child)
+
+
+@functools.cache
+def _mark_weak() -> Callable[[Any], Any] | None:
+    """JAX's conversion that marks an array weak-typed (a private API, feature-checked once, on shapes alone), or
+    None: a signature with weak leaves then runs its calls alone."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        from jax._src.lax import lax as lax_internal
+
+        convert = lax_internal._convert_element_type
+        probe = jax.eval_shape(lambda x: convert(x, x.dtype, weak_type=True), jax.ShapeDtypeStruct((1,), jnp.float32))
+        if not probe.weak_type:
+            return None
+        return lambda x: convert(x, x.dtype, weak_type=True)
+    except Exception:  # noqa: BLE001 - a JAX without it
+        return None
 
 
 class JaxBatches:
     """``one``: ``ftjit.jit(fn)``, for calls alone (and the batch key); ``many``: ``ftjit.jit`` of the batched
-    program, with the same statics."""
+    program, whose first argument is the signature's plan (static)."""
 
-    def __init__(self, fn: Callable[..., Any], sizes: Sequence[int], to_host: bool, static_argnums: tuple,
-                 static_argnames: tuple, jit_options: dict) -> None:
+    def __init__(self, fn: Callable[..., Any], sizes: Sequence[int], to_host: bool, static_argnums: Any,
+                 static_argnames: Any, jit_options: dict) -> None:
         self.fn = fn
         self.sizes = tuple(sizes)
         self.to_host = to_host
-        self.static_argnums = frozenset(static_argnums)
-        self.static_argnames = frozenset(static_argnames)
-        options = dict(jit_options, static_argnums=static_argnums, static_argnames=static_argnames)
-        self.one = jit(fn, **options)
-        self.many = jit(self._program(), **options)
+        self.one = jit(fn, **dict(jit_options, static_argnums=static_argnums, static_argnames=static_argnames))
+        options = {k: v for k, v in jit_options.items() if k not in _PER_ARGUMENT}
+        if options.get("max_signatures") is not None:  # a program per size for each of the example's signatures
+            options["max_signatures"] = options["max_signatures"] * len(self.sizes)
+        self.many = jit(self._program(), static_argnums=0, **options)
+        self._plans: dict[Any, _Plan | None] = {}
+        self.per_call: dict[Any, None] = {}  #: signatures whose calls run alone (the runner's side of a set)
+        self._warned = False
 
-    # -- the program ----------------------------------------------------------------------------------------
     def _program(self) -> Callable[..., Any]:
-        fn, statics_n, statics_s, split = self.fn, self.static_argnums, self.static_argnames, not self.to_host
+        fn, split = self.fn, not self.to_host
 
-        def batch_of(*args: Any, **kwargs: Any) -> Any:
+        def batch_of(plan: _Plan, *leaves: Any) -> Any:
             import jax
 
-            dyn_pos = [i for i in range(len(args)) if i not in statics_n]
-            dyn_kw = {k: v for k, v in kwargs.items() if k not in statics_s}
-            static_kw = {k: v for k, v in kwargs.items() if k in statics_s}
-
-            def one(dyn: list, dyn_named: dict) -> Any:
-                full = list(args)
-                for i, value in zip(dyn_pos, dyn):
-                    full[i] = value
-                return fn(*full, **dyn_named, **static_kw)
-
-            out = jax.vmap(one)([args[i] for i in dyn_pos], dyn_kw)
+            if any(plan.weak):
+                mark_weak = _mark_weak()
+                assert mark_weak is not None  # a plan with weak leaves is made only with it
+                leaves = tuple(mark_weak(x) if w else x for x, w in zip(leaves, plan.weak))
+            out = jax.vmap(lambda *ls: plan.call(fn, ls))(*leaves)
             if not split:
                 return out
-            n = jax.tree_util.tree_leaves(([args[i] for i in dyn_pos], dyn_kw))[0].shape[0]
             # Each row its own output: one call splits the batch, not one slice per caller.
-            return tuple(jax.tree_util.tree_map(lambda o, r=r: o[r], out) for r in range(n))
+            return tuple(jax.tree_util.tree_map(lambda o, r=r: o[r], out) for r in range(leaves[0].shape[0]))
 
-        batch_of.__name__ = f"batched_{getattr(fn, '__name__', 'fn')}"
-        batch_of.__qualname__ = batch_of.__name__
+        batch_of.__name__ = batch_of.__qualname__ = f"batched_{getattr(fn, '__name__', 'fn')}"
         return batch_of
 
-    # -- a call alone, a batch -------------------------------------------------------------------------------
+    # -- the plan of a signature ----------------------------------------------------------------------------
+    def plan(self, key: Any, args: tuple, kwargs: dict, leaves: Sequence[Any]) -> _Plan | None:
+        """The plan of the signature ``key`` of a call of ``args``, ``kwargs`` (whose leaves the core flattened
+        are ``leaves``), made once; None when its calls cannot be batched (they then run alone)."""
+        if key in self._plans:
+            return self._plans[key]
+        made = self._make_plan(args, kwargs, leaves)
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        self._plans[key] = made
+        return made
+
+    def _make_plan(self, args: tuple, kwargs: dict, core_leaves: Sequence[Any] | None = None) -> _Plan | None:
+        """The plan of a call of ``args``, ``kwargs`` (None: its calls cannot be batched). ``core_leaves``: the
+        leaves the core flattened of that call, which must be JAX's, one by one (the program rebuilds the call
+        from JAX's tree of them); None for a warm-up's specs, whose leaves the core does not keep."""
+        import jax
+
+        record = self.one._signature_record_of(*args, **kwargs)
+        if record is None:
+            return None
+        statics = tuple((i, args[i]) for i, t in enumerate(record.args) if isinstance(t, Static))
+        static_kwargs = tuple((k, kwargs[k]) for k, t in record.kwargs.items() if isinstance(t, Static))
+        static_at = dict(statics)
+        dyn = tuple(a for i, a in enumerate(args) if i not in static_at)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in dict(static_kwargs)}
+        leaves, treedef = jax.tree_util.tree_flatten((dyn, dyn_kwargs))
+        records = [leaf for tree in (*record.args, *record.kwargs.values()) for leaf in _preorder_leaves(tree)]
+        if not leaves or len(records) != len(leaves):
+            return None
+        if core_leaves is not None and (len(core_leaves) != len(leaves)
+                                        or any(a is not b for a, b in zip(core_leaves, leaves))):
+            return None
+        weak = tuple(bool(r.weak_type) for r in records)
+        if any(weak) and _mark_weak() is None:
+            return None
+        scalars = tuple(r.kind if r.kind in _SCALAR_TYPES else None for r in records)
+        return _Plan(statics, static_kwargs, len(args), treedef, weak, scalars)
+
+    # -- a call alone, a batch --------------------------------------------------------------------------------
     def alone(self, args: tuple, kwargs: dict) -> Any:
         """One example by itself, as a batch's row would be returned: on the host with ``to_host``, else
         jax Arrays, ready (the call ends when its result is: the next batch starts then)."""
@@ -85,44 +188,60 @@ class JaxBatches:
             return jax.tree_util.tree_map(np.asarray, out)
         return jax.block_until_ready(out)
 
-    def _stacked(self, examples: Sequence[tuple[tuple, dict]], size: int) -> tuple[tuple, dict]:
-        """The examples' arguments stacked (padded to ``size`` with the first example's rows, which no caller
-        sees); statics as the first example has them (equal in every example of a batch)."""
+    def fallback(self, args: tuple, kwargs: dict) -> Any:
+        """The compiler's fallback (a JAX trace active, tracers among the arguments): ``one``, as it is."""
+        return self.one(*args, **kwargs)
+
+    def batch(self, key: Any, args: tuple, kwargs: dict, columns: list, size: int) -> Any:
+        """Runs one batch of the signature ``key`` (``args``, ``kwargs``: its first example's; ``columns``: each
+        leaf of every example, padded here to ``size``); its output, whose rows ``row`` gives. Raises when the
+        batch fails (every example then runs alone)."""
         import jax
 
-        args0, kwargs0 = examples[0]
-        if len(args0) == 1 and not kwargs0 and not self.static_argnums and type(args0[0]) is np.ndarray:
-            # The common case, one array per example: stacked at once (no tree walk per example).
-            rows = [args[0] for args, _ in examples]
-            if all(type(r) is np.ndarray for r in rows):
-                return (np.stack(rows + rows[:1] * (size - len(rows))),), {}
-        dyn = [([a for i, a in enumerate(args) if i not in self.static_argnums],
-                {k: v for k, v in kwargs.items() if k not in self.static_argnames}) for args, kwargs in examples]
-        dyn += [dyn[0]] * (size - len(dyn))
-        stacked_dyn, stacked_kw = jax.tree_util.tree_map(lambda *rows: stack_rows(rows), *dyn)
-        args, it = [], iter(stacked_dyn)
-        for i, a in enumerate(args0):
-            args.append(a if i in self.static_argnums else next(it))
-        kwargs = {k: (v if k in self.static_argnames else stacked_kw[k]) for k, v in kwargs0.items()}
-        return tuple(args), kwargs
-
-    def batch(self, examples: Sequence[tuple[tuple, dict]], size: int) -> list[Any]:
-        """Runs one batch: each example's result, in order (the padding rows' never leave)."""
-        import jax
-
-        args, kwargs = self._stacked(examples, size)
-        out = self.many(*args, **kwargs)
-        n = len(examples)
+        plan = self.plan(key, args, kwargs, [col[0] for col in columns])
+        if plan is None:
+            self.per_call[key] = None
+            raise _NotBatched(f"{getattr(self.fn, '__name__', 'fn')}: this signature's calls cannot be batched")
+        stacked = [_stack(col, size, kind) for col, kind in zip(columns, plan.scalars)]
+        try:
+            out = self.many(plan, *stacked)
+        except Exception:
+            self._check_compiles(key, plan, stacked)
+            raise
         if self.to_host:
-            # One copy to the host for the whole batch, then each caller's row (a view of it).
-            leaves, tree = jax.tree_util.tree_flatten(out)
-            host = [np.asarray(leaf) for leaf in leaves]
-            if tree.num_leaves == 1 and tree.num_nodes == 1:  # one array: its rows
-                return list(host[0][:n])
-            return [tree.unflatten([leaf[r] for leaf in host]) for r in range(n)]
-        rows = list(out[:n])
-        jax.block_until_ready(rows)  # the batch ends when its results are ready: the next starts then
-        return rows
+            # One copy to the host for the whole batch; each caller then takes its row (a view of it).
+            return np.asarray(out) if isinstance(out, jax.Array) else jax.tree_util.tree_map(np.asarray, out)
+        return jax.block_until_ready(out)  # the batch ends when its results are ready: the next starts then
+
+    def _check_compiles(self, key: Any, plan: _Plan, stacked: list) -> None:
+        """After a batch failed: if its program cannot even be compiled (``jax.vmap`` refuses the function), this
+        signature's calls run alone from now on, and a warning says so once."""
+        try:
+            self.many.precompile(plan, *stacked)
+        except Exception as error:  # noqa: BLE001 - the reason, said once
+            self.per_call[key] = None
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"ftjit.batched({getattr(self.fn, '__name__', 'fn')}): its batched program cannot be "
+                              f"compiled ({type(error).__name__}: {error}); its calls run one at a time",
+                              RuntimeWarning, stacklevel=2)
+
+    def row(self, out: Any, i: int) -> Any:
+        """Example ``i``'s result of a batch's output (in its caller's own thread)."""
+        import jax
+
+        if not self.to_host:
+            return out[i]
+        if isinstance(out, np.ndarray):  # one array: its row (a 0-d array for a scalar, as alone)
+            return out[i, ...]
+        return jax.tree_util.tree_map(lambda o: o[i, ...], out)
+
+    def clear(self) -> None:
+        """Drops the compiled programs, the plans and the signatures run alone."""
+        self.one.clear_cache()
+        self.many.clear_cache()
+        self._plans.clear()
+        self.per_call.clear()
 
     # -- warming up ------------------------------------------------------------------------------------------
     def warmup(self, specs: Iterable[Any], workers: int, strict: bool, progress: Any) -> WarmupReport:
@@ -133,25 +252,63 @@ class JaxBatches:
         for spec in items:
             if not isinstance(spec, Spec):  # a BrokenSpec: reported by the example's own warm-up below
                 continue
+            plan = self._make_plan(spec.args, spec.kwargs) if self._specs_ok(spec) else None
+            if plan is None:
+                continue  # its calls run alone: no batched program to compile
             for size in self.sizes[1:] if self.sizes[0] == 1 else self.sizes:
-                batched.append(self._batched_spec(spec, size))
+                batched.append(Spec((plan, *self._stacked_specs(spec, plan, size)), {}))
         first = self.one.warmup(items, workers=workers, strict=strict, progress=progress)
         second = self.many.warmup(batched, workers=workers, strict=strict, progress=progress)
         return WarmupReport(first.results + second.results, time.perf_counter() - start, workers)
 
-    def _batched_spec(self, spec: Spec, size: int) -> Spec:
-        """``spec``'s arguments as a batch of ``size`` would pass them: each dynamic leaf stacked (a
-        ShapeDtypeStruct with a leading axis; a concrete leaf as the stacking makes it)."""
+    def _specs_ok(self, spec: Spec) -> bool:
+        try:
+            return self.one._signature_record_of(*spec.args, **spec.kwargs) is not None
+        except Exception:  # noqa: BLE001 - reported by the example's own warm-up
+            return False
+
+    @staticmethod
+    def _stacked_specs(spec: Spec, plan: _Plan, size: int) -> list[Any]:
+        """Each leaf of ``spec`` as a batch of ``size`` passes it: a ShapeDtypeStruct with a leading axis, strong
+        (the program marks weak leaves again), of the dtype the stacking gives."""
         import jax
 
-        def stacked(leaf: Any) -> Any:
-            if isinstance(leaf, jax.ShapeDtypeStruct):
-                return jax.ShapeDtypeStruct((size, *leaf.shape), leaf.dtype, weak_type=leaf.weak_type)
-            made = stack_rows([leaf] * size)
-            return jax.ShapeDtypeStruct(made.shape, made.dtype)
+        statics = dict(plan.statics)
+        dyn = tuple(a for i, a in enumerate(spec.args) if i not in statics)
+        dyn_kwargs = {k: v for k, v in spec.kwargs.items() if k not in dict(plan.static_kwargs)}
+        out = []
+        for leaf, kind in zip(jax.tree_util.tree_leaves((dyn, dyn_kwargs)), plan.scalars):
+            if kind is not None:
+                out.append(jax.ShapeDtypeStruct((size,), jax.dtypes.canonicalize_dtype(_SCALAR_TYPES[kind])))
+            else:
+                out.append(jax.ShapeDtypeStruct((size, *leaf.shape), leaf.dtype,
+                                                sharding=getattr(leaf, "sharding", None)))
+        return out
 
-        args = tuple(a if i in self.static_argnums else jax.tree_util.tree_map(stacked, a)
-                     for i, a in enumerate(spec.args))
-        kwargs = {k: (v if k in self.static_argnames else jax.tree_util.tree_map(stacked, v))
-                  for k, v in spec.kwargs.items()}
-        return dataclasses.replace(spec, args=args, kwargs=kwargs)
+
+class _NotBatched(Exception):
+    """A batch of a signature whose calls run alone: its members run alone (the C++ queue retries them)."""
+
+
+def _stack(column: list, size: int, scalar: str | None) -> Any:
+    """One leaf of every example of a batch, stacked along a new leading axis and padded to ``size`` with the
+    first example's: one buffer, each example written once (numpy), or one device concatenation (jax Arrays);
+    Python scalars as the dtype a lone call gives them (JAX's config: float32 without x64; an int out of that
+    dtype's range raises OverflowError, as it does alone)."""
+    n = len(column)
+    if scalar is not None:
+        import jax
+
+        out = np.empty(size, jax.dtypes.canonicalize_dtype(_SCALAR_TYPES[scalar]))
+        out[:n] = column
+        out[n:] = out[0]
+        return out
+    first = column[0]
+    if all(type(x) is np.ndarray for x in column):
+        out = np.empty((size, *first.shape), first.dtype)
+        np.stack(column, out=out[:n])
+        out[n:] = out[0]
+        return out
+    import jax.numpy as jnp
+
+    return jnp.stack(column + column[:1] * (size - n))

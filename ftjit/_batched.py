@@ -2,133 +2,101 @@
 
 A threaded server's worker threads each hold one request and call the model with one example; on an
 accelerator every call pays a launch and a device round trip. ``batched(fn)`` lets those threads share calls:
-calls of one signature (``JitFunction._call_key``: tree, shapes, dtypes, statics and context, exactly what
-``ftjit.jit`` compiles for) wait in one queue; one of them, the *leader*, takes up to ``max_batch`` of them,
-stacks their examples along a new leading axis, pads the stack to the next size in ``sizes`` and calls
-``jax.vmap(fn)`` (compiled by ``ftjit.jit``, once per size), then hands each caller its own row.
+calls of one signature (``JitFunction._batch_key``: tree, shapes, dtypes, weak types, statics and context,
+exactly what ``ftjit.jit`` compiles for) wait in one queue; one of them, the *leader*, takes up to ``max_batch``
+of them, stacks each leaf of their examples along a new leading axis, pads the stack to the next size in
+``sizes`` and calls ``jax.vmap(fn)`` (compiled by ``ftjit.jit``, once per size), then wakes each caller, which
+takes its own row.
 
 There is no thread of its own: the callers themselves lead and follow, so nothing runs once the batched
-function is gone. The protocol (one ``_Queue`` per signature; each field under the queue's lock):
+function is gone. The protocol is the core's (``_core._BatchQueue``; cpp/primitives/batch_queue.h), one C++ call
+per call, so that neither a signal nor a fork can leave its state half-changed:
 
 - A call that finds its queue empty, no batch forming and no batch running goes at once, alone, through
   ``ftjit.jit(fn)``: a lone caller is never held back.
-- Otherwise it joins the pending calls; the first to join while none leads becomes the leader. The leader
-  takes the pending calls when ``max_batch`` of them wait, when no batch is running (the device is idle: go
-  now), or once it waited ``max_wait`` and fewer than two batches run (the next batch forms while one runs:
-  pipelined). Calls left over make the first of them the next leader.
-- The leader runs its batch, unlocked; while it runs, the next batch forms under the next leader. It hands
-  each follower its row and wakes it (each follower waits on a lock of its own, released once).
-- A batch's error reaches every caller of that batch (each raises its own copy, of the same type), and no
-  other. A leader interrupted by Ctrl-C (any BaseException that is no Exception) puts its followers back in
-  the queue, where the first becomes the next leader: another thread's interrupt fails nobody else.
-- A call waits at most ``timeout`` seconds for its result (then ``BatchTimeoutError``, for that caller alone:
-  a pending example is taken out, a running one's row is dropped), and answers Ctrl-C while it waits (its
-  lock is taken in slices of 100 ms). The leader's own timeout counts while it collects; its batch, once
-  running, runs to the end.
+- Otherwise it waits as a pending call; the first to wait while none leads becomes the leader. The leader takes
+  the pending calls when ``max_batch`` of them wait, when no batch is running (the device is idle: go now), or
+  once it waited ``max_wait`` and fewer than two batches run (the next batch forms while one runs: pipelined).
+  Calls left over make the first of them the next leader.
+- The leader runs its batch; while it runs, the next batch forms under the next leader. Each caller is woken on
+  a word of its own and takes its row in its own thread (in parallel, with the GIL off).
+- A batch that fails runs again example by example, each caller alone in its own thread: a caller gets its own
+  result or its own error, as a lone call gives it, never another example's. A leader interrupted by Ctrl-C
+  (any BaseException that is no Exception) puts its followers back in the queue, where the first becomes the
+  next leader: another thread's interrupt fails nobody else.
+- A call waits at most ``timeout`` seconds for its batch (then ``BatchTimeoutError``, for that caller alone: a
+  pending example is taken out, a running one's row is dropped), and answers Ctrl-C while it waits (it wakes
+  every 100 ms to run signal handlers). A call that runs (alone, or leading its batch once it started) runs to
+  the end: ``timeout`` bounds the wait for a batch, not a computation.
+- A queue closes when it is idle (nothing pending, leading or running) and goes; the next call of its signature
+  makes a new one. So queues follow the signatures in use, not every signature ever seen.
+- In a forked child every queue of the parent is closed (its waiters do not exist there): calls make new ones.
 
 Shared state: ``_live`` (a WeakSet of every BatchedFunction, for ``ftjit.stats()``) is guarded by
-``_live_lock``; a BatchedFunction's ``_queues`` dict is written under ``_queues_lock`` (read without it: a
-dict lookup is atomic); each queue's fields under its own ``cond``; a waiter's fields are written by the
-thread that decides its fate under the queue's lock, and read by its own thread after its gate opens.
+``_live_lock`` (made anew in a forked child); a BatchedFunction's ``_queues`` dict is read and written with
+single dict operations, atomic (a racing second queue of one signature is used and closes like the first);
+each queue's state is the core's, under its own lock; the counters are the core's (``_core._Batcher``).
 
-Lock order: a queue's lock is a leaf (nothing else is taken under it: the batch and every executable run
-unlocked); ``_queues_lock`` and ``_live_lock`` are leaves too.
+Lock order: ``_live_lock`` is a leaf; a queue's lock is the core's (a leaf, taken around Python-free steps).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import os
 import threading
-import time
 import weakref
 from typing import Any, Callable, Iterable, Sequence
 
+from ._core import _BATCH_CLOSED, _Batcher, _BatchQueue
 from .errors import BatchTimeoutError
 
 __all__ = ["BatchInfo", "BatchedFunction", "batched"]
 
 #: Batches of one signature running at once: two, so that the next forms and starts while one finishes.
 _MAX_RUNNING = 2
-#: How often a waiting call wakes to run signal handlers (Ctrl-C), as compile waits do.
-_SLICE_S = 0.1
-
-_PENDING, _TAKEN, _DONE, _LEAD, _GONE = range(5)
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchInfo:
-    """A snapshot of a batched function's counters (``BatchedFunction.batch_info()``); each field is read under
-    its queue's lock, the whole is not one cut across queues."""
+    """A snapshot of a batched function's counters (``BatchedFunction.batch_info()``); each field is read
+    atomically, the whole is not one instant's."""
 
     name: str
     calls: int  #: every call, whichever way it ran
     batches: int  #: calls of the batched program (two examples or more)
-    alone: int  #: calls that ran by themselves (nothing forming or running, or one left in a batch)
+    alone: int  #: calls that ran by themselves (nothing forming or running, one left in a batch, or not batchable)
     mean_batch_size: float  #: examples per batch (alone calls not included)
     padded_rows: int  #: rows added to reach a size of ``sizes`` (never seen by a caller)
     waited_seconds: float  #: time calls spent waiting for their batch to start (followers and leaders)
     timeouts: int  #: calls that gave up (``BatchTimeoutError``)
-    failed_batches: int  #: batches (or alone calls) that raised
+    failed_batches: int  #: batches and alone calls that raised an Exception (a failed batch's examples retry alone)
     fallback: int  #: calls that took ftjit.jit's fallback (a JAX trace active, tracers: never batched)
     sizes: tuple[tuple[int, int], ...]  #: (examples in a batch, how many batches had that many), ascending
     compiles: int = 0  #: programs compiled (the example's, and the batch's at each size): both ftjit.jit's
+    retried: int = 0  #: examples run again alone after their batch failed (each then has its own result or error)
+    interrupted: int = 0  #: calls ended by a BaseException that is no Exception (Ctrl-C) while they ran or waited
 
     def __str__(self) -> str:
         hist = ", ".join(f"{n}: {count}" for n, count in self.sizes) or "none"
         return (f"{self.name}: {self.calls} calls, {self.batches} batches (mean {self.mean_batch_size:.1f} "
                 f"examples, {self.padded_rows} padded rows), {self.alone} alone, {self.timeouts} timeouts, "
-                f"{self.failed_batches} failed, waited {self.waited_seconds:.3f} s, {self.compiles} compiles; "
-                f"batch sizes {hist}")
-
-
-class _Waiter:
-    """One call in a queue. ``gate`` is taken at birth and released once, by whoever decides its fate (its
-    batch's leader: DONE; a leader that promotes it: LEAD)."""
-
-    __slots__ = ("args", "kwargs", "timeout", "gate", "state", "result", "error", "t0")
-
-    def __init__(self, args: tuple, kwargs: dict, timeout: float | None) -> None:
-        self.args, self.kwargs, self.timeout = args, kwargs, timeout
-        self.gate = threading.Lock()
-        self.gate.acquire()
-        self.state = _PENDING
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.t0 = time.monotonic()
-
-
-class _Queue:
-    """The calls of one signature. Every field is guarded by ``cond`` (its lock)."""
-
-    __slots__ = ("cond", "pending", "leading", "running", "calls", "batches", "alone", "examples", "padded",
-                 "waited", "timeouts", "failed", "sizes")
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
-        self.pending: list[_Waiter] = []
-        self.leading = False  # a leader collects the pending calls
-        self.running = 0  # batches (and alone calls) running now
-        self.calls = self.batches = self.alone = self.examples = self.padded = self.timeouts = self.failed = 0
-        self.waited = 0.0
-        self.sizes: dict[int, int] = {}
-
-    def promote_locked(self) -> None:
-        """The first pending call leads next (or none does, when none is pending)."""
-        if self.pending:
-            first = self.pending[0]
-            first.state = _LEAD
-            first.gate.release()
-        else:
-            self.leading = False
-
-    def finished_locked(self) -> None:
-        self.running -= 1
-        self.cond.notify()  # a collecting leader: the device may be idle now
+                f"{self.failed_batches} failed ({self.retried} examples retried alone), {self.interrupted} "
+                f"interrupted, waited {self.waited_seconds:.3f} s, {self.compiles} compiles; batch sizes {hist}")
 
 
 _live: "weakref.WeakSet[BatchedFunction]" = weakref.WeakSet()  # guarded by _live_lock
 _live_lock = threading.Lock()
+
+
+def _reinit_live_lock() -> None:
+    """In a forked child: a parent thread may have held the lock at the fork."""
+    global _live_lock
+    _live_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_live_lock)
 
 
 def live_batched() -> list[BatchedFunction]:
@@ -137,25 +105,12 @@ def live_batched() -> list[BatchedFunction]:
         return list(_live)
 
 
-def _copy_error(error: BaseException) -> BaseException:
-    """This caller's own copy of its batch's error (same type; the original as its cause), so that threads
-    raising at once never write one exception's traceback; the original itself when it cannot be copied."""
-    try:
-        mine = copy.copy(error)
-    except Exception:  # noqa: BLE001 - a type copy cannot rebuild: the shared one, as a last resort
-        return error
-    if type(mine) is not type(error):
-        return error
-    mine.__cause__ = error
-    return mine
-
-
 class BatchedFunction:
     """``fn`` called with one example, its calls from many threads merged into calls of a batch (see the
     module docstring and ``ftjit.batched``). Thread-safe: any number of threads may call it at once."""
 
     def __init__(self, fn: Callable[..., Any], *, max_batch: int, max_wait: float, sizes: Sequence[int] | None,
-                 to_host: bool, timeout: float | None, static_argnums: Sequence[int], static_argnames: Sequence[str],
+                 to_host: bool, timeout: float | None, static_argnums: Any = None, static_argnames: Any = None,
                  runner: Any = None, **jit_options: Any) -> None:
         if not callable(fn):
             raise TypeError(f"batched() needs a callable, got {fn!r}")
@@ -175,13 +130,14 @@ class BatchedFunction:
         if runner is None:
             from ._batch_jax import JaxBatches
 
-            runner = JaxBatches(fn, self.sizes, self.to_host, tuple(static_argnums), tuple(static_argnames),
-                                jit_options)
+            # The statics as given: ftjit.jit resolves them (names to positions and back) as jax.jit does, which
+            # a normalised () in place of None would stop.
+            runner = JaxBatches(fn, self.sizes, self.to_host, static_argnums, static_argnames, jit_options)
         self._runner = runner
-        self._key = runner.one._call_key
-        self._queues: dict[Any, _Queue] = {}  # written under _queues_lock
-        self._queues_lock = threading.Lock()
-        self._fallback = 0  # guarded by _queues_lock
+        self._key = runner.one._batch_key
+        self._batcher = _Batcher(self.__name__, max_batch, self.max_wait, list(self.sizes), _MAX_RUNNING,
+                                       BatchTimeoutError)
+        self._queues: dict[Any, Any] = {}  # signature key -> its _core._BatchQueue (single dict operations)
         with _live_lock:
             _live.add(self)
 
@@ -196,191 +152,32 @@ class BatchedFunction:
         return self._call(args, kwargs, self.timeout if timeout is None else _check_timeout(timeout))
 
     def _call(self, args: tuple, kwargs: dict, timeout: float | None) -> Any:
-        key = self._key(*args, **kwargs)
-        if key is None:  # the compiler's fallback (a JAX trace active, tracers): one example, not batched
-            with self._queues_lock:
-                self._fallback += 1
-            return self._runner.one(*args, **kwargs)
-        q = self._queues.get(key)
-        if q is None:
-            with self._queues_lock:
-                q = self._queues.setdefault(key, _Queue())
-        deadline = None if timeout is None else time.monotonic() + timeout
-        w: _Waiter | None = None
-        with q.cond:
-            q.calls += 1
-            if q.running == 0 and not q.leading:  # nothing forming, nothing running: at once
-                q.running += 1
-                q.alone += 1
-            else:
-                w = _Waiter(args, kwargs, timeout)
-                q.pending.append(w)
-                if len(q.pending) >= self.max_batch:
-                    q.cond.notify()
-                if not q.leading:
-                    q.leading = True
-                    w.state = _LEAD
-        if w is None:
-            return self._alone(q, args, kwargs)
-        if w.state == _LEAD:
-            return self._lead(q, w, deadline)
-        return self._follow(q, w, deadline)
-
-    def _alone(self, q: _Queue, args: tuple, kwargs: dict) -> Any:
-        try:
-            return self._runner.alone(args, kwargs)
-        except Exception:
-            with q.cond:
-                q.failed += 1
-            raise
-        finally:
-            with q.cond:
-                q.finished_locked()
-
-    def _follow(self, q: _Queue, w: _Waiter, deadline: float | None) -> Any:
-        try:
-            while True:
-                slice_s = _SLICE_S if deadline is None else max(0.0, min(_SLICE_S, deadline - time.monotonic()))
-                if w.gate.acquire(timeout=slice_s):
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
-                    with q.cond:
-                        if w.state in (_DONE, _LEAD):
-                            w.gate.acquire()  # released just now: ours after all
-                            break
-                        self._give_up_locked(q, w, timed_out=True)
-                    raise BatchTimeoutError(
-                        f"{self.__name__}(): no result within timeout={w.timeout:g} s "
-                        f"(this call's example is dropped; the other calls of its batch carry on)")
-        except BatchTimeoutError:
-            raise
-        except BaseException:
-            with q.cond:  # interrupted (Ctrl-C) while waiting: out of the queue, leadership handed on
-                if w.state not in (_DONE, _GONE):
-                    self._give_up_locked(q, w, timed_out=False)
-            raise
-        if w.state == _LEAD:
-            return self._lead(q, w, deadline)
-        if w.error is not None:
-            raise _copy_error(w.error)
-        return w.result
-
-    @staticmethod
-    def _give_up_locked(q: _Queue, w: _Waiter, timed_out: bool) -> None:
-        """``w`` stops waiting (its timeout, an interrupt): a pending one leaves the queue (a leading one
-        hands the lead on), a running one's row will be dropped."""
-        if w.state in (_PENDING, _LEAD):
-            q.pending.remove(w)
-            if w.state == _LEAD:
-                q.promote_locked()
-        w.state = _GONE
-        q.timeouts += timed_out
-
-
-    def _lead(self, q: _Queue, w: _Waiter, deadline: float | None) -> Any:
-        collect_until = time.monotonic() + self.max_wait
-        try:
-            with q.cond:
-                while True:
-                    now = time.monotonic()
-                    if (len(q.pending) >= self.max_batch or q.running == 0
-                            or (now >= collect_until and q.running < _MAX_RUNNING)):
-                        break
-                    if deadline is not None and now >= deadline:
-                        self._give_up_locked(q, w, timed_out=True)
-                        raise BatchTimeoutError(
-                            f"{self.__name__}(): no result within timeout={w.timeout:g} s "
-                            "(its batch had not started; the other calls wait for the next one)")
-                    until = collect_until if now < collect_until else now + _SLICE_S  # else: a batch must end
-                    if deadline is not None:
-                        until = min(until, deadline)
-                    q.cond.wait(min(_SLICE_S, max(0.0, until - now)))
-                batch = q.pending[: self.max_batch]
-                del q.pending[: self.max_batch]
-                now = time.monotonic()
-                for b in batch:
-                    b.state = _TAKEN
-                    q.waited += now - b.t0
-                q.running += 1
-                q.promote_locked()
-        except BaseException:
-            with q.cond:
-                if w.state == _LEAD:  # interrupted while collecting: the lead goes to the next pending call
-                    self._give_up_locked(q, w, timed_out=False)
-            raise
-        return self._run(q, w, batch)
-
-    def _run(self, q: _Queue, w: _Waiter, batch: list[_Waiter]) -> Any:
-        size = next(s for s in self.sizes if s >= len(batch)) if len(batch) > 1 else 1
-        try:
-            if len(batch) == 1:
-                results = [self._runner.alone(w.args, w.kwargs)]
-            else:
-                results = self._runner.batch([(b.args, b.kwargs) for b in batch], size)
-        except Exception as error:
-            with q.cond:
-                q.finished_locked()
-                q.failed += 1
-                self._count_batch_locked(q, len(batch), size)
-                woken = [b for b in batch if b is not w and b.state == _TAKEN]
-                for b in woken:
-                    b.error, b.state = error, _DONE
-            for b in woken:  # after the lock: a woken caller that calls again must not wait for it
-                b.gate.release()
-            raise
-        except BaseException:
-            with q.cond:  # this thread was interrupted: the others go back to the queue, unharmed
-                q.finished_locked()
-                others = [b for b in batch if b is not w and b.state == _TAKEN]
-                for b in others:
-                    b.state = _PENDING
-                q.pending[:0] = others
-                if others and not q.leading:
-                    q.leading = True
-                    q.promote_locked()
-            raise
-        with q.cond:
-            q.finished_locked()
-            self._count_batch_locked(q, len(batch), size)
-            woken = []
-            for b, r in zip(batch, results):
-                if b is not w and b.state == _TAKEN:
-                    b.result, b.state = r, _DONE
-                    woken.append(b)
-        for b in woken:  # after the lock: a woken caller that calls again must not wait for it
-            b.gate.release()
-        return results[batch.index(w)]
-
-    def _count_batch_locked(self, q: _Queue, n: int, size: int) -> None:
-        if n == 1:
-            q.alone += 1
-            return
-        q.batches += 1
-        q.examples += n
-        q.padded += size - n
-        q.sizes[n] = q.sizes.get(n, 0) + 1
+        found = self._key(*args, **kwargs)
+        if found is None:  # the compiler's fallback (a JAX trace active, tracers): one example, not batched
+            return self._batcher.run(True, self._runner.fallback, args, kwargs)
+        key, leaves = found
+        if not leaves or key in self._runner.per_call:  # nothing to stack, or a program vmap cannot make
+            return self._batcher.run(False, self._runner.alone, args, kwargs)
+        queues = self._queues
+        while True:
+            q = queues.get(key)
+            if q is None:
+                q = queues.setdefault(key, _BatchQueue(self._batcher, key))
+            out = q.call(self._runner, leaves, args, kwargs, timeout)
+            if q.closed and queues.get(key) is q:  # idle: it goes (a new call makes the next one)
+                queues.pop(key, None)
+            if out is not _BATCH_CLOSED:
+                return out
 
     # -- observing, warming up ----------------------------------------------------------------------------------
     def batch_info(self) -> BatchInfo:
         """A snapshot of the counters (see BatchInfo)."""
-        with self._queues_lock:
-            queues = list(self._queues.values())
-            fallback = self._fallback
-        totals = dict(calls=0, batches=0, alone=0, examples=0, padded=0, timeouts=0, failed=0)
-        waited = 0.0
-        sizes: dict[int, int] = {}
-        for q in queues:
-            with q.cond:
-                for field in totals:
-                    totals[field] += getattr(q, field)
-                waited += q.waited
-                for n, count in q.sizes.items():
-                    sizes[n] = sizes.get(n, 0) + count
-        batches = totals["batches"]
+        c = self._batcher.info()
         compiles = self._runner.one.cache_info().compiles + self._runner.many.cache_info().compiles
-        return BatchInfo(self.__name__, totals["calls"] + fallback, batches, totals["alone"],
-                         totals["examples"] / batches if batches else 0.0, totals["padded"], waited,
-                         totals["timeouts"], totals["failed"], fallback, tuple(sorted(sizes.items())), compiles)
+        batches = c["batches"]
+        return BatchInfo(self.__name__, c["calls"], batches, c["alone"], c["examples"] / batches if batches else 0.0,
+                         c["padded"], c["waited_seconds"], c["timeouts"], c["failed"], c["fallback"], c["sizes"],
+                         compiles, c["retried"], c["interrupted"])
 
     def warmup(self, specs: Iterable[Any], workers: int = 1, strict: bool = False,
                progress: Any = None) -> Any:
@@ -391,9 +188,9 @@ class BatchedFunction:
         return self._runner.warmup(specs, workers, strict, progress)
 
     def clear_cache(self) -> None:
-        """Drops the compiled programs (the example's and every batch size's); queued calls carry on."""
-        self._runner.one.clear_cache()
-        self._runner.many.clear_cache()
+        """Drops the compiled programs (the example's and every batch size's) and what the batches of each
+        signature were planned with; queued calls carry on."""
+        self._runner.clear()
 
     def __repr__(self) -> str:
         return (f"<ftjit.BatchedFunction of {self.__wrapped__!r}: max_batch={self.max_batch}, "
@@ -429,8 +226,8 @@ def _check_timeout(timeout: float | None) -> float | None:
 
 
 def batched(fn: Any = None, /, *, max_batch: int = 64, max_wait: float = 0.001, sizes: Sequence[int] | None = None,
-            to_host: bool = True, timeout: float | None = None, static_argnums: int | Sequence[int] = (),
-            static_argnames: str | Sequence[str] = (), **jit_options: Any) -> Any:
+            to_host: bool = True, timeout: float | None = None, static_argnums: int | Sequence[int] | None = None,
+            static_argnames: str | Sequence[str] | None = None, **jit_options: Any) -> Any:
     """Merges concurrent calls of ``fn``, each with one example, into calls of a batch.
 
     ``fn`` is written for one example (a pytree of arrays with no batch axis); ``predict = batched(fn)`` is
@@ -443,17 +240,18 @@ def batched(fn: Any = None, /, *, max_batch: int = 64, max_wait: float = 0.001, 
     ends, when ``max_batch`` wait, or after ``max_wait`` seconds. With ``to_host=True`` (the default) a
     batch's outputs are copied to the host once and each caller gets numpy rows (views of that copy); with
     ``to_host=False`` each gets jax Arrays, split from the batch inside the compiled program (on a TPU v5e, 64
-    rows each read back to the host took 24 times as long as one copy of the batch: docs/behaviour.md). ``timeout`` (seconds)
-    bounds each call's wait for its result (``BatchTimeoutError``). Other keywords go to ``ftjit.jit``
+    rows each read back to the host took 24 times as long as one copy of the batch: docs/behaviour.md). Each
+    caller gets what a lone call gives (dtype, weak type, value, error, type): a batch that fails runs again
+    example by example. ``timeout`` (seconds) bounds each call's wait for its batch (``BatchTimeoutError``); a
+    call that runs alone or leads a started batch runs to the end. Other keywords go to ``ftjit.jit``
     (``cache``, ``compile_timeout``, ``explain_misses``, ...). Usable as ``@batched(max_batch=32)``.
 
     Thread-safety: see the module docstring of ftjit._batched; ``batch_info()`` is a snapshot.
     """
-    statics_n = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    statics_s = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
 
     def make(f: Callable[..., Any]) -> BatchedFunction:
         return BatchedFunction(f, max_batch=max_batch, max_wait=max_wait, sizes=sizes, to_host=to_host,
-                               timeout=timeout, static_argnums=statics_n, static_argnames=statics_s, **jit_options)
+                               timeout=timeout, static_argnums=static_argnums, static_argnames=static_argnames,
+                               **jit_options)
 
     return make if fn is None else make(fn)

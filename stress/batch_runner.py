@@ -2,12 +2,15 @@
 (queues, leaders and followers, timeouts, errors, interrupts) runs where JAX is not installed: under
 ThreadSanitizer, in the stress suite and in tests.
 
-``fn`` takes one example (a number, or anything ``fn`` accepts); a batch is one call of a jitted function of
-the stacked examples, a tuple, padded to its size with the first example: compiled once per (size, signature)
-by ``ftjit.jit`` with an identity compiler, so compile-once and the cache hold as with JAX. Hooks let a test
-hold a batch (``gate``), fail one (``fail_when``: a predicate of the examples), or interrupt it.
+``fn`` takes one example (a number, or anything ``fn`` accepts: its first leaf, as the core flattens it, is what
+a batch stacks); a batch is one call of a jitted function of the stacked examples, a tuple, padded to its size
+with the first example: compiled once per (size, signature) by ``ftjit.jit`` with an identity compiler, so
+compile-once and the cache hold as with JAX. Hooks let a test hold a batch (``gate``), fail one (``fail_when``:
+a predicate of the examples), or interrupt it. The runner protocol (``alone``, ``batch``, ``row``, ``fallback``,
+``per_call``): see cpp/batch/batcher.cc.
 
-Shared state: ``batches`` (the examples of every batch run, in order) and ``calls`` are guarded by ``lock``.
+Shared state: ``batches`` (the examples of every batch run, in order) and ``calls_alone`` are guarded by
+``lock``; ``per_call`` is never written here (a dict: signatures whose calls run alone).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class RowsRunner:
         self.lock = threading.Lock()
         self.batches: list[tuple[Any, ...]] = []  # guarded by lock
         self.calls_alone = 0  # guarded by lock
+        self.per_call: dict[Any, None] = {}
         cache = cache if cache is not None else ftjit.FunctionCache()
         self.one = ftjit.jit(fn, compiler=_identity_compiler, cache=cache)
 
@@ -50,16 +54,25 @@ class RowsRunner:
             self.calls_alone += 1
         return self.one(*args, **kwargs)
 
-    def batch(self, examples: Sequence[tuple[tuple, dict]], size: int) -> list[Any]:
-        xs = tuple(args[0] for args, _ in examples)
+    def fallback(self, args: tuple, kwargs: dict) -> Any:
+        return self.one(*args, **kwargs)
+
+    def batch(self, key: Any, args: tuple, kwargs: dict, columns: list, size: int) -> list[Any]:
+        xs = tuple(columns[0])
         with self.lock:
             self.batches.append(xs)
         if self.gate is not None:
             self.gate.wait(60)
         if self.fail_when is not None and self.fail_when(xs):
             raise ValueError(f"a batch of {list(xs)} failed")
-        out = self.many(xs + (xs[0],) * (size - len(xs)))
-        return out[: len(xs)]
+        return self.many(xs + (xs[0],) * (size - len(xs)))
+
+    def row(self, out: Any, i: int) -> Any:
+        return out[i]
+
+    def clear(self) -> None:
+        self.one.clear_cache()
+        self.many.clear_cache()
 
     def warmup(self, specs: Any, workers: int, strict: bool, progress: Any) -> Any:
         return self.one.warmup(specs, workers=workers, strict=strict, progress=progress)

@@ -312,7 +312,7 @@ nb::object Eager(nb::args, nb::kwargs) {
     c.leaves.clear();
   }
   c.built = true;
-  LeafObjects* keep = st.executable_for.is_valid() ? &c.leaves : nullptr;
+  LeafObjects* keep = st.executable_for.is_valid() || c.keep_leaves ? &c.leaves : nullptr;
   try {
     BuildSignature(st.spec, c.args.items, c.args.nargs, c.args.kwnames, c.sig, allow_specs, keep, partial);
   } catch (const NeedsFallback&) {

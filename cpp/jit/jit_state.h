@@ -152,7 +152,8 @@ struct Call {
   const CallArgs& args;
   const ThreadCtx& t;
   CallSignature sig;
-  LeafObjects leaves;  // kept only where executables may take them (executable_for)
+  LeafObjects leaves;  // kept where executables may take them (executable_for), or keep_leaves asks
+  bool keep_leaves = false;
   bool counted = false;
   bool built = false;  // sig and leaves hold a build (Build empties them first)
 };

@@ -57,18 +57,6 @@ class Annotated : public nb::object {
   NB_OBJECT_DEFAULT(Annotated, nb::object, kType, AnyObject)
 };
 
-// A thread that CPython ends at interpreter shutdown (3.11-3.13: pthread_exit
-// when it takes the GIL back, a forced unwind) while in a method, e.g. a
-// daemon warm-up worker waiting on a compile in precompile(), must not
-// unwind into nanobind, whose dispatch is noexcept: std::terminate would
-// abort the exiting process. It is parked instead, as CPython 3.14 parks
-// such threads itself (PyThread_hang_thread); the process exits around it.
-// The frames below (a wait, Compile) have unwound already, releasing what
-// they held.
-[[noreturn]] NB_NOINLINE void ParkThreadEndedAtShutdown() {
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
-}
-
 // A method's body on the state of `self` (RuntimeError once the GC cleared
 // it); nanobind translates what it throws.
 template <class Result = nb::object, class Body>
@@ -484,13 +472,18 @@ void DefineSignatureQueries(const Definer& d) {
           VectorcallArgs call(args, kwargs);
           CallArgs view = call.args();
           Call c(st, view);
+          c.keep_leaves = true;
           if (!BuildAdopted(c)) return nb::none();
-          return SignatureKeyOf(std::move(c.sig));
+          nb::object leaves = StealOrThrow(PyTuple_New(static_cast<Py_ssize_t>(c.leaves.size())));
+          for (size_t i = 0; i < c.leaves.size(); ++i) PyTuple_SET_ITEM(leaves.ptr(), i, Py_NewRef(c.leaves[i]));
+          return nb::make_tuple(SignatureKeyOf(std::move(c.sig)), leaves);
         });
       },
-      "def _call_key(self, *args: typing.Any, **kwargs: typing.Any) -> typing.Any",
-      "The signature a call of these arguments has, as a hashable key (equal keys: one\n"
-      "compiled program), or None when the call would take the compiler's fallback.");
+      "def _batch_key(self, *args: typing.Any, **kwargs: typing.Any) -> tuple[typing.Any, tuple[typing.Any, ...]] "
+      "| None",
+      "(key, leaves) of a call of these arguments: its whole signature as a hashable key (equal\n"
+      "keys: one compiled program) and its dynamic leaves in flatten order (ftjit.batched);\n"
+      "None when the call would take the compiler's fallback.");
 }
 
 // Python's object protocol: pickling, copies, generic subscription.

@@ -13,6 +13,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "batch/batcher.h"
 #include "jit/jit_state.h"
 #include "jit/jit_type.h"
 #include "pyutil/collaborators.h"
@@ -70,6 +71,7 @@ NB_MODULE(_core, m) {
   ftjit::RegisterThreadExecutables(m);
   ftjit::RegisterSignatureKey(m);
   ftjit::RegisterSignatureRecords(m);  // _leaf_kinds
+  ftjit::RegisterBatcher(m);
   m.def(
       "_live_functions",
       []() {

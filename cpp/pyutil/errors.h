@@ -28,7 +28,9 @@
 #include <cxxabi.h>  // abi::__forced_unwind
 #endif
 
+#include <chrono>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include <nanobind/nanobind.h>
@@ -103,6 +105,17 @@ Result Translated(Body&& body, Result failed) {
     SetErrorFromException();
     return failed;
   }
+}
+
+// A thread that CPython ends at interpreter shutdown (3.11-3.13: pthread_exit
+// when it takes the GIL back, a forced unwind) while in a method, e.g. a
+// daemon warm-up worker waiting on a compile in precompile(), must not
+// unwind into nanobind, whose dispatch is noexcept: std::terminate would
+// abort the exiting process. It is parked instead (the on_unwind of
+// LeakingOnForcedUnwind), as CPython 3.14 parks such threads itself
+// (PyThread_hang_thread); the process exits around it.
+[[noreturn]] NB_NOINLINE inline void ParkThreadEndedAtShutdown() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
 
 // Runs body(). Should CPython end this thread inside it at interpreter

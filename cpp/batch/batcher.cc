@@ -1,0 +1,474 @@
+// ftjit: _Batcher and _BatchQueue (see batcher.h): each call of a batched
+// function, from joining its signature's queue to its own result, in one
+// C++ call, so that no signal can land between the steps that change
+// shared state. A KeyboardInterrupt (or any error) surfaces only where
+// Python code runs: in a signal check between wait slices, or in a runner
+// method; each such place puts the queue back in order before it goes on
+// (the call leaves the queue, a leader hands its lead or its batch's
+// members on), so another thread's Ctrl-C fails nobody else.
+//
+// The runner (ftjit/_batched.py: the JAX one, or stress.batch_runner's) is
+// Python: alone(args, kwargs) runs one example by itself; batch(key, args,
+// kwargs, columns, size) runs the examples of a batch (columns: one list
+// per leaf, the leaf of each example in turn; size: the padded batch size)
+// and returns its output; row(out, i) is example i's result of that output.
+// Every member takes its own row in its own thread, after its leader woke
+// it; a batch that raises an Exception is run again example by example,
+// each member alone in its own thread, so that an error stays with its
+// example.
+//
+//   | state                 | protection                                      |
+//   |-----------------------|-------------------------------------------------|
+//   | Batcher's options     | fixed at construction                           |
+//   | Batcher's counters    | relaxed atomics                                 |
+//   | QueueObject::q        | its own lock (BatchQueue)                       |
+//   | QueueObject::closed   | atomic (set once, by a call that closed it)     |
+//   | PyWaiter's references | its owner's and its leader's, as BatchQueue     |
+//   |                       | publishes them                                  |
+//   | t_active              | thread-local: the queues this thread waits in   |
+//
+// Lock order: the queue's lock is a leaf (BatchQueue); no Python code runs
+// under it, and none is destroyed there.
+#include "batch/batcher.h"
+
+#include <Python.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "primitives/batch_queue.h"
+#include "pyutil/errors.h"
+#include "pyutil/leaf_mutex.h"
+#include "pyutil/py_compat.h"
+
+namespace nb = nanobind;
+
+namespace ftjit {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kSlice = std::chrono::milliseconds(100);  // how often a waiter runs signal handlers
+
+PyObject* g_closed = nullptr;  // _BATCH_CLOSED: made at module init, then fixed
+PyObject* g_alone = nullptr;   // interned method names of the runner, likewise
+PyObject* g_batch = nullptr;
+PyObject* g_row = nullptr;
+
+// One call in a queue. Its references are dropped where its last holder
+// lets it go: its owner or its leader, attached; a thread that CPython ends
+// at interpreter shutdown (no thread state) leaks them instead.
+struct PyWaiter : BatchWaiter {
+  PyWaiter(nb::handle a, nb::handle k, nb::handle l) : args(nb::borrow(a)), kwargs(nb::borrow(k)), leaves(nb::borrow(l)) {}
+  ~PyWaiter() {
+    if (ThreadIsAttached()) return;
+    args.release();
+    kwargs.release();
+    leaves.release();
+    out.release();
+  }
+  PyWaiter(const PyWaiter&) = delete;
+  PyWaiter& operator=(const PyWaiter&) = delete;
+  nb::object args, kwargs, leaves;  // the call's, held while it is queued
+  nb::object out;                   // its batch's output: written by its leader before kDone
+  const Clock::time_point t0 = Clock::now();
+};
+
+using Queue = BatchQueue<LeafMutex, PyWaiter>;
+using WaiterPtr = Queue::WaiterPtr;
+
+// A batched function's options and counters, shared by its queues.
+struct Batcher {
+  Batcher(std::string n, size_t mb, double mw, std::vector<size_t> s, size_t mr, nb::object te)
+      : name(std::move(n)), max_batch(mb),
+        max_wait(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(mw))),
+        sizes(std::move(s)), max_running(mr), timeout_error(std::move(te)),
+        by_size(new std::atomic<uint64_t>[mb + 1]) {
+    for (size_t i = 0; i <= mb; ++i) by_size[i].store(0, std::memory_order_relaxed);
+  }
+  size_t SizeFor(size_t n) const {
+    for (size_t s : sizes) {
+      if (s >= n) return s;
+    }
+    return n;
+  }
+  static void Add(std::atomic<uint64_t>& c, uint64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }
+  // A call's Exception (failed) or other BaseException (interrupted: Ctrl-C).
+  void CountError(const nb::python_error& e) { Add(e.matches(PyExc_Exception) ? failed : interrupted); }
+
+  const std::string name;
+  const size_t max_batch;
+  const Clock::duration max_wait;
+  const std::vector<size_t> sizes;
+  const size_t max_running;
+  const nb::object timeout_error;
+  std::atomic<uint64_t> calls{0}, batches{0}, alone{0}, examples{0}, padded{0}, waited_ns{0}, timeouts{0},
+      failed{0}, retried{0}, interrupted{0}, fallback{0};
+  // The leaders' time running the batches that ended well: from taking the batch to every member woken (its
+  // stack, program, copy out and hand-off: what the bench's host overhead is read from).
+  std::atomic<uint64_t> lead_ns{0};
+  const std::unique_ptr<std::atomic<uint64_t>[]> by_size;  // [n]: batches of n examples
+};
+
+struct BatcherObject {
+  BatcherObject(std::string name, size_t max_batch, double max_wait, std::vector<size_t> sizes, size_t max_running,
+                nb::object timeout_error)
+      : b(std::make_shared<Batcher>(std::move(name), max_batch, max_wait, std::move(sizes), max_running,
+                                    std::move(timeout_error))) {}
+  std::shared_ptr<Batcher> b;
+};
+
+// The queues this thread waits in (as a member, a leader or alone), so that
+// a call re-entering one on the same thread (a signal handler, a logging
+// handler of a compile) runs alone instead of waiting on itself.
+thread_local std::vector<const void*> t_active;
+
+class ActiveScope {
+ public:
+  explicit ActiveScope(const void* q) { t_active.push_back(q); }
+  ~ActiveScope() { t_active.pop_back(); }
+  ActiveScope(const ActiveScope&) = delete;
+  ActiveScope& operator=(const ActiveScope&) = delete;
+};
+
+// Runs `wait` with this thread detached. CPython may end a daemon thread
+// at interpreter shutdown when it attaches again (a forced unwind, 3.11-
+// 3.13): it is parked there, before any frame holding Python references
+// unwinds (as CPython 3.14 parks such threads itself).
+template <class Wait>
+void Detached(Wait&& wait) {
+  PyThreadState* ts = PyEval_SaveThread();
+  wait();
+  LeakingOnForcedUnwind([&] { PyEval_RestoreThread(ts); }, [] { ParkThreadEndedAtShutdown(); });
+}
+
+// runner.<name>(*args), or throws.
+template <class... A>
+nb::object CallRunner(nb::handle runner, PyObject* name, A... args) {
+  PyObject* argv[] = {runner.ptr(), args...};
+  return StealOrThrow(PyObject_VectorcallMethod(name, argv, 1 + sizeof...(A) | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                nullptr));
+}
+
+void WakeAll(const std::vector<WaiterPtr>& wake) {
+  for (const WaiterPtr& w : wake) w->Wake();
+}
+
+struct QueueObject {
+  QueueObject(const BatcherObject& bo, nb::object k)
+      : b(bo.b), q(bo.b->max_batch, bo.b->max_running), key(std::move(k)) {}
+
+  nb::object Call(nb::handle runner, nb::tuple leaves, nb::tuple args, nb::dict kwargs, std::optional<double> timeout);
+
+  std::shared_ptr<Batcher> b;
+  Queue q;
+  nb::object key;
+  std::atomic<bool> closed{false};
+};
+
+// One call of a queue, on its caller's stack.
+struct CallState {
+  QueueObject& qo;
+  Batcher& b;
+  nb::handle runner;
+  WaiterPtr w;
+  std::optional<Clock::time_point> deadline;
+  double timeout;
+
+  void Closed(bool closed) {
+    if (closed) qo.closed.store(true, std::memory_order_relaxed);
+  }
+
+  // The call alone: a lone call, or an example retried after its batch failed.
+  nb::object RunAlone() {
+    try {
+      return CallRunner(runner, g_alone, w->args.ptr(), w->kwargs.ptr());
+    } catch (nb::python_error& e) {
+      b.CountError(e);
+      throw;
+    }
+  }
+
+  // The queue's running slot is this call's (Join said kAlone).
+  nb::object RunAloneHoldingSlot() {
+    std::vector<WaiterPtr> none;
+    nb::object out;
+    Batcher::Add(b.alone);
+    try {
+      out = RunAlone();
+    } catch (nb::python_error&) {
+      Closed(qo.q.Finish(nullptr, nullptr, kDone, &none));
+      throw;
+    }
+    Closed(qo.q.Finish(nullptr, nullptr, kDone, &none));
+    return out;
+  }
+
+  // Signal handlers (Ctrl-C) between wait slices; one that raises ends the
+  // wait: this call leaves the queue (a leader hands the lead on).
+  void CheckSignals() {
+    if (PyErr_CheckSignals() == 0) return;
+    nb::python_error error;  // taken: nothing below runs Python
+    LeaveQueue(/*lead_too=*/true);
+    b.CountError(error);
+    throw error;
+  }
+
+  // Returns the state the call had (see BatchQueue::GiveUp).
+  uint32_t LeaveQueue(bool lead_too) {
+    WaiterPtr next;
+    bool closed = false;
+    uint32_t prior = qo.q.GiveUp(w.get(), lead_too, &next, &closed);
+    if (next) next->Wake();
+    Closed(closed);
+    return prior;
+  }
+
+  [[noreturn]] void TimedOut(const char* why) {
+    Batcher::Add(b.timeouts);
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%g", timeout);
+    std::string msg = b.name + "(): no result within timeout=" + secs + " s (" + why + ")";
+    PyErr_SetString(b.timeout_error.ptr(), msg.c_str());
+    throw nb::python_error();
+  }
+
+  std::chrono::nanoseconds SliceUntil(Clock::time_point until, Clock::time_point now) const {
+    if (deadline && *deadline < until) until = *deadline;
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::min<Clock::duration>(until - now, kSlice));
+  }
+
+  // A member of a pending batch: waits until its leader decides (or it leads).
+  nb::object Follow() {
+    for (;;) {
+      uint32_t s = w->Load();
+      if (s == kDone) return CallRunner(runner, g_row, w->out.ptr(), nb::int_(w->index).ptr());
+      if (s == kRetry) return RunAlone();
+      if (s == kLead) return Lead();
+      Clock::time_point now = Clock::now();
+      if (deadline && now >= *deadline) {
+        uint32_t prior = LeaveQueue(/*lead_too=*/false);
+        if (prior == kDone || prior == kRetry || prior == kLead) continue;  // decided just now: ours after all
+        TimedOut("this call's example is dropped; the other calls of its batch carry on");
+      }
+      Detached([&] { w->Wait(s, SliceUntil(now + kSlice, now)); });
+      CheckSignals();
+    }
+  }
+
+  // The leader: collects its batch, then runs it.
+  nb::object Lead() {
+    const Clock::time_point collect_until = Clock::now() + b.max_wait;
+    std::vector<WaiterPtr> batch;
+    for (;;) {
+      Clock::time_point now = Clock::now();
+      WaiterPtr next;
+      uint32_t seen = 0;
+      if (qo.q.TryTake(w.get(), now >= collect_until, &batch, &next, &seen)) {
+        if (next) next->Wake();
+        break;
+      }
+      if (deadline && now >= *deadline) {
+        LeaveQueue(/*lead_too=*/true);
+        TimedOut("its batch had not started; the other calls wait for the next one");
+      }
+      Clock::time_point until = now < collect_until ? collect_until : now + kSlice;  // else: a batch must end
+      Detached([&] { qo.q.WaitChanged(seen, SliceUntil(until, now)); });
+      CheckSignals();
+    }
+    Clock::time_point started = Clock::now();
+    uint64_t waited = 0;
+    for (const WaiterPtr& m : batch) {
+      waited += std::chrono::duration_cast<std::chrono::nanoseconds>(started - m->t0).count();
+    }
+    Batcher::Add(b.waited_ns, waited);
+    return Run(batch);
+  }
+
+  // The leader runs its batch (w first). Out of the queue's lock.
+  nb::object Run(std::vector<WaiterPtr>& batch) {
+    std::vector<WaiterPtr> wake;
+    const size_t n = batch.size();
+    if (n == 1) {  // only the leader: a lone call
+      nb::object out;
+      Batcher::Add(b.alone);
+      try {
+        out = RunAlone();
+      } catch (nb::python_error&) {
+        Closed(qo.q.Finish(&batch, w.get(), kDone, &wake));
+        throw;
+      }
+      Closed(qo.q.Finish(&batch, w.get(), kDone, &wake));
+      return out;
+    }
+    const size_t size = b.SizeFor(n);
+    const Clock::time_point started = Clock::now();
+    nb::object out;
+    try {
+      nb::object columns = Columns(batch);
+      out = CallRunner(runner, g_batch, qo.key.ptr(), w->args.ptr(), w->kwargs.ptr(), columns.ptr(),
+                       nb::int_(size).ptr());
+    } catch (nb::python_error& e) {
+      if (!e.matches(PyExc_Exception)) {
+        // This thread was interrupted (Ctrl-C): the others go back, unharmed.
+        Closed(qo.q.Requeue(batch, w.get(), &wake));
+        WakeAll(wake);
+        Batcher::Add(b.interrupted);
+        throw;
+      }
+      // The batch failed: every member runs alone, in its own thread, so
+      // that only the failing examples' callers raise (their own errors).
+      Closed(qo.q.Finish(&batch, w.get(), kRetry, &wake));
+      WakeAll(wake);
+      Batcher::Add(b.failed);
+      Batcher::Add(b.retried, n);
+    }
+    if (!out.is_valid()) return RunAlone();  // the leader's own example, retried (the batch's error dropped)
+    for (const WaiterPtr& m : batch) {
+      if (m != w) m->out = out;  // before kDone publishes it
+    }
+    Closed(qo.q.Finish(&batch, w.get(), kDone, &wake));
+    WakeAll(wake);
+    Batcher::Add(b.lead_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count());
+    Batcher::Add(b.batches);
+    Batcher::Add(b.examples, n);
+    Batcher::Add(b.padded, size - n);
+    Batcher::Add(b.by_size[n]);
+    return CallRunner(runner, g_row, out.ptr(), nb::int_(0).ptr());
+  }
+
+  // One list per leaf position: that leaf of each member, in batch order.
+  static nb::object Columns(const std::vector<WaiterPtr>& batch) {
+    const Py_ssize_t n = static_cast<Py_ssize_t>(batch.size());
+    const Py_ssize_t k = PyTuple_GET_SIZE(batch[0]->leaves.ptr());
+    nb::object cols = StealOrThrow(PyList_New(k));
+    for (Py_ssize_t j = 0; j < k; ++j) {
+      PyObject* col = PyList_New(n);
+      if (!col) throw nb::python_error();
+      PyList_SET_ITEM(cols.ptr(), j, col);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyList_SET_ITEM(col, i, Py_NewRef(PyTuple_GET_ITEM(batch[i]->leaves.ptr(), j)));
+      }
+    }
+    return cols;
+  }
+};
+
+nb::object QueueObject::Call(nb::handle runner, nb::tuple leaves, nb::tuple args, nb::dict kwargs,
+                             std::optional<double> timeout) {
+  Batcher& bt = *b;
+  const void* me = this;
+  if (std::find(t_active.begin(), t_active.end(), me) != t_active.end()) {
+    // Re-entered on a thread that waits in this queue already: alone.
+    Batcher::Add(bt.calls);
+    Batcher::Add(bt.alone);
+    CallState c{*this, bt, runner, std::make_shared<PyWaiter>(args, kwargs, leaves), std::nullopt, 0.0};
+    return c.RunAlone();
+  }
+  // Held outside the body below: should CPython end this thread at shutdown
+  // inside it, it is parked before this reference could be dropped.
+  WaiterPtr w = std::make_shared<PyWaiter>(args, kwargs, leaves);
+  Queue::Role role = q.Join(w);
+  if (role == Queue::Role::kClosed) {
+    closed.store(true, std::memory_order_relaxed);
+    return nb::borrow(g_closed);
+  }
+  Batcher::Add(bt.calls);
+  CallState c{*this, bt, runner, w, std::nullopt, timeout.value_or(0.0)};
+  if (timeout) {
+    c.deadline = w->t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
+  }
+  ActiveScope active(me);
+  return LeakingOnForcedUnwind(
+      [&] {
+        switch (role) {
+          case Queue::Role::kAlone:
+            return c.RunAloneHoldingSlot();
+          case Queue::Role::kLead:
+            return c.Lead();
+          default:
+            return c.Follow();
+        }
+      },
+      [] { ParkThreadEndedAtShutdown(); });
+}
+
+// A call that does not queue (its signature cannot be batched, or it takes
+// the compiler's fallback): fn(args, kwargs), counted.
+nb::object RunUnqueued(BatcherObject& bo, bool fallback, nb::handle fn, nb::tuple args, nb::dict kwargs) {
+  Batcher& b = *bo.b;
+  Batcher::Add(b.calls);
+  Batcher::Add(fallback ? b.fallback : b.alone);
+  try {
+    return nb::borrow(fn)(args, kwargs);
+  } catch (nb::python_error& e) {
+    b.CountError(e);
+    throw;
+  }
+}
+
+nb::dict Info(const BatcherObject& bo) {
+  const Batcher& b = *bo.b;
+  auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
+  nb::dict d;
+  d["calls"] = get(b.calls);
+  d["batches"] = get(b.batches);
+  d["alone"] = get(b.alone);
+  d["examples"] = get(b.examples);
+  d["padded"] = get(b.padded);
+  d["waited_seconds"] = static_cast<double>(get(b.waited_ns)) / 1e9;
+  d["timeouts"] = get(b.timeouts);
+  d["failed"] = get(b.failed);
+  d["retried"] = get(b.retried);
+  d["interrupted"] = get(b.interrupted);
+  d["fallback"] = get(b.fallback);
+  d["lead_seconds"] = static_cast<double>(get(b.lead_ns)) / 1e9;
+  nb::list sizes;
+  for (size_t n = 0; n <= b.max_batch; ++n) {
+    uint64_t count = get(b.by_size[n]);
+    if (count) sizes.append(nb::make_tuple(n, count));
+  }
+  d["sizes"] = nb::tuple(sizes);
+  return d;
+}
+
+}  // namespace
+
+void RegisterBatcher(nb::module_& m) {
+  g_closed = StealOrThrow(PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type))).release().ptr();
+  g_alone = PyUnicode_InternFromString("alone");
+  g_batch = PyUnicode_InternFromString("batch");
+  g_row = PyUnicode_InternFromString("row");
+  m.attr("_BATCH_CLOSED") = nb::handle(g_closed);
+  nb::class_<BatcherObject>(m, "_Batcher",
+                            "A batched function's options and counters, which its queues share (ftjit._batched).")
+      .def(nb::init<std::string, size_t, double, std::vector<size_t>, size_t, nb::object>(), nb::arg("name"),
+           nb::arg("max_batch"), nb::arg("max_wait"), nb::arg("sizes"), nb::arg("max_running"),
+           nb::arg("timeout_error"))
+      .def("info", &Info, "A snapshot of the counters (each read atomically, not all at one instant).")
+      .def("run", &RunUnqueued, nb::arg("fallback"), nb::arg("fn"), nb::arg("args"), nb::arg("kwargs"),
+           "fn(args, kwargs) for a call that does not queue (alone, or the compiler's fallback), counted.");
+  nb::class_<QueueObject>(m, "_BatchQueue",
+                          "The calls of one signature of a batched function, merged into batches "
+                          "(ftjit._batched; the protocol: cpp/primitives/batch_queue.h).")
+      .def(nb::init<const BatcherObject&, nb::object>(), nb::arg("batcher"), nb::arg("key"))
+      .def("call", &QueueObject::Call, nb::arg("runner"), nb::arg("leaves"), nb::arg("args"), nb::arg("kwargs"),
+           nb::arg("timeout").none(),
+           "This call's result, computed alone or in a batch with other threads' calls of the queue; or\n"
+           "_BATCH_CLOSED when the queue is closed (idle, or a parent's after fork): use a new one.")
+      .def_prop_ro(
+          "closed", [](const QueueObject& q) { return q.closed.load(std::memory_order_relaxed); },
+          "Whether the queue closed (it was idle): the next call needs a new one.");
+}
+
+}  // namespace ftjit
