@@ -27,7 +27,7 @@ nb::object SignatureKeyOf(CallSignature&& sig) {
 
 void RegisterSignatureKey(nb::module_& m) {
   nb::class_<SignatureKey>(m, "_SignatureKey",
-                           "A call's whole signature (JitFunction._call_key): hashable, equal to another\n"
+                           "A call's whole signature (JitFunction._batch_key): hashable, equal to another\n"
                            "exactly when the two calls share a compiled program (static values compared\n"
                            "with __eq__). Immutable.")
       .def("__hash__",
