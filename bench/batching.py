@@ -224,6 +224,7 @@ class Overhead:
 def _program_seconds(b: Any, size: int, repeat: int = 30) -> float:
     """The batched program of ``b`` at ``size`` run alone (dispatch, device, the copy out), median of ``repeat``:
     on the input a batch of that size stacks (the runner's own plan and stacking)."""
+    import jax
     x = np.ones(16, np.float32)
     key, leaves = b._key(x)
     runner = b._runner
@@ -232,9 +233,10 @@ def _program_seconds(b: Any, size: int, repeat: int = 30) -> float:
 
     stacked = [_stack([leaf] * size, size, kind) for leaf, kind in zip(leaves, plan.scalars)]
     times = []
-    for _ in range(repeat + 1):
+    for _ in range(repeat + 1):  # as a batch ends: copied to the host (to_host), else ready on the device
         t0 = time.perf_counter()
-        np.asarray(runner.many(plan, *stacked))
+        out = runner.many(plan, *stacked)
+        np.asarray(out) if runner.to_host else jax.block_until_ready(out)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
 

@@ -169,6 +169,10 @@ def _write_atomically(path: str, data: bytes, mode: int | None) -> None:
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
     except OSError as exc:  # a read-only directory, a full disk: said of the file asked for, not of the temporary
+        try:  # some kernels (gVisor) make the file before finding no descriptor for it
+            os.unlink(temporary)
+        except OSError:
+            pass
         raise type(exc)(exc.errno, f"{exc.strerror} (making a temporary file in {directory} to replace it "
                         "atomically)", path) from None
     try:
