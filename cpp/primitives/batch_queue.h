@@ -27,8 +27,10 @@
 // the owner reads it with acquire); the leader collecting sleeps on the
 // queue's changed_ word, bumped when a batch may start (max_batch pending,
 // a running batch or alone call ended). Nobody sleeps holding mu_, and
-// wakes happen after unlocking, so one wake per waiter is a syscall on the
-// waker's thread and the woken threads run in parallel.
+// wakes happen after unlocking, so one wake per sleeping waiter is a
+// system call on the waker's thread and the woken threads run in
+// parallel; a word nobody sleeps on is woken with no system call
+// (SleepWord).
 //
 // Fork: every sleeper sleeps on a word, holding no lock, so no lock of the
 // parent's waiters is left held in a child. A queue made before the latest
@@ -45,7 +47,8 @@
 //   |--------------------------------|--------------------------------------|
 //   | pending_, leading_, running_,  | FTJIT_GUARDED_BY(mu_)                |
 //   |   closed_                      |                                      |
-//   | changed_                       | atomic; bumped under mu_             |
+//   | changed_                       | atomic word (a SleepWord); bumped    |
+//   |                                | under mu_                            |
 //   | max_batch_, max_running_,      | fixed at construction                |
 //   |   generation_                  |                                      |
 //   | BatchWaiter::state             | atomic; written under mu_ (release), |
@@ -75,14 +78,42 @@ namespace ftjit {
 // A waiter's state word (see BatchQueue).
 enum BatchState : uint32_t { kPending, kLead, kTaken, kDone, kRetry, kGone };
 
-struct BatchWaiter {
-  std::atomic<uint32_t> state{kPending};
-  size_t index = 0;  // its row in its batch (the leader's is 0)
+// A word threads sleep on, with the count of its sleepers, so that a wake
+// with none asleep (the common case: a lone call's end) is no system call
+// (one costs microseconds under a sandbox's kernel, gVisor's). Dekker's
+// pattern: a sleeper counts itself, then the kernel compares the word; a
+// waker changes the word, then reads the count; the fences order both, so
+// either the waker sees the sleeper or the sleeper sees the new word.
+class SleepWord {
+ public:
+  std::atomic<uint32_t> word{0};
 
-  uint32_t Load() const { return state.load(std::memory_order_acquire); }
+  // Sleeps while the word is `seen`, for at most `timeout`; may wake early.
+  void Wait(uint32_t seen, std::chrono::nanoseconds timeout) {
+    sleepers_.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    detail::WaitOnWord(&word, seen, timeout);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // After the word changed: wakes its sleepers, if any.
+  void Wake() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_relaxed) != 0) detail::WakeAllOnWord(&word);
+  }
+
+ private:
+  std::atomic<uint32_t> sleepers_{0};
+};
+
+struct BatchWaiter {
+  SleepWord state{};  // a BatchState
+  size_t index = 0;   // its row in its batch (the leader's is 0)
+
+  BatchWaiter() { state.word.store(kPending, std::memory_order_relaxed); }
+  uint32_t Load() const { return state.word.load(std::memory_order_acquire); }
   // Sleeps while the state is `seen`, for at most `timeout`; may wake early.
-  void Wait(uint32_t seen, std::chrono::nanoseconds timeout) { detail::WaitOnWord(&state, seen, timeout); }
-  void Wake() { detail::WakeAllOnWord(&state); }
+  void Wait(uint32_t seen, std::chrono::nanoseconds timeout) { state.Wait(seen, timeout); }
+  void Wake() { state.Wake(); }
 };
 
 // W derives from BatchWaiter (the extension adds the call's arguments and
@@ -112,11 +143,11 @@ class BatchQueue {
         ++running_;
         return Role::kAlone;
       }
-      w->state.store(kPending, std::memory_order_relaxed);
+      w->state.word.store(kPending, std::memory_order_relaxed);
       pending_.push_back(w);
       if (!leading_) {
         leading_ = true;
-        w->state.store(kLead, std::memory_order_relaxed);  // its own thread: no wake
+        w->state.word.store(kLead, std::memory_order_relaxed);  // its own thread: no wake
         return Role::kLead;
       }
       if (pending_.size() != max_batch_) return Role::kFollow;
@@ -133,14 +164,14 @@ class BatchQueue {
   bool TryTake(const W* w, bool waited, std::vector<WaiterPtr>* batch, WaiterPtr* next, uint32_t* seen)
       FTJIT_EXCLUDES(mu_) {
     LockGuard<Mutex> lock(mu_);
-    *seen = changed_.load(std::memory_order_relaxed);
+    *seen = changed_.word.load(std::memory_order_relaxed);
     if (!(pending_.size() >= max_batch_ || running_ == 0 || (waited && running_ < max_running_))) return false;
     assert(!pending_.empty() && pending_.front().get() == w && "the leader is the first pending call");
     (void)w;
     size_t n = std::min(max_batch_, pending_.size());
     batch->clear();
     for (size_t i = 0; i < n; ++i) {
-      pending_.front()->state.store(kTaken, std::memory_order_relaxed);  // no wake: still waiting
+      pending_.front()->state.word.store(kTaken, std::memory_order_relaxed);  // no wake: still waiting
       pending_.front()->index = i;
       batch->push_back(std::move(pending_.front()));
       pending_.pop_front();
@@ -151,7 +182,7 @@ class BatchQueue {
   }
 
   // Sleeps while changed_ is `seen` (the leader collecting).
-  void WaitChanged(uint32_t seen, std::chrono::nanoseconds timeout) { detail::WaitOnWord(&changed_, seen, timeout); }
+  void WaitChanged(uint32_t seen, std::chrono::nanoseconds timeout) { changed_.Wait(seen, timeout); }
 
   // A lone call (batch null) or batch ended. Each member but the leader
   // still taken gets `outcome` (kDone or kRetry) and is added to `wake`,
@@ -164,8 +195,8 @@ class BatchQueue {
       LockGuard<Mutex> lock(mu_);
       if (batch) {
         for (const WaiterPtr& m : *batch) {
-          if (m.get() == leader || m->state.load(std::memory_order_relaxed) != kTaken) continue;
-          m->state.store(outcome, std::memory_order_release);
+          if (m.get() == leader || m->state.word.load(std::memory_order_relaxed) != kTaken) continue;
+          m->state.word.store(outcome, std::memory_order_release);
           wake->push_back(m);
         }
       }
@@ -187,13 +218,13 @@ class BatchQueue {
       LockGuard<Mutex> lock(mu_);
       auto at = leading_ ? pending_.begin() + 1 : pending_.begin();
       for (const WaiterPtr& m : batch) {
-        if (m.get() == leader || m->state.load(std::memory_order_relaxed) != kTaken) continue;
-        m->state.store(kPending, std::memory_order_relaxed);
+        if (m.get() == leader || m->state.word.load(std::memory_order_relaxed) != kTaken) continue;
+        m->state.word.store(kPending, std::memory_order_relaxed);
         at = pending_.insert(at, m) + 1;
       }
       if (!leading_ && !pending_.empty()) {
         leading_ = true;
-        pending_.front()->state.store(kLead, std::memory_order_release);
+        pending_.front()->state.word.store(kLead, std::memory_order_release);
         wake->push_back(pending_.front());
       }
       --running_;
@@ -213,14 +244,14 @@ class BatchQueue {
   // reference, dropped here, is never the last.
   uint32_t GiveUp(W* w, bool lead_too, WaiterPtr* next, bool* closed) FTJIT_EXCLUDES(mu_) {
     LockGuard<Mutex> lock(mu_);
-    uint32_t s = w->state.load(std::memory_order_relaxed);
+    uint32_t s = w->state.word.load(std::memory_order_relaxed);
     *closed = false;
     if (s == kTaken) {
-      w->state.store(kGone, std::memory_order_relaxed);
+      w->state.word.store(kGone, std::memory_order_relaxed);
     } else if (s == kPending || (s == kLead && lead_too)) {
       auto it = std::find_if(pending_.begin(), pending_.end(), [w](const WaiterPtr& p) { return p.get() == w; });
       pending_.erase(it);
-      w->state.store(kGone, std::memory_order_relaxed);
+      w->state.word.store(kGone, std::memory_order_relaxed);
       if (s == kLead) *next = PromoteLockHeld();
       *closed = CloseIfIdleLockHeld();
     }
@@ -250,7 +281,7 @@ class BatchQueue {
       leading_ = false;
       return nullptr;
     }
-    pending_.front()->state.store(kLead, std::memory_order_release);
+    pending_.front()->state.word.store(kLead, std::memory_order_release);
     return pending_.front();
   }
 
@@ -258,9 +289,9 @@ class BatchQueue {
   // (WakeChanged, after unlocking, wakes it).
   void BumpLockHeld() FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
-    changed_.fetch_add(1, std::memory_order_release);
+    changed_.word.fetch_add(1, std::memory_order_release);
   }
-  void WakeChanged() { detail::WakeAllOnWord(&changed_); }
+  void WakeChanged() { changed_.Wake(); }
 
   bool CloseIfIdleLockHeld() FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
@@ -276,7 +307,7 @@ class BatchQueue {
   bool leading_ FTJIT_GUARDED_BY(mu_) = false;
   size_t running_ FTJIT_GUARDED_BY(mu_) = 0;
   bool closed_ FTJIT_GUARDED_BY(mu_) = false;
-  std::atomic<uint32_t> changed_{0};
+  SleepWord changed_;
 };
 
 }  // namespace ftjit
