@@ -130,10 +130,15 @@ class ThreadExecutables(NamedTuple):
     call of a compiled program checks JAX's configs, as jax.jit's does).
 
     ``make(miss, eager) -> executable`` makes one. The core calls it lazily,
-    in the thread that will use it (at most one per thread and signature for
-    16 threads at once, plus one shared by the threads past them), so that
-    one function's calls in many threads share no lock and no reference
-    count. The executable must call ``miss(*args, **kwargs)`` with its own
+    in the thread that will use it: one per thread index and signature (any
+    number of threads), kept in that index's slot of the signature's entry,
+    so that one function's calls in many threads share no lock and no
+    reference count. A copy goes with its entry (an eviction,
+    ``clear_cache()``), not with its thread: the next thread that takes the
+    index (the lowest free) calls it, instead of paying a new copy's first
+    call; so the copies of a signature are at most the most threads alive at
+    once (docs/design.md, "Memory bound"). A forked child keeps none but the
+    forking thread's. The executable must call ``miss(*args, **kwargs)`` with its own
     arguments for every call it cannot serve from what it cached (a context
     it has not seen: its first call, a config changed), and return the
     outputs of the ``(outputs, cache_data, drop)`` it gets back, caching

@@ -7,6 +7,7 @@ and re-raise worker exceptions.
 """
 
 import gc
+import os
 import threading
 import weakref
 
@@ -342,3 +343,66 @@ def test_the_copies_check_passes_under_a_transfer_guard_and_a_failure_is_said_on
                                             r"one shared call object .*: the check's reason"):
         assert ftjit._jax_calls._copy_parts() is None
     assert ftjit._jax_calls._copy_parts() is None  # said once
+
+
+FORK_INSIDE_A_COPYS_MISS = """
+import logging, os, signal, sys, threading, warnings
+warnings.simplefilter("ignore")  # fork() of a multi-threaded process
+import jax, jax.numpy as jnp, numpy as np
+import ftjit
+
+inside, go = threading.Event(), threading.Event()
+
+
+class Stall(logging.Handler):
+    # Holds the parent thread in its compile's log line: inside the copy's miss, after JAX traced and compiled
+    # (a fork inside a trace would leave JAX's own trace cache waiting on a dead thread, jax.jit's as much).
+    def emit(self, record):
+        if record.threadName == "parent" and record.getMessage().startswith("compiled"):
+            inside.set()
+            go.wait(60)
+
+
+logger = logging.getLogger("ftjit")
+logger.addHandler(Stall())
+logger.setLevel(logging.INFO)
+f = ftjit.jit(lambda v: v * 2)
+x = jnp.ones(3)
+f(x)
+
+def parent_thread():
+    f(x)  # this thread's copy (its index: 1), the default context
+    with jax.default_matmul_precision("highest"):
+        f(x)  # the copy misses that context: the core compiles it, this thread inside the copy's miss
+
+t = threading.Thread(target=parent_thread, name="parent", daemon=True)
+t.start()
+assert inside.wait(60)
+pid = os.fork()
+if pid == 0:  # only the forking thread lives on; the next thread here takes index 1
+    signal.alarm(60)  # a hang ends the child (its exit code is the signal's)
+    out = []
+
+    def child_thread():
+        with jax.default_matmul_precision("highest"):
+            out.append(np.asarray(f(x)).tolist())
+
+    c = threading.Thread(target=child_thread)
+    c.start()
+    c.join(50)
+    os._exit(0 if out == [[2.0, 2.0, 2.0]] else 3)
+go.set()
+t.join(60)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.thread_unsafe(reason="runs an interpreter that forks")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_inherits_no_copy_a_parent_thread_was_inside():
+    """Issue 46, finding 1: a thread of the child took a parent thread's index and with it that thread's copy;
+    the parent thread was inside the copy's miss at the fork, so the child's call waited forever in jaxlib (or
+    took it for its own recursion). A child now starts with no copy, redirect or in-flight count of another
+    thread: its thread makes a copy of its own."""
+    assert run_script(FORK_INSIDE_A_COPYS_MISS) == "child 0"

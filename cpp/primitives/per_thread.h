@@ -66,11 +66,18 @@ class PerThread {
   // missed.
   template <class F>
   void ForEach(F&& f) const {
+    ForEachIndexed([&](size_t, T& t) { f(t); });
+  }
+  // f(index, T&) for every T made so far, as ForEach. Writing a T that
+  // another thread holds is the caller's to rule out (a forked child's only
+  // thread may).
+  template <class F>
+  void ForEachIndexed(F&& f) const {
     for (size_t k = 0; k < kChunks; ++k) {
       std::atomic<T*>* chunk = chunks_[k].load(std::memory_order_acquire);
       if (!chunk) continue;  // chunks are made as indices need them, in any order
       for (size_t i = 0; i < (kBase << k); ++i) {
-        if (T* t = chunk[i].load(std::memory_order_acquire)) f(*t);
+        if (T* t = chunk[i].load(std::memory_order_acquire)) f(First(k) + i, *t);
       }
     }
   }

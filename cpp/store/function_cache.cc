@@ -215,6 +215,27 @@ void FunctionStore::LockAllForTest(bool lock) FTJIT_NO_THREAD_SAFETY_ANALYSIS {
   }
 }
 
+namespace {
+
+// In a forked child's only thread: no thread of the parent but this one
+// exists here, so no entry keeps another thread index's copy (a call object
+// a parent thread may have been inside: the child's thread that takes the
+// index would wait on it forever, or take it for its own recursion),
+// redirect or in-flight count. A copy is leaked, not dropped: its
+// destructor could take a lock a parent thread held.
+void ForgetOtherThreadsInChild(FunctionStore& fe, size_t survivor) {
+  for (const EntryPtr& e : fe.Entries()) {
+    e->slots.ForEachIndexed([&](size_t index, Entry::Slot& s) {
+      if (index == survivor) return;
+      s.copy.release();
+      s.redirect = nullptr;
+      s.in_flight.store(0, std::memory_order_seq_cst);
+    });
+  }
+}
+
+}  // namespace
+
 void AfterForkInChildCaches() {
   ReinitInChild(Caches().mu);
   ReinitInChild(AllStores().mu);
@@ -226,8 +247,12 @@ void AfterForkInChildCaches() {
   ThreadSlot<PyEntryTraits>::AfterForkInChild();
   std::vector<std::shared_ptr<FunctionStore>> all = LiveStores();
   for (auto& fe : all) fe->ReinitLocksInChild();
-  // Every lock is usable again: the orphans can go.
-  for (auto& fe : all) fe->DropOrphans();
+  // Every lock is usable again: the orphans can go, and what other threads left.
+  const size_t survivor = ThisThread().index;
+  for (auto& fe : all) {
+    fe->DropOrphans();
+    ForgetOtherThreadsInChild(*fe, survivor);
+  }
 }
 
 std::vector<std::shared_ptr<FunctionStore>> LiveStores() { return AllStores().Live(); }

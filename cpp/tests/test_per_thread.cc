@@ -53,6 +53,13 @@ void TestScatteredIndicesGetTheirOwn() {
   p.ForEach([&](const Counter& c) { seen.insert(c.plain); });
   CHECK_EQ(seen.size(), used.size());
   for (size_t i : used) CHECK_EQ(seen.count(i + 1), size_t{1});
+  // ForEachIndexed passes each T's own index (a forked child forgets every index but its thread's by it).
+  std::multiset<size_t> indices;
+  p.ForEachIndexed([&](size_t i, const Counter& c) {
+    CHECK_EQ(c.plain, i + 1);
+    indices.insert(i);
+  });
+  CHECK(indices == std::multiset<size_t>(used.begin(), used.end()));
 }
 
 // Threads with distinct indices (more than one chunk's worth) make and
