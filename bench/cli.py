@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --batching: also what handing each caller its row of a batch costs, three ways")
     parser.add_argument("--batching-hidden", type=int, default=64, metavar="H",
                         help="the batching model's hidden width, 16 -> H -> 4 (default: %(default)s)")
+    parser.add_argument("--stages", action="store_true",
+                        help="only the stage table: ns of each stage of a hit at one thread (ftjit's signature, "
+                             "probe and invoke, jaxlib's call, the execute) beside jax.jit's whole call")
     parser.add_argument("--threads", type=thread_counts, metavar="1,N,...",
                         help="thread-scaling columns: these thread counts (increasing, from 1), every thread "
                              "calling a function of its own, instead of 1 thread and 2 threads on one "
@@ -114,6 +117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     if args.batching:
         return _batching(args)
+    if args.stages:
+        return _stages(args)
     sizes = dict(QUICK if args.quick else FULL)
     for flag in ("number", "repeat", "scaling_calls", "scaling_rounds"):
         if getattr(args, flag) is not None:
@@ -200,6 +205,29 @@ def _batching(args: argparse.Namespace) -> int:
         print()
         print(slicing_costs(args.batching_hidden))
     return 0
+
+
+def _stages(args: argparse.Namespace) -> int:
+    """--stages: the stage table alone (bench.stages), in many short interleaved timings."""
+    from .stages import format_stages, stage_rows
+
+    number = args.number or (1_000 if args.quick else 2_000)
+    rounds = args.repeat or (31 if args.quick else 101)
+    load_before = os.getloadavg()
+    print(f"bench: stage table, {rounds} rounds of {number} calls per row, on {_interpreter()}, load average "
+          f"{load_before[0]:.2f}", file=sys.stderr, flush=True)
+    rows = stage_rows(number, rounds)
+    print(f"ftjit {ftjit.__version__} on {_interpreter()}, JAX {_jax_version()}; load average {load_before[0]:.2f} "
+          f"before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs); {rounds} rounds of {number} calls")
+    print()
+    print(format_stages(rows))
+    return 0
+
+
+def _jax_version() -> str:
+    import jax
+
+    return jax.__version__
 
 
 def _interpreter() -> str:

@@ -488,3 +488,61 @@ def test_only_scaling_prints_the_scaling_table_alone(tmp_path):
     assert [r[0] for r in _table_rows(proc.stdout, header="side ")] == THREAD_SIDES
     data = json.loads(out.read_text())
     assert data["results"] == [] and data["scaling"]["thread_counts"] == [1, 2]
+
+
+STAGES = ["ftjit: signature (core Build)", "ftjit: probe (FindReady + Release)",
+          "ftjit: invoke (slot, in flight, copy frame, call entry)", "jaxlib's call: its own parse, signature and probe",
+          "execute (execute_sharded + output handlers)"]
+
+
+@pytest.mark.thread_unsafe(reason="runs the stage table in a subprocess: 8 at once would overload 2 cores")
+@pytest.mark.timeout(180)
+def test_stage_table_prints_every_stage_and_its_differences_add_up():
+    proc = _bench("--stages", "--number", "200", "--repeat", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    blocks = proc.stdout.split("\n\n")[1:]
+    assert [b.splitlines()[0] for b in blocks] == ["x+y, 2 f32[4] jax Arrays: ns per hit at one thread, by stage",
+                                                   "dict of 8 f32[4] jax Arrays: ns per hit at one thread, by stage"]
+    for block in blocks:
+        lines = block.splitlines()
+        cells = {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)[1:] for line in lines[2:-1]}
+        assert list(cells)[:5] == STAGES
+        ns = {name: float(values[0]) for name, values in cells.items()}
+        ftjit_ns, copy_ns = ns["ftjit.jit, whole call"], ns["jaxlib call object alone (the copy ftjit invokes)"]
+        assert ns[STAGES[0]] > 0 and ns[STAGES[4]] > 0
+        # The two rows by difference, from the printed (rounded) numbers: each within the rounding of its terms.
+        assert abs(ns[STAGES[2]] - (ftjit_ns - ns[STAGES[0]] - ns[STAGES[1]] - copy_ns)) <= 2.5
+        assert abs(ns[STAGES[3]] - (copy_ns - ns[STAGES[4]])) <= 1.5
+        ratio = float(re.search(r"ftjit.jit / jax.jit = ([0-9.]+)x", lines[-1]).group(1))
+        assert ratio == pytest.approx(ftjit_ns / ns["jax.jit, whole call"], abs=0.002 + 2 / ns["jax.jit, whole call"])
+
+
+def test_hit_stage_ns_times_a_cached_signature_and_refuses_anything_else():
+    import jax
+    import jax.numpy as jnp
+
+    import ftjit
+
+    f = ftjit.jit(lambda a, b: a + b, cache=ftjit.FunctionCache(4))
+    x = jnp.arange(4.0)
+    with pytest.raises(ValueError, match=r"^these arguments' signature is not cached: call the function first$"):
+        f._hit_stage_ns(10, x, x)
+    f(x, x)
+    build, probe = f._hit_stage_ns(100, x, x)
+    assert isinstance(build, float) and isinstance(probe, float) and build > 0
+    with pytest.raises(ValueError, match=r"^n must be >= 1$"):
+        f._hit_stage_ns(0, x, x)
+    with pytest.raises(ValueError, match="not cached"):
+        f._hit_stage_ns(10, x, jnp.arange(3.0))  # another shape
+    errors = []
+
+    def traced(a):
+        try:
+            f._hit_stage_ns(10, a, a)
+        except TypeError as e:
+            errors.append(str(e))
+        return a
+
+    jax.jit(traced)(x)  # tracers: the call would take the fallback
+    assert errors == ["these arguments take the fallback path"]
+    assert f.cache_info().hits == 0 and f.cache_info().misses == 1  # timing counts nothing

@@ -166,7 +166,40 @@ def _function_repr_path():
     return once, lambda: repr(f), "<ftjit.JitFunction>"
 
 
+class _ProbedCompiler(CountingCompiler):
+    """A compiler whose executables check the context themselves (context_in_executable: the core builds a
+    partial signature on the hit path) and whose context probe raises KeyboardInterrupt once asked."""
+
+    def __init__(self, once):
+        super().__init__()
+        self.once = once
+
+    def hooks(self, fun):
+        def probe(arg):
+            self.once.fire()
+            return arg
+
+        return ftjit.CompilerHooks(context_in_executable=True,
+                                   executable_for=lambda compiled, args, kwargs, leaves: (compiled, False),
+                                   context=ftjit.ContextHooks(context=lambda: "ctx", probe=probe))
+
+
+def _defers_probe_path():
+    """A call whose partial signature fails (a str argument) asks the probe whether the call defers
+    (issue 46, finding 3: that probe's error was swallowed whole, a Ctrl-C among them)."""
+    once = _Once()
+    f = ftjit.jit(lambda x: x, compiler=_ProbedCompiler(once), cache=ftjit.FunctionCache())
+
+    def call():
+        with pytest.raises(TypeError):
+            f("not an array")
+        return "TypeError"
+
+    return once, call, "TypeError"
+
+
 PATHS = {
+    "defers_probe": _defers_probe_path,
     "context_eq": _context_eq_path,
     "static_repr": _static_repr_path,
     "logging_hook": _logging_hook_path,

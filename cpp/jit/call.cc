@@ -36,6 +36,7 @@
 // runs with no ftjit lock held.
 #include <Python.h>
 
+#include <chrono>
 #include <string>
 
 #include <nanobind/nanobind.h>
@@ -325,7 +326,9 @@ nb::object Eager(nb::args, nb::kwargs) {
     bool defers = false;
     try {
       defers = st.spec.hook.Defers();
-    } catch (nb::python_error&) {
+    } catch (nb::python_error& probe_error) {  // the probe's own error: the build's goes on, a Ctrl-C is kept
+      probe_error.restore();
+      ClearErrorKeepingInterrupt();
     }
     if (!defers) throw;
     return false;
@@ -418,10 +421,25 @@ PrecompileSaved PrecompileSavedSpec(JitState& st, const CallArgs& args) {
   return PrecompileSaved::kCompiled;
 }
 
-std::string SignatureOf(JitState& st, const CallArgs& args) {
-  Call c(st, args);
-  if (!BuildAdopted(c, /*allow_specs=*/true)) return st.spec.fun_name + "(<traced>)";
-  return c.sig.ToString(st.spec);
+nb::tuple HitStageNs(JitState& st, const CallArgs& args, int n) {
+  const bool partial = st.spec.context_in_executable;
+  auto mean_ns = [&](bool probe) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      Call c(st, args);
+      if (!Build(c, partial)) RaiseMessage(PyExc_TypeError, "these arguments take the fallback path");
+      if (!probe) continue;
+      FunctionStore::Held h = st.store->FindReady(c.sig, c.t.rec, c.t.index, /*follow_redirect=*/partial);
+      if (!h) {
+        if (partial || c.sig.AdoptContext()) FunctionStore::AfterMiss(c.t.rec);
+        RaiseMessage(PyExc_ValueError, "these arguments' signature is not cached: call the function first");
+      }
+      FunctionStore::Release(h, c.t.rec);
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / n;
+  };
+  const double build = mean_ns(false);
+  return nb::make_tuple(build, mean_ns(true) - build);
 }
 
 void RegisterThreadExecutables(nb::module_& m) {

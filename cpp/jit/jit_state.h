@@ -23,6 +23,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include "pyutil/vectorcall_args.h"
 #include "pyutil/waiter_errors.h"
 #include "signature/signature.h"
 #include "store/function_cache.h"
@@ -137,6 +138,7 @@ struct CallArgs {
   size_t nargsf;      // nargs, with PY_VECTORCALL_ARGUMENTS_OFFSET as the caller gave it
   CallArgs(PyObject* const* a, size_t nargs_f, PyObject* kw)
       : items(a), nargs(PyVectorcall_NARGS(nargs_f)), kwnames(kw), nargsf(nargs_f) {}
+  explicit CallArgs(const VectorcallArgs& v) : CallArgs(v.items(), v.nargs(), v.kwnames()) {}
 };
 
 using Slot = Entry::Slot;
@@ -211,9 +213,9 @@ PrecompileSaved PrecompileSavedSpec(JitState& st, const CallArgs& args);
 // compile must not run); "warn" warns once per store and compiles. Compiles
 // asked for ahead of traffic are counted, never explained.
 void Guard(JitState& st, const EntryPtr& e);
-// The readable signature these arguments would have ("f(<traced>)" for a
-// call that would take the fallback).
-std::string SignatureOf(JitState& st, const CallArgs& args);
+// bench's stage table: mean ns of a hit's Build and of its Probe of these
+// (cached) arguments, each over `n` runs in a loop of its own.
+nb::tuple HitStageNs(JitState& st, const CallArgs& args, int n);
 // A new copy from ThreadExecutables.make (given the core's miss and eager
 // callbacks); TypeError for a non-callable.
 nb::object MakeCopy(const nb::object& make_local);

@@ -70,30 +70,6 @@ Result Method(const JitSelf& self, Body&& body) {
       [] { ParkThreadEndedAtShutdown(); });
 }
 
-// A method's *args, **kwargs laid out as a vectorcall's, which the
-// signature builder reads. Borrowed from `args` and `kwargs`, which only
-// this call holds.
-class VectorcallArgs {
- public:
-  VectorcallArgs(const nb::args& args, const nb::kwargs& kwargs) : nargs_(args.size()) {
-    items_.reserve(nargs_ + kwargs.size());
-    for (nb::handle a : args) items_.push_back(a.ptr());
-    if (kwargs.size() == 0) return;
-    nb::list names;
-    for (auto [name, value] : kwargs) {
-      names.append(name);
-      items_.push_back(value.ptr());
-    }
-    kwnames_ = nb::tuple(names);
-  }
-  CallArgs args() const { return CallArgs(items_.data(), nargs_, kwnames_.is_valid() ? kwnames_.ptr() : nullptr); }
-
- private:
-  size_t nargs_;
-  std::vector<PyObject*> items_;
-  nb::object kwnames_;
-};
-
 // The compiler's method hook of that name, or null (see JitState::MethodHook).
 nb::object HookOf(const JitState& st, const char* name) { return st.MethodHook(name); }
 
@@ -343,7 +319,7 @@ void DefineAheadOfTraffic(const Definer& d) {
         return Method(self, [&](JitState& st) {
           AheadOfTraffic ahead;  // not a miss to explain
           VectorcallArgs call(args, kwargs);
-          return nb::bool_(Precompile(st, call.args()));
+          return nb::bool_(Precompile(st, CallArgs(call)));
         });
       },
       "def precompile(self, " + d.pargs + ") -> bool",
@@ -390,7 +366,7 @@ void DefineAheadOfTraffic(const Definer& d) {
         return Method(self, [&](JitState& st) {
           AheadOfTraffic ahead;
           VectorcallArgs call(args, kwargs);
-          return nb::int_(static_cast<int>(PrecompileSavedSpec(st, call.args())));
+          return nb::int_(static_cast<int>(PrecompileSavedSpec(st, CallArgs(call))));
         });
       },
       "def _precompile_saved(self, *args: typing.Any, **kwargs: typing.Any) -> int",
@@ -447,7 +423,7 @@ void DefineSignatureQueries(const Definer& d) {
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) -> nb::object {
           VectorcallArgs call(args, kwargs);
-          CallArgs view = call.args();
+          CallArgs view(call);
           Call c(st, view);
           if (!BuildAdopted(c, /*allow_specs=*/true)) return nb::none();
           return ExportSignature(c.sig, st.spec);
@@ -461,16 +437,28 @@ void DefineSignatureQueries(const Definer& d) {
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) {
           VectorcallArgs call(args, kwargs);
-          return nb::str(SignatureOf(st, call.args()).c_str());
+          CallArgs view(call);
+          Call c(st, view);
+          return nb::str((BuildAdopted(c, true) ? c.sig.ToString(st.spec) : st.spec.fun_name + "(<traced>)").c_str());
         });
       },
       "def _signature_of(self, *args: typing.Any, **kwargs: typing.Any) -> str",
-      "The readable signature these arguments would have.");
+      "The readable signature these arguments would have (f(<traced>): the fallback's).");
+  d.Method(
+      [](const JitSelf& self, int n, nb::args args, nb::kwargs kwargs) {
+        if (n < 1) throw nb::value_error("n must be >= 1");
+        return Method(self, [&](JitState& st) {
+          VectorcallArgs call(args, kwargs);
+          return HitStageNs(st, CallArgs(call), n);
+        });
+      },
+      "def _hit_stage_ns(self, n: int, /, *args: typing.Any, **kwargs: typing.Any) -> tuple[float, float]",
+      "bench's stage table: mean ns of these cached arguments' signature build and probe.");
   d.Method(
       [](const JitSelf& self, nb::args args, nb::kwargs kwargs) {
         return Method(self, [&](JitState& st) -> nb::object {
           VectorcallArgs call(args, kwargs);
-          CallArgs view = call.args();
+          CallArgs view(call);
           Call c(st, view);
           c.keep_leaves = true;
           if (!BuildAdopted(c)) return nb::none();
