@@ -495,7 +495,6 @@ STAGES = ["ftjit: signature (core Build)", "ftjit: probe (FindReady + Release)",
           "execute (execute_sharded + output handlers)"]
 
 
-@pytest.mark.thread_unsafe(reason="runs the stage table in a subprocess: 8 at once would overload 2 cores")
 @pytest.mark.timeout(180)
 def test_stage_table_prints_every_stage_and_its_differences_add_up():
     proc = _bench("--stages", "--number", "200", "--repeat", "3")

@@ -398,7 +398,6 @@ print("child", os.waitstatus_to_exitcode(status))
 """
 
 
-@pytest.mark.thread_unsafe(reason="runs an interpreter that forks")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_inherits_no_copy_a_parent_thread_was_inside():
     """Issue 46, finding 1: a thread of the child took a parent thread's index and with it that thread's copy;

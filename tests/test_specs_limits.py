@@ -58,7 +58,6 @@ EMPTY_BUT_HUGE = textwrap.dedent(
 )
 
 
-@pytest.mark.thread_unsafe(reason="runs an interpreter")
 def test_an_empty_array_whose_nonzero_dims_overflow_is_refused_and_the_process_lives(tmp_path):
     tmp_path = _private(tmp_path)
     done = _run(tmp_path, EMPTY_BUT_HUGE, str(tmp_path / "specs.json"))
@@ -236,7 +235,6 @@ NO_FILES_LEFT = textwrap.dedent(
 )
 
 
-@pytest.mark.thread_unsafe(reason="runs an interpreter")
 def test_a_save_that_cannot_make_its_temporary_file_names_the_file_asked_for(tmp_path):
     """A save into a read-only folder (here: no descriptor left, which root cannot bypass as it does a folder's
     mode) named the temporary ``.ftjit-specs-*`` file, not the target."""
