@@ -452,8 +452,9 @@ def cleanup_interval(channel_timeout: float) -> int:
     return max(1, min(30, int(channel_timeout / 10)))
 
 
-def serve(server: Any, listener: socket.socket, app: App) -> int:
-    """Runs waitress in this (the main) thread until SIGTERM or SIGINT; returns the exit code.
+def serve(server: Any, listener: socket.socket, app: App, announce: str = "") -> int:
+    """Runs waitress in this (the main) thread until SIGTERM or SIGINT; returns the exit code. ``announce``
+    is printed once the signals are handled: a client that signals on seeing it stops the server cleanly.
 
     The signal closes the port (and removes a unix socket's file), then waitress's own stop runs: its
     loop ends and its workers finish the requests they are running, writing their answers, for up to
@@ -472,9 +473,11 @@ def serve(server: Any, listener: socket.socket, app: App) -> int:
         logger.info("%s: stopping; answering the requests being served", signal.Signals(signum).name)
         raise KeyboardInterrupt  # what waitress's run() stops on
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     with contextlib.suppress(KeyboardInterrupt):  # the signal came before waitress's loop started: none in flight
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        if announce:
+            print(announce, flush=True)
         server.run()
     left = app.registry.get_sample_value("http_requests_in_progress")
     if left:
@@ -599,8 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.specs and args.specs_every:
         threading.Thread(target=save_specs_every, args=(args.specs, model, args.specs_every, stop), daemon=True).start()
     where = f"unix:{args.unix_socket}" if args.unix_socket else f"http://{host}:{listener.getsockname()[1]}"
-    print(f"serving on {where}", flush=True)
-    code = serve(server, listener, app)
+    code = serve(server, listener, app, announce=f"serving on {where}")
     stop.set()  # no periodic write after the last one
     return code if not args.specs or save_specs(args.specs, model) else 1
 
