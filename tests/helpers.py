@@ -37,6 +37,7 @@ __all__ = [
     "ContextCompiler",
     "CountingCompiler",
     "LogCapture",
+    "SERVE_TOOLS",
     "ThreadContextCompiler",
     "builtin_signature",
     "child_env",
@@ -296,6 +297,9 @@ def require_tcp(what: str) -> None:
 
 
 ACCELERATOR_RUN = os.environ.get("FTJIT_TEST_ACCELERATOR") == "1"
+# The serve extra (pyproject.toml), which examples/serve.py imports, and with it every script and test
+# that imports serve.py: each asks require_module for them.
+SERVE_TOOLS = ("waitress", "prometheus_client")
 
 
 def require_module(name: str, why: str, module_level: bool = False):

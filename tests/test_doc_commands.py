@@ -56,7 +56,7 @@ import urllib.request
 
 import pytest
 
-from helpers import require_module, require_tcp
+from helpers import SERVE_TOOLS, require_module, require_tcp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -402,9 +402,6 @@ def test_only_the_long_one_without_help_is_never_run():
 
 
 TPU_VM_WARNING = "Transparent hugepages are not enabled"
-# The test extra's serving tools: examples/serve.py imports them, and so does every script that
-# imports it (load.py, demo.py, -m bench.restart).
-SERVE_TOOLS = ("waitress", "prometheus_client")
 
 
 @pytest.mark.thread_unsafe(reason="starts a Python process that imports JAX per documented script: 8 at once only repeat it")

@@ -7,10 +7,10 @@ import io
 import os
 import sys
 
-from helpers import require_module
+from helpers import SERVE_TOOLS, require_module
 
 # examples/load.py imports examples/serve.py, which imports the serve extra (see require_module).
-for _name in ("waitress", "prometheus_client"):
+for _name in SERVE_TOOLS:
     require_module(_name, "examples/load.py imports examples/serve.py, which needs it", module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

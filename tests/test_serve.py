@@ -45,11 +45,11 @@ import numpy as np
 import pytest
 
 import ftjit
-from helpers import child_env, require_module, require_tcp, run_threads, wait_for
+from helpers import SERVE_TOOLS, child_env, require_module, require_tcp, run_threads, wait_for
 
 # The serve extra, which examples/serve.py imports (a missing one fails here, or skips the file on an accelerator
 # machine that cannot install it: see require_module).
-for _name in ("waitress", "prometheus_client"):
+for _name in SERVE_TOOLS:
     require_module(_name, "examples/serve.py and these tests of it need it", module_level=True)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
