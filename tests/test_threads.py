@@ -5,6 +5,7 @@ Every test starts its threads together on a threading.Barrier (helpers.
 run_threads), joins them with a timeout (a hang fails the test) and re-raises
 worker exceptions."""
 
+import ast
 import _thread
 import collections
 import gc
@@ -1227,8 +1228,12 @@ def test_20b_thousands_of_misses_racing_with_hits_on_12_threads_lose_no_entry():
 
 DEEP_RECURSION = """
 import sys, threading, ftjit
+from ftjit import _core
+stack_mib, limit = int(sys.argv[1]), int(sys.argv[2])
+if limit:
+    sys.setrecursionlimit(limit)
 f = ftjit.jit(lambda n, x: x if n == 0 else f(n - 1, x), compiler=lambda fun, a, k: fun)
-threading.stack_size(1 << 20)  # 1 MiB: Windows' default, twice macOS's for secondary threads
+threading.stack_size(stack_mib << 20)
 out = []
 def run():
     try:
@@ -1236,22 +1241,37 @@ def run():
     except RecursionError as e:
         out.append(str(e))
     out.append(f(200, 2.0))  # usable afterwards
+    out.append(_core._debug_stack()[1] >> 10)  # the stack's size, as the message gives it
 t = threading.Thread(target=run)
 t.start()
 t.join(60)
-print(out)
+print(repr(out))
 """
 
 
 @pytest.mark.thread_unsafe(reason="spawns an interpreter")
-@pytest.mark.skipif(sys.version_info[:2] in ((3, 12), (3, 13)),
-                    reason="CPython 3.12/3.13 bound C recursion by a count too high to protect a 1 MiB stack, "
-                           "whatever ftjit does (3.11 counts C and Python frames together, 3.14 checks the stack)")
-def test_21_deep_recursion_through_a_jitted_function_is_a_recursion_error_not_a_crash():
-    """Each level of recursion through a jitted function runs a C frame of
-    ftjit's: counted like CPython's own C calls, a runaway recursion on a
-    1 MiB thread stack is a RecursionError instead of a segfault."""
-    proc = subprocess.run([sys.executable, "-c", DEEP_RECURSION], capture_output=True, text=True, timeout=120,
-                          env=child_env())
+@pytest.mark.parametrize("stack_mib", [1, 2])
+@pytest.mark.parametrize("limit", [0, 1500, 3000])
+def test_21_deep_recursion_through_a_jitted_function_is_a_recursion_error_not_a_crash(stack_mib, limit):
+    """Each level of recursion through a jitted function runs C frames of
+    ftjit's and of CPython's, which no recursion count bounds (3.12 and
+    3.13 count C calls up to 8,000-10,000, 3.11 counts both kinds against
+    a limit that can be raised): a runaway recursion on a 1 or 2 MiB thread
+    stack, at the default limit (0 here) or a raised one, is a
+    RecursionError, not a segfault (it was rc -11 at e4148de on 3.13t at
+    the default limit and on 3.11 at 1500). Either the count or the check
+    of the stack's headroom (ThreadStack) stops it; at a 3000 limit the
+    stack always comes first."""
+    proc = subprocess.run([sys.executable, "-c", DEEP_RECURSION, str(stack_mib), str(limit)], capture_output=True,
+                          text=True, timeout=120, env=child_env())
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-    assert proc.stdout.strip() == "['maximum recursion depth exceeded while calling a jitted function', 2.0]"
+    message, after, size_kib = ast.literal_eval(proc.stdout.strip())
+    assert after == 2.0
+    by_stack = ("maximum recursion depth exceeded while calling a jitted function: less than 64 KiB of this "
+                f"thread's {size_kib} KiB C stack is left (a recursion through jitted functions; a thread made "
+                "after threading.stack_size(n) with a larger n has room for more levels)")
+    assert stack_mib << 10 >= size_kib > (stack_mib << 10) - 64
+    if limit == 3000:
+        assert message == by_stack
+    else:
+        assert message in (by_stack, "maximum recursion depth exceeded while calling a jitted function")

@@ -16,6 +16,7 @@
 #include "batch/batcher.h"
 #include "jit/jit_state.h"
 #include "jit/jit_type.h"
+#include "primitives/thread_stack.h"
 #include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "signature/interned_context.h"
@@ -101,6 +102,12 @@ NB_MODULE(_core, m) {
       },
       "Tests only: throws a C++ exception of `kind` from a nanobind-bound function, or through\n"
       "the translation of the type's C slots (at_slot), which must raise alike.");
+  m.def(
+      "_debug_stack",
+      []() { return nb::make_tuple(ftjit::ThreadStack::Left(), ftjit::ThreadStack::Size(),
+                                   ftjit::ThreadStack::Here() - ftjit::ThreadStack::Limit()); },
+      "Tests only: (bytes of C stack left below the caller, the thread's stack size, bytes left above\n"
+      "the point where a jitted call raises RecursionError); left is 2**64 - 1 when unknown.");
   m.def("_interned_contexts", &ftjit::InternedContextCount,
         "How many compiler contexts are interned now (diagnostics): each lives while a signature "
         "or a thread's memo uses it.");
