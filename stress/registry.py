@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import importlib
 from typing import Callable, Optional
@@ -50,7 +51,8 @@ class Result:
     compiles: int = 0
     waits: int = 0
     errors: int = 0
-    latencies_ns: list[int] = dataclasses.field(default_factory=list, repr=False)
+    #: one 8-byte item per call, no object each: a soak's merged rows stay small (see merge)
+    latencies_ns: array.array = dataclasses.field(default_factory=lambda: array.array("q"), repr=False)
     violations: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  #: measurements shown under the table
     seconds: float = 0.0

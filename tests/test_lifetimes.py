@@ -18,7 +18,8 @@ import weakref
 import pytest
 
 import ftjit
-from helpers import ContextCompiler, ThreadContextCompiler, child_env, classes_can_die, gc_collect_until, run_threads
+from helpers import (ContextCompiler, ThreadContextCompiler, child_env, classes_can_die, gc_collect_until, run_threads,
+                     weak_executable)
 
 
 class _Config:
@@ -327,3 +328,63 @@ def test_a_jitted_function_that_is_dropped_leaves_no_memory_behind():
     assert control_one < 50 and control_burst < 50, proc.stdout  # the measurement itself is sound
     assert ftjit_one < 50, f"{ftjit_one} bytes per function kept (one at a time; control {control_one})"
     assert ftjit_burst < 50, f"{ftjit_burst} bytes per function kept (a burst; control {control_burst})"
+
+
+@pytest.mark.thread_unsafe(reason="counts the core's live objects, which every thread's functions change")
+def test_closures_dropped_from_many_threads_leave_no_core_object_behind():
+    """16 threads, released together, each jit, call and drop 100 closures (half with a FunctionCache of their
+    own, a third kept in a reference cycle) while another thread collects garbage: once they are all dead and
+    the threads have ended, the core's live objects are back to their counts before (entries, stores, batch
+    queues exactly; nothing retired and unfreed; the threads' indices given back). This is the invariant the
+    stress scenario churn now checks on many cores, where RSS alone moved with the allocator (issue 53)."""
+    ftjit._core._thread_index()  # this thread's own index, taken before the first count
+    before = ftjit._core._live_counts(True)
+    shared = ftjit.FunctionCache(capacity=8)
+    stop = threading.Event()
+    dropped = []
+
+    def compiler(fun, args, kwargs):
+        return weak_executable(fun)  # the cache holds executables: one holding fun would keep it alive
+
+    def collector():
+        while not stop.wait(0.002):
+            gc.collect()
+
+    def work(i):
+        refs = []
+        for n in range(100):
+            payload = bytes(1024)
+
+            def f(x, k, n=n, payload=payload):
+                return x * n + k
+
+            own = ftjit.FunctionCache(capacity=2) if n % 2 else None
+            jf = ftjit.jit(f, static_argnums=1, compiler=compiler, cache=own or shared)
+            for x in (1, 2.0, 3):
+                assert jf(x, n % 3) == x * n + n % 3
+            if n % 3 == 0:
+                f.cycle = (f, jf)
+            refs.append(weakref.ref(jf))
+            del f, jf, own
+        return refs
+
+    gc_thread = threading.Thread(target=collector)
+    gc_thread.start()
+    try:
+        for refs in run_threads(16, work, timeout=120):
+            dropped.extend(refs)
+    finally:
+        stop.set()
+        gc_thread.join(30)
+    assert not gc_thread.is_alive()
+    assert gc_collect_until(lambda: all(r() is None for r in dropped)), "a dropped jitted closure is still alive"
+    del shared
+    keys = ("entries", "stores", "batch_queues", "retired", "thread_indices_held")
+    after = {}
+
+    def settled():
+        after.update(ftjit._core._live_counts(True))
+        return all(after[k] == (0 if k == "retired" else before[k]) for k in keys)
+
+    assert gc_collect_until(settled), {k: (before[k], after[k]) for k in keys}
+    assert after["caches"] == before["caches"]

@@ -47,6 +47,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "primitives/batch_queue.h"
+#include "primitives/live_count.h"
 #include "pyutil/errors.h"
 #include "pyutil/leaf_mutex.h"
 #include "pyutil/py_compat.h"
@@ -174,6 +175,7 @@ struct QueueObject {
   Queue q;
   nb::object key;
   std::atomic<bool> closed{false};
+  LiveCount<QueueObject> live;
 };
 
 // One call of a queue, on its caller's stack.
@@ -443,6 +445,8 @@ nb::dict Info(const BatcherObject& bo) {
 }
 
 }  // namespace
+
+int64_t LiveBatchQueues() { return LiveCount<QueueObject>::Count(); }
 
 void RegisterBatcher(nb::module_& m) {
   g_closed = StealOrThrow(PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type))).release().ptr();

@@ -5,11 +5,16 @@
 // batches through its runner.
 #pragma once
 
+#include <cstdint>
+
 #include <nanobind/nanobind.h>
 
 namespace ftjit {
 
 // Adds _Batcher, _BatchQueue and _BATCH_CLOSED to the module.
 void RegisterBatcher(nanobind::module_& m);
+
+// _BatchQueue objects alive now (_core._live_counts).
+int64_t LiveBatchQueues();
 
 }  // namespace ftjit

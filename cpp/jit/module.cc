@@ -108,6 +108,34 @@ NB_MODULE(_core, m) {
                                    ftjit::ThreadStack::Here() - ftjit::ThreadStack::Limit()); },
       "Tests only: (bytes of C stack left below the caller, the thread's stack size, bytes left above\n"
       "the point where a jitted call raises RecursionError); left is 2**64 - 1 when unknown.");
+  m.def(
+      "_live_counts",
+      [](bool reclaim) {
+        // Frees what no reader can see any more first (this thread is in no
+        // read section; deleters may run Python, with no lock held).
+        if (reclaim) ftjit::g_epochs->Reclaim();
+        using Store = ftjit::EntryStore<ftjit::PyEntryTraits>;
+        auto& indices = ftjit::ThreadSlot<ftjit::PyEntryTraits>::Indices();
+        nb::dict d;
+        d["entries"] = ftjit::LiveCount<ftjit::Entry>::Count();
+        d["stores"] = ftjit::LiveCount<Store>::Count();
+        d["caches"] = ftjit::LiveCount<ftjit::Cache>::Count();
+        d["batch_queues"] = ftjit::LiveBatchQueues();
+        d["retired"] = ftjit::g_epochs->retired_count();
+        d["epoch_records"] = ftjit::g_epochs->records();
+        d["epoch_records_held"] = ftjit::g_epochs->owned_records();
+        d["thread_indices_held"] = indices.InUse();
+        d["thread_indices_made"] = indices.HighWater();
+        d["interned_contexts"] = ftjit::InternedContextCount();
+        return d;
+      },
+      nb::arg("reclaim") = false,
+      "What the core holds now, by kind (diagnostics and tests; each count read atomically, not all at\n"
+      "one instant): entries (compiled or compiling, not yet freed), stores (one per live function and\n"
+      "options), caches (FunctionCache cores), batch_queues, retired (objects unlinked and awaiting their\n"
+      "grace period: entries, tables), epoch_records (made; held: by live threads), thread_indices\n"
+      "(held by live threads; made: the most ever held at once) and interned_contexts. With reclaim,\n"
+      "what no thread can still see is freed first.");
   m.def("_interned_contexts", &ftjit::InternedContextCount,
         "How many compiler contexts are interned now (diagnostics): each lives while a signature "
         "or a thread's memo uses it.");

@@ -227,6 +227,12 @@ class EpochDomain {
     }
   }
 
+  // Tests: every record ever made (held or free for reuse).
+  size_t records() const {
+    size_t n = 0;
+    for (Record* r = records_.load(std::memory_order_seq_cst); r; r = r->next) ++n;
+    return n;
+  }
   // Tests: the records held now.
   size_t owned_records() const {
     size_t n = 0;

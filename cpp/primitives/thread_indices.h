@@ -47,6 +47,11 @@ class ThreadIndices {
     LockGuard<StdMutex> lock(mu_);
     return next_;
   }
+  // The indices held by live threads now (diagnostics, tests).
+  size_t InUse() FTJIT_EXCLUDES(mu_) {
+    LockGuard<StdMutex> lock(mu_);
+    return next_ - free_.size();
+  }
   // In a forked child's only thread, before any use: only `keep` (the
   // forking thread's index, or SIZE_MAX for none) stays taken.
   void ResetInChild(size_t keep) FTJIT_NO_THREAD_SAFETY_ANALYSIS {

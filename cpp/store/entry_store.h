@@ -100,6 +100,7 @@
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
 #include "primitives/listing_table.h"
+#include "primitives/live_count.h"
 #include "primitives/locks.h"
 #include "primitives/per_thread.h"
 #include "primitives/reentrant_map.h"
@@ -170,6 +171,7 @@ struct StoreEntry {
   std::atomic<uint8_t> provisional{kNotProvisional};
   EntryListing<StoreEntry> listing FTJIT_GUARDED_BY(store_raw->publish_mu_);
   LruHook<std::shared_ptr<StoreEntry>> lru;
+  LiveCount<StoreEntry> live;  // entries not yet freed (after retirement)
 
   uint64_t Hits() const {
     uint64_t total = 0;
@@ -643,6 +645,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // is void once its bucket's count moved (RedirectGen).
   static constexpr size_t kRedirectBuckets = 64;
   std::array<std::atomic<uint64_t>, kRedirectBuckets> removals_{};
+  LiveCount<EntryStore> live_;  // stores not yet destroyed
 };
 
 }  // namespace ftjit

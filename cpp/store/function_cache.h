@@ -32,6 +32,7 @@
 
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
+#include "primitives/live_count.h"
 #include "primitives/reentrant_map.h"
 #include "pyutil/leaf_mutex.h"
 #include "signature/signature.h"
@@ -104,6 +105,7 @@ struct Cache : std::enable_shared_from_this<Cache> {
   void ClearAll();
   // Removes a dead function's store (the weakref callback).
   void ForgetFunction(const FunctionStore* fs);
+  LiveCount<Cache> live;  // caches not yet destroyed
 };
 
 // The max_signatures guard of a store: part of its (function, options) key,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import threading
 import time
@@ -146,7 +147,7 @@ class Pool:
             compiles=compiles,
             waits=waits,
             errors=sum(log.errors for log in self.logs) + len(failures),
-            latencies_ns=[ns for log in self.logs for ns in log.latencies_ns],
+            latencies_ns=array.array("q", (ns for log in self.logs for ns in log.latencies_ns)),
             violations=violations + summarize_failures(failures),
             notes=list(notes),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import gc
 import random
@@ -270,6 +271,6 @@ def run_herd(ctx: Context) -> Result:
         compiles=herd.compiler.calls,
         waits=info.waits,
         errors=sum(len(log.failures) for log in herd.logs),
-        latencies_ns=[ns for log in herd.logs for ns in log.latencies_ns],
+        latencies_ns=array.array("q", (ns for log in herd.logs for ns in log.latencies_ns)),
         violations=violations,
     )
