@@ -288,6 +288,53 @@ def batching_rows(threads: Sequence[int] = DEFAULT_THREADS, seconds: float = 2.0
     return rows, overheads
 
 
+def lone_costs(hidden: int = 64, number: int = 2000, rounds: int = 31) -> str:
+    """Where a lone caller's time goes (one thread, nothing else running): a call per call (``ftjit.jit``, then
+    the result to the host) against ``ftjit.batched``'s lone call, and the parts that it adds: the signature key
+    (``_batch_key``), the core's queue (``_Batcher.call`` around a runner that does nothing), and the runner's
+    lone call (``ftjit.jit`` again, and the result to the host). Medians of ``rounds`` interleaved timings."""
+    import timeit
+
+    import ftjit
+
+    fn, x = _model(hidden)
+    per_call = ftjit.jit(fn)
+    b = ftjit.batched(fn)
+    b.warmup([(x,)])
+    key, leaves = b._key(x)
+
+    class Idle:
+        per_call: dict[Any, None] = {}
+
+        def alone(self, args: tuple, kwargs: dict) -> None:
+            return None
+
+    idle = Idle()
+    parts: list[tuple[str, Callable[[], Any]]] = [
+        ("ftjit.jit, per call (result to the host)", lambda: np.asarray(per_call(x))),
+        ("ftjit.batched, a lone call", lambda: b(x)),
+        ("  its signature key (_batch_key)", lambda: b._key(x)),
+        ("  its queue (_Batcher.call, a runner doing nothing)", lambda: b._batcher.call(idle, key, leaves, (x,), {},
+                                                                                        None)),
+        ("  its runner's lone call (ftjit.jit, to the host)", lambda: b._runner.alone((x,), {})),
+    ]
+    for _, f in parts:
+        for _ in range(200):
+            f()
+    times: dict[str, list[float]] = {label: [] for label, _ in parts}
+    for _ in range(rounds):
+        for label, f in parts:
+            times[label].append(timeit.timeit(f, number=number) / number * 1e6)
+    med = {label: statistics.median(v) for label, v in times.items()}
+    lines = [f"a lone caller (1 thread), µs per call, median of {rounds} rounds of {number}:"]
+    for label, _ in parts:
+        lines.append(f"  {label:<52} {med[label]:8.2f}")
+    ratio = med[parts[0][0]] / med[parts[1][0]]
+    lines.append(f"  batched / per call (calls per second): {ratio:.2f}x; the batched call adds "
+                 f"{med[parts[1][0]] - med[parts[0][0]]:.2f} µs")
+    return "\n".join(lines)
+
+
 def _padded(b: Any, n: int) -> int:
     return next(s for s in b.sizes if s >= n)
 
@@ -348,7 +395,7 @@ def format_batching(rows: Sequence[Row], threads: Sequence[int], hidden: int, se
                         2.0, ft))
     targets += [
         (f"{host.label} / per call at {lo} thread{'s' if lo > 1 else ''}", host.rate(lo) / per_call.rate(lo),
-         ">= 0.95", 0.95, on_tpu),
+         ">= 0.95", 0.95, True),
         (f"{host.label} p99 / per call's p99 at {mid} threads", host.pct(mid, 99) / per_call.pct(mid, 99), "<= 1",
          -1.0, on_tpu),
         (f"{host.label} / per call at {mid} threads (3.11)", host.rate(mid) / per_call.rate(mid), ">= 4", 4.0,
@@ -362,7 +409,8 @@ def format_batching(rows: Sequence[Row], threads: Sequence[int], hidden: int, se
         shown = f"{value:9,.0f} " if minimum >= 100 else f"{value:9.2f}x"
         lines.append(f"{text:<72}  {shown}  {needs:>8}  {status}")
     if not on_tpu:
-        lines.append(f"(report: the targets are set for a TPU; this backend is {backend})")
+        lines.append(f"(report: the targets are set for a TPU, but for a lone caller's, which holds on any backend; "
+                     f"this backend is {backend})")
     return "\n".join(lines)
 
 

@@ -199,6 +199,10 @@ def _batching(args: argparse.Namespace) -> int:
           f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
     print()
     print(format_batching(rows, counts, args.batching_hidden, args.batching_seconds, args.batching_rounds, overheads))
+    from .batching import lone_costs
+
+    print()
+    print(lone_costs(args.batching_hidden))
     if args.batching_slicing:
         from .batching import slicing_costs
 

@@ -17,7 +17,9 @@ per call, so that neither a signal nor a fork can leave its state half-changed:
 - Otherwise it waits as a pending call; the first to wait while none leads becomes the leader. The leader takes
   the pending calls when ``max_batch`` of them wait, when no batch is running (the device is idle: go now), or
   once it waited ``max_wait`` and fewer than two batches run (the next batch forms while one runs: pipelined).
-  Calls left over make the first of them the next leader.
+  Calls left over make the first of them the next leader. A batch (or lone call) that has run ten times this
+  function's mean run, at least 50 ms and at most 5 s (5 s before any run ended), no longer counts as running: an example that never
+  finishes holds its own batch's callers (and its thread), never the signature's later calls.
 - The leader runs its batch; while it runs, the next batch forms under the next leader. Each caller is woken on
   a word of its own and takes its row in its own thread (in parallel, with the GIL off).
 - A batch that fails runs again example by example, each caller alone in its own thread: a caller gets its own
@@ -28,14 +30,16 @@ per call, so that neither a signal nor a fork can leave its state half-changed:
   pending example is taken out, a running one's row is dropped), and answers Ctrl-C while it waits (it wakes
   every 100 ms to run signal handlers). A call that runs (alone, or leading its batch once it started) runs to
   the end: ``timeout`` bounds the wait for a batch, not a computation.
-- A queue closes when it is idle (nothing pending, leading or running) and goes; the next call of its signature
-  makes a new one. So queues follow the signatures in use, not every signature ever seen.
+- A queue closes when it is idle (nothing pending, leading or running) and goes, however its last call ended
+  (a result, an error, a timeout, Ctrl-C); the next call of its signature makes a new one. So queues follow the
+  signatures in use, not every signature ever seen.
 - In a forked child every queue of the parent is closed (its waiters do not exist there): calls make new ones.
 
 Shared state: ``_live`` (a WeakSet of every BatchedFunction, for ``ftjit.stats()``) is guarded by
-``_live_lock`` (made anew in a forked child); a BatchedFunction's ``_queues`` dict is read and written with
-single dict operations, atomic (a racing second queue of one signature is used and closes like the first);
-each queue's state is the core's, under its own lock; the counters are the core's (``_core._Batcher``).
+``_live_lock`` (made anew in a forked child); the queues of a BatchedFunction, by signature, are the core's
+(``_core._Batcher.call``: a dict read and written with single operations, a closed queue taken out by the call
+that saw it close, however that call ended), each queue's state is the core's, under its own lock; so are the
+counters.
 
 Lock order: ``_live_lock`` is a leaf; a queue's lock is the core's (a leaf, taken around Python-free steps).
 """
@@ -45,10 +49,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import types
 import weakref
 from typing import Any, Callable, Iterable, Sequence
 
-from ._core import _BATCH_CLOSED, _Batcher, _BatchQueue
+from ._core import _Batcher
 from .errors import BatchTimeoutError
 
 __all__ = ["BatchInfo", "BatchedFunction", "batched"]
@@ -137,7 +142,6 @@ class BatchedFunction:
         self._key = runner.one._batch_key
         self._batcher = _Batcher(self.__name__, max_batch, self.max_wait, list(self.sizes), _MAX_RUNNING,
                                        BatchTimeoutError)
-        self._queues: dict[Any, Any] = {}  # signature key -> its _core._BatchQueue (single dict operations)
         with _live_lock:
             _live.add(self)
 
@@ -158,16 +162,18 @@ class BatchedFunction:
         key, leaves = found
         if not leaves or key in self._runner.per_call:  # nothing to stack, or a program vmap cannot make
             return self._batcher.run(False, self._runner.alone, args, kwargs)
-        queues = self._queues
-        while True:
-            q = queues.get(key)
-            if q is None:
-                q = queues.setdefault(key, _BatchQueue(self._batcher, key))
-            out = q.call(self._runner, leaves, args, kwargs, timeout)
-            if q.closed and queues.get(key) is q:  # idle: it goes (a new call makes the next one)
-                queues.pop(key, None)
-            if out is not _BATCH_CLOSED:
-                return out
+        return self._batcher.call(self._runner, key, leaves, args, kwargs, timeout)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """As a method: bound to the instance, which is then the first argument (as ``jax.jit`` binds)."""
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    @property
+    def _queues(self) -> dict[Any, Any]:
+        """The queues now, by signature key (tests, diagnostics): the core's dict, not a copy."""
+        return self._batcher.queues
 
     # -- observing, warming up ----------------------------------------------------------------------------------
     def batch_info(self) -> BatchInfo:

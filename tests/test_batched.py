@@ -78,6 +78,77 @@ def _in_background(fn, *args, **kwargs):
 
 
 # --- the protocol, without JAX -------------------------------------------------------------------------------
+# --- issue 51 ---------------------------------------------------------------------------------------------------
+
+
+def test_examples_that_never_finish_hold_only_their_own_callers():
+    """Finding 2: two batches that never finish filled the two running slots, and every later call of their
+    signature timed out, forever. A run that has gone ten times the function's mean (at least 50 ms) no longer
+    holds its slot: later calls are answered, and the stuck ones' callers alone wait."""
+    forever = threading.Event()
+    b, runner = _batched(_held(forever), max_wait=0.01)
+    try:
+        assert [b(i) for i in range(1, 6)] == [2, 4, 6, 8, 10]  # a history: runs take microseconds
+        stuck = [_in_background(b, -1)]
+        _wait_for(lambda: b.batch_info().calls == 6, "the first stuck call")
+        stuck.append(_in_background(b, -2))
+        _wait_for(lambda: b.batch_info().calls == 7, "the second")
+        _wait_for(lambda: runner.calls_alone == 5 + 2, "both stuck calls to run")
+        start = time.monotonic()
+        assert b.call(7, timeout=5) == 14
+        assert run_threads(8, lambda i: b.call(10 + i, timeout=5), timeout=30) == [2 * (10 + i) for i in range(8)]
+        assert time.monotonic() - start < 5
+        info = b.batch_info()
+        assert info.timeouts == 0 and info.calls == 16
+    finally:
+        forever.set()
+    assert [j() for j in stuck] == [-2, -4]
+    assert b._queues == {}
+
+
+@pytest.mark.thread_unsafe(reason="counts the process's live batch queues")
+def test_a_call_that_raises_or_times_out_leaves_no_queue_behind():
+    """Finding 3: when a call raised (its own error, a timeout), its queue stayed in the function's dict: 858
+    raising calls of distinct shapes kept 858 closed queues, after clear_cache() too. Nothing outlives a call."""
+    import numpy as np
+
+    def picky(x):
+        if x.shape[0] % 2:
+            raise ValueError(f"odd length {x.shape[0]}")
+        return x * 2
+
+    b, _ = _batched(picky, max_wait=0.001)
+    before = ftjit._core._live_counts()["batch_queues"]
+    for n in range(1, 201):
+        if n % 2:
+            with pytest.raises(ValueError, match=f"odd length {n}"):
+                b(np.ones(n, np.float32))
+        else:
+            assert b(np.ones(n, np.float32)).tolist() == [2.0] * n
+    assert b._queues == {}
+    out = run_threads(16, lambda i: repr(_outcome(lambda: b(np.ones(i % 4 + 1, np.float32)))), timeout=60)
+    assert out == [repr(_outcome(lambda: picky(np.ones(i % 4 + 1, np.float32)))) for i in range(16)]
+    assert b._queues == {}
+    release = threading.Event()
+    held, _ = _batched(_held(release))
+    first = _in_background(held, -1)
+    _wait_for(lambda: held.batch_info().calls == 1, "the first call")
+    for i in range(20):
+        with pytest.raises(ftjit.BatchTimeoutError):
+            held.call(100 + i, timeout=0.01)  # behind the running call
+    release.set()
+    assert first() == -2
+    assert held._queues == {} and b._queues == {}
+    assert ftjit._core._live_counts()["batch_queues"] == before
+
+
+def _outcome(call):
+    try:
+        return call().tolist()
+    except Exception as error:  # noqa: BLE001 - compared
+        return (type(error).__name__, str(error))
+
+
 
 
 def test_a_lone_call_is_not_held_back():

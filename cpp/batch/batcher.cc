@@ -60,6 +60,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kSlice = std::chrono::milliseconds(100);  // how often a waiter runs signal handlers
+// A running batch or lone call stops holding its running slot after
+// kStallRuns times this function's mean run, within [kMinStall, kMaxStall],
+// or kMaxStall before any run ended (the first may compile for seconds)
+// (BatchQueue, "Running slots"): an example that never finishes holds its
+// own callers only.
+constexpr uint64_t kStallRuns = 10;
+constexpr uint64_t kMinStall = 50'000'000;      // ns
+constexpr uint64_t kMaxStall = 5'000'000'000;  // ns
+
+uint64_t Nanos(Clock::time_point t) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+}
 
 PyObject* g_closed = nullptr;  // _BATCH_CLOSED: made at module init, then fixed
 PyObject* g_alone = nullptr;   // interned method names of the runner, likewise
@@ -104,6 +116,18 @@ struct Batcher {
     return n;
   }
   static void Add(std::atomic<uint64_t>& c, uint64_t n = 1) { c.fetch_add(n, std::memory_order_relaxed); }
+  // A run (a batch or a lone call, holding a running slot) that started at `started` ended.
+  void Ran(uint64_t started) {
+    Add(run_ns, Nanos(Clock::now()) - started);
+    Add(runs);
+  }
+  // How long a run holds its running slot (see kStallRuns).
+  uint64_t StallNs() const {
+    uint64_t n = runs.load(std::memory_order_relaxed);
+    if (n == 0) return kMaxStall;
+    uint64_t mean = run_ns.load(std::memory_order_relaxed) / n;
+    return std::min(kMaxStall, std::max(kMinStall, kStallRuns * mean));
+  }
   // A call's Exception (failed) or other BaseException (interrupted: Ctrl-C).
   void CountError(const nb::python_error& e) { Add(e.matches(PyExc_Exception) ? failed : interrupted); }
 
@@ -118,6 +142,7 @@ struct Batcher {
   // The leaders' time running the batches that ended well: from taking the batch to every member woken (its
   // stack, program, copy out and hand-off: what the bench's host overhead is read from).
   std::atomic<uint64_t> lead_ns{0};
+  std::atomic<uint64_t> run_ns{0}, runs{0};  // every run that ended, however (for StallNs)
   const std::unique_ptr<std::atomic<uint64_t>[]> by_size;  // [n]: batches of n examples
 };
 
@@ -126,7 +151,17 @@ struct BatcherObject {
                 nb::object timeout_error)
       : b(std::make_shared<Batcher>(std::move(name), max_batch, max_wait, std::move(sizes), max_running,
                                     std::move(timeout_error))) {}
+
+  nb::object Call(nb::handle runner, nb::handle key, nb::tuple leaves, nb::tuple args, nb::dict kwargs,
+                  std::optional<double> timeout);
+
   std::shared_ptr<Batcher> b;
+  // Signature key -> its queue (a _BatchQueue): a queue is put here by the
+  // first call that finds none, and taken out, once closed, by the call
+  // that saw it close, however that call ended. Single dict operations
+  // (atomic on free-threaded builds), and one critical section to take a
+  // closed queue out only if it is still the one there.
+  nb::dict queues;
 };
 
 // The queues this thread waits in (as a member, a leader or alone), so that
@@ -186,6 +221,7 @@ struct CallState {
   WaiterPtr w;
   std::optional<Clock::time_point> deadline;
   double timeout;
+  uint64_t started = 0;  // when this call's run (alone, or its batch) took its running slot
 
   void Closed(bool closed) {
     if (closed) qo.closed.store(true, std::memory_order_relaxed);
@@ -209,11 +245,18 @@ struct CallState {
     try {
       out = RunAlone();
     } catch (nb::python_error&) {
-      Closed(qo.q.Finish(nullptr, nullptr, kDone, &none));
+      EndRun(nullptr, kDone, &none);
       throw;
     }
-    Closed(qo.q.Finish(nullptr, nullptr, kDone, &none));
+    EndRun(nullptr, kDone, &none);
     return out;
+  }
+
+  // The run holding this call's running slot ended (batch: its members, or
+  // null for a lone call).
+  void EndRun(const std::vector<WaiterPtr>* batch, uint32_t outcome, std::vector<WaiterPtr>* wake) {
+    b.Ran(started);
+    Closed(qo.q.Finish(batch, w.get(), outcome, wake, started));
   }
 
   // Signal handlers (Ctrl-C) between wait slices; one that raises ends the
@@ -276,7 +319,9 @@ struct CallState {
       Clock::time_point now = Clock::now();
       WaiterPtr next;
       uint32_t seen = 0;
-      if (qo.q.TryTake(w.get(), now >= collect_until, &batch, &next, &seen)) {
+      uint64_t stale_at = UINT64_MAX;
+      if (qo.q.TryTake(w.get(), now >= collect_until, &batch, &next, &seen, Nanos(now), b.StallNs(), &stale_at)) {
+        started = Nanos(now);
         if (next) next->Wake();
         break;
       }
@@ -284,14 +329,18 @@ struct CallState {
         LeaveQueue(/*lead_too=*/true);
         TimedOut("its batch had not started; the other calls wait for the next one");
       }
-      Clock::time_point until = now < collect_until ? collect_until : now + kSlice;  // else: a batch must end
+      // Else a batch must end (a wake), or go stale (at stale_at, > now).
+      Clock::time_point until = now < collect_until ? collect_until : now + kSlice;
+      if (now >= collect_until && stale_at != UINT64_MAX) {
+        until = std::min(until, now + std::chrono::nanoseconds(stale_at - Nanos(now)));
+      }
       Detached([&] { qo.q.WaitChanged(seen, SliceUntil(until, now)); });
       CheckSignals();
     }
-    Clock::time_point started = Clock::now();
+    Clock::time_point taken = Clock::now();
     uint64_t waited = 0;
     for (const WaiterPtr& m : batch) {
-      waited += std::chrono::duration_cast<std::chrono::nanoseconds>(started - m->t0).count();
+      waited += std::chrono::duration_cast<std::chrono::nanoseconds>(taken - m->t0).count();
     }
     Batcher::Add(b.waited_ns, waited);
     return Run(batch);
@@ -307,14 +356,14 @@ struct CallState {
       try {
         out = RunAlone();
       } catch (nb::python_error&) {
-        Closed(qo.q.Finish(&batch, w.get(), kDone, &wake));
+        EndRun(&batch, kDone, &wake);
         throw;
       }
-      Closed(qo.q.Finish(&batch, w.get(), kDone, &wake));
+      EndRun(&batch, kDone, &wake);
       return out;
     }
     const size_t size = b.SizeFor(n);
-    const Clock::time_point started = Clock::now();
+    const Clock::time_point lead_start = Clock::now();
     nb::object out;
     try {
       nb::object columns = Columns(batch);
@@ -323,14 +372,15 @@ struct CallState {
     } catch (nb::python_error& e) {
       if (!e.matches(PyExc_Exception)) {
         // This thread was interrupted (Ctrl-C): the others go back, unharmed.
-        Closed(qo.q.Requeue(batch, w.get(), &wake));
+        b.Ran(started);
+        Closed(qo.q.Requeue(batch, w.get(), &wake, started));
         WakeAll(wake);
         Batcher::Add(b.interrupted);
         throw;
       }
       // The batch failed: every member runs alone, in its own thread, so
       // that only the failing examples' callers raise (their own errors).
-      Closed(qo.q.Finish(&batch, w.get(), kRetry, &wake));
+      EndRun(&batch, kRetry, &wake);
       WakeAll(wake);
       Batcher::Add(b.failed);
       Batcher::Add(b.retried, n);
@@ -339,9 +389,9 @@ struct CallState {
     for (const WaiterPtr& m : batch) {
       if (m != w) m->out = out;  // before kDone publishes it
     }
-    Closed(qo.q.Finish(&batch, w.get(), kDone, &wake));
+    EndRun(&batch, kDone, &wake);
     WakeAll(wake);
-    Batcher::Add(b.lead_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count());
+    Batcher::Add(b.lead_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - lead_start).count());
     Batcher::Add(b.batches);
     Batcher::Add(b.examples, n);
     Batcher::Add(b.padded, size - n);
@@ -380,13 +430,14 @@ nb::object QueueObject::Call(nb::handle runner, nb::tuple leaves, nb::tuple args
   // Held outside the body below: should CPython end this thread at shutdown
   // inside it, it is parked before this reference could be dropped.
   WaiterPtr w = std::make_shared<PyWaiter>(args, kwargs, leaves);
-  Queue::Role role = q.Join(w);
+  const uint64_t joined = Nanos(Clock::now());
+  Queue::Role role = q.Join(w, joined);
   if (role == Queue::Role::kClosed) {
     closed.store(true, std::memory_order_relaxed);
     return nb::borrow(g_closed);
   }
   Batcher::Add(bt.calls);
-  CallState c{*this, bt, runner, w, std::nullopt, timeout.value_or(0.0)};
+  CallState c{*this, bt, runner, w, std::nullopt, timeout.value_or(0.0), joined};
   if (timeout) {
     c.deadline = w->t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
   }
@@ -403,6 +454,57 @@ nb::object QueueObject::Call(nb::handle runner, nb::tuple leaves, nb::tuple args
         }
       },
       [] { ParkThreadEndedAtShutdown(); });
+}
+
+// The queue of `key` in `queues`: the one there, or a new one put there.
+nb::object QueueFor(BatcherObject& bo, nb::handle key) {
+  PyObject* found = nullptr;
+  int r = DictGetItemRef(bo.queues.ptr(), key.ptr(), &found);
+  if (r < 0) throw nb::python_error();
+  if (r == 1) return nb::steal(found);
+  nb::handle type = nb::type<QueueObject>();
+  nb::object fresh = nb::inst_alloc(type);
+  new (nb::inst_ptr<QueueObject>(fresh)) QueueObject(bo, nb::borrow(key));
+  nb::inst_mark_ready(fresh);
+  PyObject* kept = nullptr;
+  if (DictSetDefaultRef(bo.queues.ptr(), key.ptr(), fresh.ptr(), &kept) < 0) throw nb::python_error();
+  return nb::steal(kept);  // fresh, or another thread's made meanwhile
+}
+
+// Takes `q` out of `queues` if it closed and is still the one there. Keeps
+// any error of its own out of the call's outcome: one is reported as
+// unraisable (a key whose __eq__ raised), and the queue stays (closed: the
+// next call of its key replaces it). Called with no error set (a call's
+// own is held by the nb::python_error being handled).
+void ForgetIfClosed(BatcherObject& bo, nb::handle key, nb::handle q) noexcept {
+  if (!nb::inst_ptr<QueueObject>(q)->closed.load(std::memory_order_relaxed)) return;
+  PyObject* current = nullptr;
+  {
+    nb::ft_object_guard guard(bo.queues);
+    int r = DictGetItemRef(bo.queues.ptr(), key.ptr(), &current);
+    if (r == 1 && current == q.ptr() && PyDict_DelItem(bo.queues.ptr(), key.ptr()) < 0) r = -1;
+    if (r < 0) PyErr_WriteUnraisable(bo.queues.ptr());
+  }
+  Py_XDECREF(current);  // after the critical section: the dict's reference was let go there, ours is not the last
+}
+
+nb::object BatcherObject::Call(nb::handle runner, nb::handle key, nb::tuple leaves, nb::tuple args, nb::dict kwargs,
+                               std::optional<double> timeout) {
+  for (;;) {
+    nb::object q = QueueFor(*this, key);
+    nb::object out;
+    try {
+      out = nb::inst_ptr<QueueObject>(q)->Call(runner, leaves, args, kwargs, timeout);
+    } catch (nb::python_error&) {
+      ForgetIfClosed(*this, key, q);  // a call that raised (an error, a timeout, Ctrl-C) leaves nothing behind
+      throw;
+    } catch (std::exception&) {
+      ForgetIfClosed(*this, key, q);
+      throw;
+    }
+    ForgetIfClosed(*this, key, q);
+    if (!out.is(g_closed)) return out;
+  }
 }
 
 // A call that does not queue (its signature cannot be batched, or it takes
@@ -453,7 +555,6 @@ void RegisterBatcher(nb::module_& m) {
   g_alone = PyUnicode_InternFromString("alone");
   g_batch = PyUnicode_InternFromString("batch");
   g_row = PyUnicode_InternFromString("row");
-  m.attr("_BATCH_CLOSED") = nb::handle(g_closed);
   nb::class_<BatcherObject>(m, "_Batcher",
                             "A batched function's options and counters, which its queues share (ftjit._batched).")
       .def(nb::init<std::string, size_t, double, std::vector<size_t>, size_t, nb::object>(), nb::arg("name"),
@@ -461,15 +562,17 @@ void RegisterBatcher(nb::module_& m) {
            nb::arg("timeout_error"))
       .def("info", &Info, "A snapshot of the counters (each read atomically, not all at one instant).")
       .def("run", &RunUnqueued, nb::arg("fallback"), nb::arg("fn"), nb::arg("args"), nb::arg("kwargs"),
-           "fn(args, kwargs) for a call that does not queue (alone, or the compiler's fallback), counted.");
+           "fn(args, kwargs) for a call that does not queue (alone, or the compiler's fallback), counted.")
+      .def("call", &BatcherObject::Call, nb::arg("runner"), nb::arg("key"), nb::arg("leaves"), nb::arg("args"),
+           nb::arg("kwargs"), nb::arg("timeout").none(),
+           "This call's result, computed alone or in a batch with other threads' calls of its signature `key`\n"
+           "(the queue of `key`: made when there is none, and gone once idle, however its last call ended).")
+      .def_prop_ro(
+          "queues", [](const BatcherObject& bo) { return bo.queues; },
+          "The queues now, by signature key (the dict itself: tests and diagnostics).");
   nb::class_<QueueObject>(m, "_BatchQueue",
                           "The calls of one signature of a batched function, merged into batches "
-                          "(ftjit._batched; the protocol: cpp/primitives/batch_queue.h).")
-      .def(nb::init<const BatcherObject&, nb::object>(), nb::arg("batcher"), nb::arg("key"))
-      .def("call", &QueueObject::Call, nb::arg("runner"), nb::arg("leaves"), nb::arg("args"), nb::arg("kwargs"),
-           nb::arg("timeout").none(),
-           "This call's result, computed alone or in a batch with other threads' calls of the queue; or\n"
-           "_BATCH_CLOSED when the queue is closed (idle, or a parent's after fork): use a new one.")
+                          "(made by _Batcher.call; the protocol: cpp/primitives/batch_queue.h).")
       .def_prop_ro(
           "closed", [](const QueueObject& q) { return q.closed.load(std::memory_order_relaxed); },
           "Whether the queue closed (it was idle): the next call needs a new one.");

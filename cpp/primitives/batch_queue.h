@@ -10,7 +10,13 @@
 // outcome (Finish): kDone (its row of the batch's output) or kRetry (the
 // batch failed: it runs alone, so that an error stays with its example).
 // While a batch runs, the next forms under the next leader (the first
-// pending call, promoted as the batch is taken). A leader interrupted
+// pending call, promoted as the batch is taken).
+//
+// Running slots: each batch or lone call that runs holds one, tagged with
+// the time it started (the caller's clock, in ns). One that has run
+// `stall` or longer (an example that never finishes, say) no longer counts
+// against max_running, nor as "a batch runs": so a batch that never ends
+// holds only its own callers, and the next batch starts beside it. A leader interrupted
 // while its batch ran puts the others back in front (Requeue). A waiter
 // that stops waiting (a timeout, an interrupt) leaves (GiveUp): a pending
 // one is taken out and, if it led, the lead passes on; a taken one is
@@ -45,7 +51,7 @@
 //
 //   | member                         | protection                           |
 //   |--------------------------------|--------------------------------------|
-//   | pending_, leading_, running_,  | FTJIT_GUARDED_BY(mu_)                |
+//   | pending_, leading_, started_,  | FTJIT_GUARDED_BY(mu_)                |
 //   |   closed_                      |                                      |
 //   | changed_                       | atomic word (a SleepWord); bumped    |
 //   |                                | under mu_                            |
@@ -134,13 +140,14 @@ class BatchQueue {
   // A new call: kAlone (run it now; Finish(nullptr) when it ends), kLead
   // (w leads: TryTake), kFollow (w waits on its state word), or kClosed
   // (this queue is closed, or a parent's: use another).
-  Role Join(const WaiterPtr& w) FTJIT_EXCLUDES(mu_) {
+  // `now`: the time a kAlone call starts running (see Running slots).
+  Role Join(const WaiterPtr& w, uint64_t now = 0) FTJIT_EXCLUDES(mu_) {
     if (generation_ != g_fork_generation.load(std::memory_order_relaxed)) return Role::kClosed;
     {
       LockGuard<Mutex> lock(mu_);
       if (closed_) return Role::kClosed;
-      if (running_ == 0 && !leading_) {
-        ++running_;
+      if (started_.empty() && !leading_) {
+        started_.push_back(now);
         return Role::kAlone;
       }
       w->state.word.store(kPending, std::memory_order_relaxed);
@@ -158,14 +165,27 @@ class BatchQueue {
   }
 
   // The leader `w`: starts its batch when it may (`waited`: it waited
-  // max_wait already), moving the members (w first) into `batch` and
-  // promoting the next leader, whom the caller wakes (`*next`, or null).
-  // Else false, with `*seen` the changed_ word to sleep on.
-  bool TryTake(const W* w, bool waited, std::vector<WaiterPtr>* batch, WaiterPtr* next, uint32_t* seen)
-      FTJIT_EXCLUDES(mu_) {
+  // max_wait already; `now`, `stall`: see Running slots), moving the
+  // members (w first) into `batch` and promoting the next leader, whom the
+  // caller wakes (`*next`, or null). Else false, with `*seen` the changed_
+  // word to sleep on and `*stale_at` (when given) the time the oldest
+  // running slot stops counting (UINT64_MAX: none will).
+  bool TryTake(const W* w, bool waited, std::vector<WaiterPtr>* batch, WaiterPtr* next, uint32_t* seen,
+               uint64_t now = 0, uint64_t stall = UINT64_MAX, uint64_t* stale_at = nullptr) FTJIT_EXCLUDES(mu_) {
     LockGuard<Mutex> lock(mu_);
     *seen = changed_.word.load(std::memory_order_relaxed);
-    if (!(pending_.size() >= max_batch_ || running_ == 0 || (waited && running_ < max_running_))) return false;
+    size_t running = 0;
+    uint64_t oldest = UINT64_MAX;
+    for (uint64_t s : started_) {
+      if (now - s < stall || now < s) {
+        ++running;
+        oldest = std::min(oldest, s);
+      }
+    }
+    if (!(pending_.size() >= max_batch_ || running == 0 || (waited && running < max_running_))) {
+      if (stale_at) *stale_at = oldest == UINT64_MAX || stall == UINT64_MAX ? UINT64_MAX : oldest + stall;
+      return false;
+    }
     assert(!pending_.empty() && pending_.front().get() == w && "the leader is the first pending call");
     (void)w;
     size_t n = std::min(max_batch_, pending_.size());
@@ -176,7 +196,7 @@ class BatchQueue {
       batch->push_back(std::move(pending_.front()));
       pending_.pop_front();
     }
-    ++running_;
+    started_.push_back(now);
     *next = PromoteLockHeld();
     return true;
   }
@@ -184,12 +204,13 @@ class BatchQueue {
   // Sleeps while changed_ is `seen` (the leader collecting).
   void WaitChanged(uint32_t seen, std::chrono::nanoseconds timeout) { changed_.Wait(seen, timeout); }
 
-  // A lone call (batch null) or batch ended. Each member but the leader
-  // still taken gets `outcome` (kDone or kRetry) and is added to `wake`,
-  // for the caller to wake after this returns. True when the queue is now
-  // idle, and closed.
-  bool Finish(const std::vector<WaiterPtr>* batch, const W* leader, uint32_t outcome, std::vector<WaiterPtr>* wake)
-      FTJIT_EXCLUDES(mu_) {
+  // A lone call (batch null) or batch ended; `started`: when it started
+  // (as Join or TryTake was given it). Each member but the leader still
+  // taken gets `outcome` (kDone or kRetry) and is added to `wake`, for the
+  // caller to wake after this returns. True when the queue is now idle,
+  // and closed.
+  bool Finish(const std::vector<WaiterPtr>* batch, const W* leader, uint32_t outcome, std::vector<WaiterPtr>* wake,
+              uint64_t started = 0) FTJIT_EXCLUDES(mu_) {
     bool closed;
     {
       LockGuard<Mutex> lock(mu_);
@@ -200,7 +221,7 @@ class BatchQueue {
           wake->push_back(m);
         }
       }
-      --running_;
+      EndRunLockHeld(started);
       BumpLockHeld();
       closed = CloseIfIdleLockHeld();
     }
@@ -211,8 +232,8 @@ class BatchQueue {
   // The leader was interrupted while its batch ran: the other members go
   // back in front of the pending calls (after a leader collecting, if
   // any; else the first of them leads, added to `wake`). True when idle.
-  bool Requeue(const std::vector<WaiterPtr>& batch, const W* leader, std::vector<WaiterPtr>* wake)
-      FTJIT_EXCLUDES(mu_) {
+  bool Requeue(const std::vector<WaiterPtr>& batch, const W* leader, std::vector<WaiterPtr>* wake,
+               uint64_t started = 0) FTJIT_EXCLUDES(mu_) {
     bool closed;
     {
       LockGuard<Mutex> lock(mu_);
@@ -227,7 +248,7 @@ class BatchQueue {
         pending_.front()->state.word.store(kLead, std::memory_order_release);
         wake->push_back(pending_.front());
       }
-      --running_;
+      EndRunLockHeld(started);
       BumpLockHeld();
       closed = CloseIfIdleLockHeld();
     }
@@ -269,7 +290,7 @@ class BatchQueue {
   };
   Snapshot SnapshotForTest() FTJIT_EXCLUDES(mu_) {
     LockGuard<Mutex> lock(mu_);
-    return {pending_.size(), leading_, running_, closed_};
+    return {pending_.size(), leading_, started_.size(), closed_};
   }
 
  private:
@@ -295,8 +316,16 @@ class BatchQueue {
 
   bool CloseIfIdleLockHeld() FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
-    if (pending_.empty() && !leading_ && running_ == 0) closed_ = true;
+    if (pending_.empty() && !leading_ && started_.empty()) closed_ = true;
     return closed_;
+  }
+
+  // A run that started at `started` ends: its slot goes.
+  void EndRunLockHeld(uint64_t started) FTJIT_REQUIRES(mu_) {
+    mu_.AssertHeld();
+    assert(!started_.empty() && "a run ends that never started");
+    auto it = std::find(started_.begin(), started_.end(), started);
+    started_.erase(it != started_.end() ? it : started_.begin());
   }
 
   const size_t max_batch_;
@@ -305,7 +334,9 @@ class BatchQueue {
   Mutex mu_;
   std::deque<WaiterPtr> pending_ FTJIT_GUARDED_BY(mu_);
   bool leading_ FTJIT_GUARDED_BY(mu_) = false;
-  size_t running_ FTJIT_GUARDED_BY(mu_) = 0;
+  // Each running batch's or lone call's start (see Running slots): at most
+  // max_running fresh ones, and the stale ones of examples that never end.
+  std::vector<uint64_t> started_ FTJIT_GUARDED_BY(mu_);
   bool closed_ FTJIT_GUARDED_BY(mu_) = false;
   SleepWord changed_;
 };

@@ -37,6 +37,21 @@ inline int DictGetItemRef(PyObject* dict, PyObject* key, PyObject** out) {
 #endif
 }
 
+// dict.setdefault(key, value): 1 and a new reference in *out to what the
+// dict holds under key after (value or an earlier one), -1 with an error set.
+inline int DictSetDefaultRef(PyObject* dict, PyObject* key, PyObject* value, PyObject** out) {
+#if PY_VERSION_HEX >= 0x030D0000
+  int r = PyDict_SetDefaultRef(dict, key, value, out);
+  return r < 0 ? -1 : 1;
+#else
+  PyObject* item = PyDict_SetDefault(dict, key, value);  // borrowed; the GIL keeps it
+  if (!item) return -1;
+  Py_INCREF(item);
+  *out = item;
+  return 1;
+#endif
+}
+
 // 1 and a new reference if the attribute exists, 0 if it does not (creating
 // no AttributeError: probing for `.dtype` stays cheap), -1 on any other error.
 inline int GetOptionalAttr(PyObject* obj, PyObject* name, PyObject** out) {
