@@ -288,7 +288,7 @@ def batching_rows(threads: Sequence[int] = DEFAULT_THREADS, seconds: float = 2.0
     return rows, overheads
 
 
-def lone_costs(hidden: int = 64, number: int = 2000, rounds: int = 31) -> str:
+def lone_costs(hidden: int = 64, number: int = 300, rounds: int = 15) -> str:
     """Where a lone caller's time goes (one thread, nothing else running): a call per call (``ftjit.jit``, then
     the result to the host) against ``ftjit.batched``'s lone call, and the parts that it adds: the signature key
     (``_batch_key``), the core's queue (``_Batcher.call`` around a runner that does nothing), and the runner's

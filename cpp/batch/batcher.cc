@@ -158,9 +158,8 @@ struct BatcherObject {
   std::shared_ptr<Batcher> b;
   // Signature key -> its queue (a _BatchQueue): a queue is put here by the
   // first call that finds none, and taken out, once closed, by the call
-  // that saw it close, however that call ended. Single dict operations
-  // (atomic on free-threaded builds), and one critical section to take a
-  // closed queue out only if it is still the one there.
+  // that saw it close, however that call ended (ForgetIfClosed). Single
+  // dict operations, each atomic on free-threaded builds.
   nb::dict queues;
 };
 
@@ -471,21 +470,28 @@ nb::object QueueFor(BatcherObject& bo, nb::handle key) {
   return nb::steal(kept);  // fresh, or another thread's made meanwhile
 }
 
-// Takes `q` out of `queues` if it closed and is still the one there. Keeps
-// any error of its own out of the call's outcome: one is reported as
-// unraisable (a key whose __eq__ raised), and the queue stays (closed: the
-// next call of its key replaces it). Called with no error set (a call's
-// own is held by the nb::python_error being handled).
+// Takes `q` out of `queues` if it closed and is still the one there. No
+// critical section spans the look and the removal (a dict operation inside
+// a critical section on the same dict suspends it, 3.13t: it spun for
+// ~25 us a call): two calls may both find q closed, and the second may then
+// take out a new queue that a third call put there meanwhile. That queue
+// serves its callers as before and closes by itself; the next call of the
+// key makes another: two queues of one signature for a while, as when two
+// calls race to make the first. Keeps any error of its own out of the
+// call's outcome: one is reported as unraisable (a key whose __eq__ raised)
+// and the queue stays (closed: the next call of its key replaces it).
+// Called with no error set (a call's own is held by the nb::python_error
+// being handled).
 void ForgetIfClosed(BatcherObject& bo, nb::handle key, nb::handle q) noexcept {
   if (!nb::inst_ptr<QueueObject>(q)->closed.load(std::memory_order_relaxed)) return;
   PyObject* current = nullptr;
-  {
-    nb::ft_object_guard guard(bo.queues);
-    int r = DictGetItemRef(bo.queues.ptr(), key.ptr(), &current);
-    if (r == 1 && current == q.ptr() && PyDict_DelItem(bo.queues.ptr(), key.ptr()) < 0) r = -1;
-    if (r < 0) PyErr_WriteUnraisable(bo.queues.ptr());
+  int r = DictGetItemRef(bo.queues.ptr(), key.ptr(), &current);
+  if (r == 1 && current == q.ptr() && PyDict_DelItem(bo.queues.ptr(), key.ptr()) < 0) {
+    r = PyErr_ExceptionMatches(PyExc_KeyError) ? 0 : -1;  // gone already: another call took it out
+    if (r == 0) PyErr_Clear();
   }
-  Py_XDECREF(current);  // after the critical section: the dict's reference was let go there, ours is not the last
+  if (r < 0) PyErr_WriteUnraisable(bo.queues.ptr());
+  Py_XDECREF(current);  // the dict's reference went first: ours is not the last (the caller holds q)
 }
 
 nb::object BatcherObject::Call(nb::handle runner, nb::handle key, nb::tuple leaves, nb::tuple args, nb::dict kwargs,

@@ -30,8 +30,8 @@
 #include <nanobind/typing.h>
 
 #include "jit/jit_state.h"
-#include "pyutil/collaborators.h"
 #include "primitives/thread_stack.h"
+#include "pyutil/collaborators.h"
 #include "pyutil/errors.h"
 #include "signature/signature.h"
 #include "signature/signature_key.h"

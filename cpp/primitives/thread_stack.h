@@ -24,14 +24,14 @@
 // Python-free; takes no locks; never throws.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-
 #if defined(_WIN32)
 #include <windows.h>
 #else
 #include <pthread.h>
 #endif
+
+#include <cstddef>
+#include <cstdint>
 
 namespace ftjit {
 
