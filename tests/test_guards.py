@@ -603,3 +603,47 @@ def test_guard_holds_no_int_or_str_subclass_context_value():
     del Phase
     if classes_can_die():  # not on 3.13t, where classes become immortal (see helpers)
         assert gc_collect_until(lambda: r() is None), "the guard kept an IntEnum context value (and its class) alive"
+
+
+def test_max_signatures_an_eviction_keeps_the_count_and_a_clear_gives_it_back():
+    """Issue 52: an eviction gave its signature's slot back, so a recompile storm on a cache smaller than
+    max_signatures (or one that other functions' traffic keeps full) never reached the limit. An evicted
+    signature now keeps its count, and takes it back when it returns (it may compile again); clear_cache(), the
+    operator's own reset, gives every slot back."""
+    comp = CountingCompiler()
+    jf = ftjit.jit(lambda x: x, compiler=comp, cache=ftjit.FunctionCache(capacity=1), max_signatures=2,
+                   on_excess="raise")
+    jf(z(1))
+    jf(z(2))  # evicts float32[1], which keeps its count
+    assert jf.cache_info().evictions == 1 and jf.cache_info().size == 1
+    with pytest.raises(ftjit.RecompileLimitError, match="max_signatures=2"):
+        jf(z(3))
+    assert comp.calls == 2
+    jf(z(1))  # a counted signature returns: compiled again, its count taken back (float32[2] evicted, kept)
+    assert comp.calls == 3 and jf.cache_info().evictions == 2
+    with pytest.raises(ftjit.RecompileLimitError):
+        jf(z(3))
+    jf(z(2))
+    assert comp.calls == 4
+    jf.clear_cache()
+    jf(z(3))  # a clear gave the slots back
+    jf(z(4))
+    with pytest.raises(ftjit.RecompileLimitError):
+        jf(z(5))
+    assert comp.calls == 6
+
+
+def test_max_signatures_evictions_from_other_functions_traffic_keep_the_count():
+    """Another function's traffic evicts this one's signatures from a shared cache: they keep counting."""
+    cache = ftjit.FunctionCache(capacity=2)
+    guarded = ftjit.jit(lambda x: x, compiler=CountingCompiler(), cache=cache, max_signatures=2, on_excess="raise")
+    other = ftjit.jit(lambda x: x + 1, compiler=CountingCompiler(), cache=cache)
+    guarded(z(1))
+    guarded(z(2))
+    for n in range(3, 9):
+        other(z(n))  # fills the cache: guarded's two entries are evicted
+    assert guarded.cache_info().size == 0 and guarded.cache_info().evictions == 2
+    with pytest.raises(ftjit.RecompileLimitError):
+        guarded(z(3))
+    guarded(z(1))
+    guarded(z(2))

@@ -39,7 +39,9 @@
 //   | publish_mu_           | leaf lock: serialises the writes of ready_;   |
 //   |                       | guards newest_ and every entry's listing      |
 //   | counters_             | relaxed atomics (hits striped: StripedCounter)|
-//   | counted_              | relaxed atomic: admitted entries in the map   |
+//   | counted_              | relaxed atomic: admitted entries in the map,  |
+//   |                       | and evicted signatures that keep their count  |
+//   | evicted_              | FTJIT_GUARDED_BY(evicted_mu_), a leaf lock    |
 //   | provisional_          | relaxed atomic: provisional entries in the map|
 //   | removals_             | seq_cst atomics: entries that left the map,   |
 //   |                       | per bucket (redirects' validity)              |
@@ -85,12 +87,14 @@
 // down once.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 #ifndef NDEBUG
@@ -394,9 +398,17 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // Counts `e` (freshly inserted, by the thread that compiles it) if that
   // leaves at most `limit` counted (any number when `force`); false,
   // counting nothing, otherwise. Exact under concurrent misses: the count is
-  // one atomic, and an entry stops counting however it leaves the map. The
-  // max_signatures guard (Guard) is built on it.
+  // one atomic, and an entry stops counting when it leaves the map, but for
+  // an eviction: an evicted signature keeps its count (its hash is kept,
+  // see KeepEvicted), and takes it back when it returns. The max_signatures
+  // guard (Guard) is built on it.
   bool Admit(const EntryPtr& e, int64_t limit, bool force) {
+    if (TakeBackEvicted(e->sig->hash)) {
+      // A signature evicted earlier returns: its count was kept for it.
+      e->counted.store(true, std::memory_order_seq_cst);
+      if (!map_.ContainsValue(e->sig->hash, e)) Uncount(*e);
+      return true;
+    }
     int64_t n = counted_.load(std::memory_order_relaxed);
     do {
       if (!force && n >= limit) return false;
@@ -455,9 +467,12 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
 
   // Compiles in progress finish and serve their waiters but are not kept.
+  // The counts that evicted signatures kept go too: a clear starts the
+  // max_signatures count again from what stays in the map.
   void Clear() {
     auto removed = map_.Clear();
     for (auto& kv : removed) LeaveMap(*kv.second);
+    ForgetEvicted();
     // Exactly the entries the clear removed: one inserted (linked, listed)
     // since belongs to the map now and stays. An entry linked after this
     // unlink sees itself gone from the map (AdmitLru).
@@ -482,6 +497,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   void ReinitLocksInChild() {
     map_.ReinitLockInChild();
     ReinitInChild(publish_mu_);
+    ReinitInChild(evicted_mu_);
   }
 
   // Tests only: holds this store's locks as a thread lost at fork may.
@@ -494,6 +510,15 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
       map_.UnlockForTest();
       publish_mu_.unlock();
     }
+  }
+
+  // How many evicted signatures keep their count (see KeepEvicted) at
+  // most: 0 (the default) keeps none. The max_signatures limit, where set.
+  void set_evicted_kept(size_t n) { evicted_cap_ = n; }
+  // Tests: the evicted signatures that keep their count now.
+  size_t evicted_kept() const FTJIT_EXCLUDES(evicted_mu_) {
+    LockGuard<Mutex> lock(evicted_mu_);
+    return evicted_.size();
   }
 
   size_t size() const { return map_.size(); }
@@ -524,6 +549,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     for (EntryPtr& e : evicted) {
       if (std::shared_ptr<EntryStore> st = e->store.lock()) {
         st->counters_.evictions.fetch_add(1, std::memory_order_relaxed);
+        st->KeepEvicted(*e);  // before it leaves the map: a return of its signature finds the hash
         st->Discard(e);
       }
     }
@@ -567,6 +593,37 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
 
   void Uncount(Entry& e) {
     if (e.counted.exchange(false, std::memory_order_seq_cst)) counted_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // An eviction of a counted entry keeps its count under its signature's
+  // hash (at most evicted_cap_ of them; past that it uncounts as before),
+  // so that evictions, which other functions' traffic can cause, never
+  // give a max_signatures slot back: a signature counts once for its
+  // function's life, until a clear. Called before the entry leaves the map,
+  // so that a new entry of the signature (inserted only after) finds the
+  // hash in Admit. Two signatures of one hash share a kept count (a 64-bit
+  // hash: the guard may then admit one signature more).
+  void KeepEvicted(Entry& e) FTJIT_EXCLUDES(evicted_mu_) {
+    if (evicted_cap_ == 0) return;
+    LockGuard<Mutex> lock(evicted_mu_);
+    if (evicted_.size() >= evicted_cap_) return;
+    if (!e.counted.exchange(false, std::memory_order_seq_cst)) return;  // not counted, or a clear uncounted it
+    evicted_.insert(e.sig->hash);  // counted_ keeps its count
+  }
+  // Whether `hash` kept a count (which it then takes back).
+  bool TakeBackEvicted(size_t hash) FTJIT_EXCLUDES(evicted_mu_) {
+    if (evicted_cap_ == 0) return false;
+    LockGuard<Mutex> lock(evicted_mu_);
+    auto it = evicted_.find(hash);
+    if (it == evicted_.end()) return false;
+    evicted_.erase(it);
+    return true;
+  }
+  // A clear: the kept counts go.
+  void ForgetEvicted() FTJIT_EXCLUDES(evicted_mu_) {
+    LockGuard<Mutex> lock(evicted_mu_);
+    counted_.fetch_sub(static_cast<int64_t>(evicted_.size()), std::memory_order_relaxed);
+    evicted_.clear();
   }
   // Exactly once: an adoption's CAS and this one exclude each other.
   void Unprovision(Entry& e) {
@@ -645,6 +702,11 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // is void once its bucket's count moved (RedirectGen).
   static constexpr size_t kRedirectBuckets = 64;
   std::array<std::atomic<uint64_t>, kRedirectBuckets> removals_{};
+  // The hashes of evicted signatures that keep their count (KeepEvicted):
+  // at most evicted_cap_ (the max_signatures limit).
+  mutable Mutex evicted_mu_;  // leaf lock
+  std::unordered_multiset<size_t> evicted_ FTJIT_GUARDED_BY(evicted_mu_);
+  size_t evicted_cap_ = 0;  // fixed before the store is used
   LiveCount<EntryStore> live_;  // stores not yet destroyed
 };
 

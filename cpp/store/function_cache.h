@@ -123,7 +123,10 @@ class FunctionStore : public EntryStore<PyEntryTraits> {
         cache_(std::move(cache)),
         name_(std::move(name)),
         private_(is_private),
-        limit_(limit) {}
+        limit_(limit) {
+    // Evictions keep their signatures' counts (EntryStore::KeepEvicted).
+    if (limit.max > 0) set_evicted_kept(static_cast<size_t>(limit.max));
+  }
   ~FunctionStore();  // leaves AllStores()
 
   const std::string& name() const { return name_; }

@@ -776,6 +776,59 @@ void TestProvisionalAdoptionsRaceWithClears() {
 }
 
 
+// An eviction keeps its signature's count (max_signatures is not reset by the
+// LRU): with an LRU of 4, a limit of 8 and 16 keys, exactly the first 8
+// distinct keys ever admitted are served and the others refused, whatever
+// the evictions; a returning key takes its kept count back. Then threads
+// race calls against clears: the count stays the entries counted in the map
+// plus the kept ones, and a clear empties both.
+void TestEvictionsKeepTheirCountUntilAClear() {
+  const int kKeys = 16;
+  const int64_t kLimit = 8;
+  auto lru = std::make_shared<Lru>(4);
+  auto store = std::make_shared<Store>(lru);
+  store->set_evicted_kept(static_cast<size_t>(kLimit));
+  std::atomic<int> adoptions{0};
+  auto* rec = Slot::Get().rec;
+  for (int round = 0; round < 3; ++round) {
+    for (int key = 0; key < kKeys; ++key) {
+      int got = CallAdopting(*store, key, kLimit, adoptions, rec, 0);
+      CHECK_EQ(got, key < kLimit ? key * 2 : -1);
+    }
+    CHECK_EQ(store->Count(), kLimit);
+    CHECK(store->size() <= 4);
+    CHECK_EQ(store->evicted_kept() + store->size(), static_cast<size_t>(kLimit));
+  }
+  store->Clear();
+  CHECK_EQ(store->Count(), int64_t{0});
+  CHECK_EQ(store->evicted_kept(), size_t{0});
+  for (int key = kKeys - 1; key >= 0; --key) {  // the other half fits now
+    CHECK_EQ(CallAdopting(*store, key, kLimit, adoptions, rec, 0), key >= kKeys - kLimit ? key * 2 : -1);
+  }
+  store->Clear();
+  auto deadline = std::chrono::steady_clock::now() + 500ms;
+  ftjit_test::RunThreads(6, [&](size_t i) {
+    auto* r = Slot::Get().rec;
+    std::mt19937 rng(static_cast<unsigned>(i) + 29);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int key = static_cast<int>(rng() % kKeys);
+      if (i == 0) {
+        if (rng() % 16 == 0) store->Clear();
+        std::this_thread::yield();
+      } else {
+        int got = CallAdopting(*store, key, /*limit=*/1 << 20, adoptions, r, static_cast<int>(i));
+        CHECK_EQ(got, key * 2);
+      }
+    }
+  });
+  CHECK_EQ(store->Count(), static_cast<int64_t>(store->size() + store->evicted_kept()));
+  store->Clear();
+  CHECK_EQ(store->Count(), int64_t{0});
+  CHECK_EQ(adoptions.load(), 0);
+  store.reset();
+  CHECK_EQ(g_live_payloads.load(), int64_t{0});
+}
+
 // Live threads hold distinct indices, the lowest free ones, however many
 // (no bound: all kThreads at once get one each); a thread that ends gives
 // its index back to the next. Each thread then uses its slot's `copy` of
@@ -932,6 +985,7 @@ int main() {
   RUN_TEST(TestLateUseAfterThreadExitTakesAFreshRecord);
   RUN_TEST(TestProvisionalEntriesAreAdoptedOnFirstUse);
   RUN_TEST(TestProvisionalAdoptionsRaceWithClears);
+  RUN_TEST(TestEvictionsKeepTheirCountUntilAClear);
   RUN_TEST(TestIndicesAreExclusiveAmongLiveThreads);
   RUN_TEST(TestRedirectsLastUntilTheirBucketLosesAnEntry);
   RUN_TEST(TestRedirectsRaceWithRemovalsOfTheirTarget);
