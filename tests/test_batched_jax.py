@@ -242,7 +242,9 @@ def test_a_function_vmap_cannot_take_runs_per_call_with_a_warning():
                           timeout=120)
     assert out == [[[2.0 * i] * 2] * 3 for i in range(64)]
     info = predict.batch_info()
-    assert info.calls == 192 and info.batches == 0 and info.failed_batches == 1
+    # Up to two batches of a signature run at once: a second may have started, and waited for the first's compile,
+    # before the first learned it fails (its waiters get the same error; the failed compile ran once).
+    assert info.calls == 192 and info.batches == 0 and 1 <= info.failed_batches <= 2 and info.compiles == 1
 
 
 @pytest.mark.thread_unsafe(reason="runs its own threads")
