@@ -18,7 +18,7 @@ per call, so that neither a signal nor a fork can leave its state half-changed:
   the pending calls when ``max_batch`` of them wait, when no batch is running (the device is idle: go now), or
   once it waited ``max_wait`` and fewer than two batches run (the next batch forms while one runs: pipelined).
   Calls left over make the first of them the next leader. A batch (or lone call) that has run ten times this
-  function's mean run, at least 50 ms and at most 5 s (5 s before any run ended), no longer counts as running:
+  function's mean run, at least 1 s and at most 5 s (5 s before any run ended), no longer counts as running:
   an example that never finishes holds its own batch's callers (and its thread), never the signature's later
   calls.
 - The leader runs its batch; while it runs, the next batch forms under the next leader. Each caller is woken on

@@ -83,7 +83,7 @@ def _in_background(fn, *args, **kwargs):
 
 def test_examples_that_never_finish_hold_only_their_own_callers():
     """Finding 2: two batches that never finish filled the two running slots, and every later call of their
-    signature timed out, forever. A run that has gone ten times the function's mean (at least 50 ms) no longer
+    signature timed out, forever. A run that has gone ten times the function's mean (at least 1 s) no longer
     holds its slot: later calls are answered, and the stuck ones' callers alone wait."""
     forever = threading.Event()
     b, runner = _batched(_held(forever), max_wait=0.01)

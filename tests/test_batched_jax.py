@@ -454,3 +454,18 @@ def test_signatures_run_per_call_are_bounded(monkeypatch):
             assert len(predict._runner.per_call) <= 4
     assert learned >= 3  # signatures that reached a batch were learned as per call (past 4, the oldest forgotten)
     assert predict._queues == {}
+
+
+@pytest.mark.thread_unsafe(reason="runs its own threads")
+def test_jax_array_rows_of_list_outputs_are_each_callers_own():
+    """A review of issue 51's split found that with to_host=False a list in the output was taken for the rows'
+    container: caller 0 got [a_0, a_1] and caller 1 [b_0, b_1]. Each caller gets its own row of every leaf."""
+    predict = ftjit.batched(lambda x: [x, {"twice": [x * 2]}], max_wait=0.05, to_host=False,
+                            cache=ftjit.FunctionCache())
+    for _ in range(3):
+        out = run_threads(8, lambda i: predict(np.full(2, i, np.float32)), timeout=120)
+        for i, got in enumerate(out):
+            assert isinstance(got, list) and len(got) == 2
+            assert np.asarray(got[0]).tolist() == [float(i)] * 2
+            assert np.asarray(got[1]["twice"][0]).tolist() == [2.0 * i] * 2
+    assert predict.batch_info().batches >= 1

@@ -61,12 +61,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kSlice = std::chrono::milliseconds(100);  // how often a waiter runs signal handlers
 // A running batch or lone call stops holding its running slot after
-// kStallRuns times this function's mean run, within [kMinStall, kMaxStall],
+// kStallRuns times this function's mean run (lone calls, batches of every
+// size, compiles included), within [kMinStall, kMaxStall],
 // or kMaxStall before any run ended (the first may compile for seconds)
 // (BatchQueue, "Running slots"): an example that never finishes holds its
 // own callers only.
 constexpr uint64_t kStallRuns = 10;
-constexpr uint64_t kMinStall = 50'000'000;      // ns
+constexpr uint64_t kMinStall = 1'000'000'000;  // ns: a new size's compile (seconds) may run meanwhile
 constexpr uint64_t kMaxStall = 5'000'000'000;  // ns
 
 uint64_t Nanos(Clock::time_point t) {

@@ -323,9 +323,9 @@ class BatchQueue {
   // A run that started at `started` ends: its slot goes.
   void EndRunLockHeld(uint64_t started) FTJIT_REQUIRES(mu_) {
     mu_.AssertHeld();
-    assert(!started_.empty() && "a run ends that never started");
     auto it = std::find(started_.begin(), started_.end(), started);
-    started_.erase(it != started_.end() ? it : started_.begin());
+    assert(it != started_.end() && "a run ends that never started");
+    if (it != started_.end()) started_.erase(it);
   }
 
   const size_t max_batch_;

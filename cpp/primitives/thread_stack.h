@@ -61,8 +61,13 @@ class ThreadStack {
   static constexpr size_t kMargin = 64 * 1024;
 
   // Whether fewer than kMargin bytes (or a quarter of a small stack) are
-  // left below the caller's frame. One thread-local load and a compare.
-  static bool Exhausted() noexcept { return Here() < Limit(); }
+  // left below the caller's frame. A frame below the thread's stack (code
+  // on a stack of its own: a fiber, a coroutine library's) is not judged.
+  // Two thread-local loads and two compares.
+  static bool Exhausted() noexcept {
+    uintptr_t here = Here();
+    return here < Limit() && here >= Low();
+  }
 
   // The address under which Exhausted() is true (0 when the bounds are
   // unknown: never). Computed once per thread.

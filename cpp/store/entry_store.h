@@ -46,9 +46,9 @@
 //   | removals_             | seq_cst atomics: entries that left the map,   |
 //   |                       | per bucket (redirects' validity)              |
 //
-// Lock order: map_'s lock, the LRU's, publish_mu_ and the epoch domain's are
-// leaves, never held together, but Published takes map_'s lock inside
-// publish_mu_ (map_'s lock is never held while taking another). Nothing is
+// Lock order: map_'s lock, the LRU's, publish_mu_, evicted_mu_ and the epoch
+// domain's are leaves, never held together, but Published takes map_'s lock
+// inside publish_mu_ (map_'s lock is never held while taking another). Nothing is
 // freed under any of them: removed entries and retired tables are handed
 // back and dropped after unlocking.
 //
