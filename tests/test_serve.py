@@ -388,11 +388,15 @@ def conductor():
     os.kill(os.getpid(), int(sys.argv[2]))
     seen["handler ran"] = wait_for(lambda: app.stopping, 60)
     os.kill(os.getpid(), int(sys.argv[2]))  # a second signal, while the request is still held: ignored
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=10).close()
-        seen["port"] = "open"
-    except ConnectionRefusedError:
-        seen["port"] = "refused"
+
+    def refused():  # the serving loop closes the listener once it sees the stop (under load, not at once)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+            return False
+        except ConnectionRefusedError:
+            return True
+
+    seen["port"] = "refused" if wait_for(refused, 30) else "open"
     release.set()
 
 threads = [threading.Thread(target=client), threading.Thread(target=conductor)]
