@@ -289,7 +289,6 @@ def test_equal_statics_of_other_types_get_their_own_program():
     assert predict.batch_info().batches >= 1
 
 
-@pytest.mark.thread_unsafe(reason="runs its own threads")
 def test_each_request_effects_run_once():
     """Finding 4: with an io_callback per request, padding rows ran the first example's callback again (9 to 14
     times for 9 callers, sizes=(1, 16)), and a failed batch's retry ran the clean ones a second time. A function
@@ -318,7 +317,6 @@ def test_each_request_effects_run_once():
     assert info.batches == 0 and info.padded_rows == 0 and info.calls == 27
 
 
-@pytest.mark.thread_unsafe(reason="runs its own threads")
 def test_a_kept_result_holds_its_own_row_not_the_batch():
     """Finding 5: with to_host, each caller's row was a view of the batch's host array: a kept 4 MiB row held a
     64 MiB base. Each row is now copied out: it owns its memory, the size of its row."""
@@ -375,7 +373,6 @@ def test_a_batched_row_is_the_lone_call_to_the_kernels_rounding():
     assert predict.batch_info().batches >= 1
 
 
-@pytest.mark.thread_unsafe(reason="runs its own threads")
 def test_one_size_makes_a_batched_row_independent_of_its_companions():
     """With a single size, every batch runs one program (padded to that size): one example's row comes out bit
     for bit the same whatever other examples it was batched with. A call that runs alone still runs the
@@ -399,7 +396,6 @@ class _Scaler:
         return x * self.k
 
 
-@pytest.mark.thread_unsafe(reason="runs its own threads")
 def test_a_batched_method_binds_self():
     """Finding 7: @ftjit.batched on a method did not bind self: m.scale(x) passed x as self (an
     UnhashableStaticArgumentError here), where jax.jit and ftjit.jit bind it."""
@@ -411,7 +407,6 @@ def test_a_batched_method_binds_self():
     assert isinstance(_Scaler.scale, ftjit.BatchedFunction)
 
 
-@pytest.mark.thread_unsafe(reason="runs its own threads")
 def test_typed_prng_key_outputs_pass_through_to_host():
     """Finding 7: a typed PRNG key output failed with the default to_host, lone or batched (numpy has no form for
     it), while ftjit.jit returns it. A leaf with no host form stays a jax Array, as ftjit.jit gives it."""
@@ -456,7 +451,6 @@ def test_signatures_run_per_call_are_bounded(monkeypatch):
     assert predict._queues == {}
 
 
-@pytest.mark.thread_unsafe(reason="runs its own threads")
 def test_jax_array_rows_of_list_outputs_are_each_callers_own():
     """A review of issue 51's split found that with to_host=False a list in the output was taken for the rows'
     container: caller 0 got [a_0, a_1] and caller 1 [b_0, b_1]. Each caller gets its own row of every leaf."""

@@ -1249,7 +1249,6 @@ print(repr(out))
 """
 
 
-@pytest.mark.thread_unsafe(reason="spawns an interpreter")
 @pytest.mark.parametrize("stack_mib", [1, 2])
 @pytest.mark.parametrize("limit", [0, 1500, 3000])
 def test_21_deep_recursion_through_a_jitted_function_is_a_recursion_error_not_a_crash(stack_mib, limit):
