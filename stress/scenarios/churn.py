@@ -126,6 +126,8 @@ class Churn:
         #: (closures done, memory.snapshot()) every SNAPSHOT_EVERY closures: malloc's bytes and the core's objects
         self.snapshots: list[tuple[int, dict[str, int]]] = []
         _core._thread_index()  # this (the checking) thread's index, taken before the count as after it
+        for _ in range(3):  # earlier scenarios' garbage (functions in cycles) goes before the count
+            gc.collect()
         self.before = memory.core_counts(reclaim=True)  #: the core's objects before the run (other scenarios')
         self.size_violations: list[str] = []
         self.pool = Pool(ctx, "churn-control" if control else "churn", self.nthreads * self.closures,
@@ -276,8 +278,9 @@ def check_malloc(churn: Churn) -> list[str]:
             f"(limit {MALLOC_GROWTH_LIMIT / _MIB:g} MiB): C or C++ memory kept per closure"]
 
 
-#: The core's objects that follow the work: once every closure of the run is dead, each is back to its count before
-#: the run (retired: 0, after a reclaim). Checked exactly, whatever the RSS did.
+#: The core's objects that follow the work: once every closure of the run is dead, each is back to at most its count
+#: before the run (retired: 0, after a reclaim): none kept per closure. At most, not exactly: an earlier scenario's
+#: objects may die during the run. Checked whatever the RSS did.
 FOLLOW_THE_WORK = ("entries", "stores", "batch_queues")
 
 
@@ -290,13 +293,13 @@ def check_core(churn: Churn) -> list[str]:
     def settled() -> bool:
         after.clear()
         after.update(memory.core_counts(reclaim=True))
-        return (all(after[k] == before[k] for k in FOLLOW_THE_WORK) and after["retired"] == 0
+        return (all(after[k] <= before[k] for k in FOLLOW_THE_WORK) and after["retired"] == 0
                 and after["thread_indices_held"] <= before["thread_indices_held"])
 
     if gc_collect_until(settled):
         return []
     changed = {k: (before[k], after[k]) for k in (*FOLLOW_THE_WORK, "retired", "thread_indices_held")
-               if after[k] != before[k]}
+               if after[k] > before[k]}
     return [f"the core's objects did not return to their count before the run (before, after): {changed}"]
 
 
