@@ -83,8 +83,12 @@ def core_counts(reclaim: bool = False) -> dict[str, int]:
 
 def snapshot() -> dict[str, int]:
     """Every figure at once (those unavailable here left out): rss, malloc_used, malloc_free, py_blocks (Python's
-    allocated memory blocks: objects and their buffers, in mimalloc on a free-threaded build), and the core's."""
-    out = {"rss": rss_bytes(), "py_blocks": sys.getallocatedblocks()}
+    allocated memory blocks, with the GIL on only), and the core's."""
+    out = {"rss": rss_bytes()}
+    if getattr(sys, "_is_gil_enabled", lambda: True)():
+        # Not with the GIL off: 3.13t's getallocatedblocks() walks every thread's mimalloc heap while a thread
+        # being started initializes its own, a data race in CPython that ThreadSanitizer reports.
+        out["py_blocks"] = sys.getallocatedblocks()
     m = malloc_bytes()
     if m is not None:
         out["malloc_used"], out["malloc_free"] = m

@@ -29,7 +29,6 @@ OWN_CACHE_P = 0.5  #: probability that a closure gets its own FunctionCache rath
 CYCLE_P = 0.3  #: probability that a closure is kept in a reference cycle (only the gc frees it)
 KEEP_OWN_CACHE_EVERY = 8  #: keep every 8th own cache alive to check it empties when its function dies
 RSS_SAMPLE_EVERY = 8  #: each worker samples RSS after every 8th closure (the pool's 50 ms polls are too coarse)
-SNAPSHOT_EVERY = 64  #: and malloc's figures and the core's objects after every 64th (mallinfo2 locks every arena)
 GC_SLEEP_S = (0.001, 0.005)
 _MIB = 2**20
 #: Ballast, so that a leak shows in RSS: every closure and every executable holds this many touched bytes. A
@@ -101,6 +100,37 @@ def _tag_of(obj: Any) -> Any:
     return getattr(obj, "tag", None) or getattr(getattr(obj, "__wrapped__", None), "tag", "?")
 
 
+class Survivors:
+    """Weak references to every dropped object until it dies, all behind one lock. (A WeakSet does not do here:
+    its len(), read while a weakref callback in another thread removes from it, is a data race that
+    ThreadSanitizer reports on 3.13t.) The lock is reentrant: a collection can run a callback in a thread that
+    holds it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._refs: dict[int, weakref.ref[Any]] = {}  # guarded by _lock
+        self._next = 0  # guarded by _lock
+
+    def add(self, obj: Any) -> None:
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+            self._refs[key] = weakref.ref(obj, lambda _ref, key=key: self._gone(key))
+
+    def _gone(self, key: int) -> None:
+        with self._lock:
+            del self._refs[key]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._refs)
+
+    def objects(self, most: int) -> list[Any]:
+        """Up to ``most`` of the objects still alive."""
+        with self._lock:
+            refs = list(self._refs.values())
+        return [obj for obj in (ref() for ref in refs) if obj is not None][:most]
+
+
 class Churn:
     """One run: the shared cache and compiler, the weakrefs to everything dropped, and RSS samples."""
 
@@ -114,8 +144,8 @@ class Churn:
         self.compiler = BallastCompiler()
         self.shared = ftjit.FunctionCache(capacity=SHARED_CAPACITY)
         self.lock = threading.Lock()
-        #: every dropped closure and jitted closure until it dies (a WeakSet: constant memory when nothing leaks)
-        self.alive: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: every dropped closure and jitted closure until it dies (constant memory when nothing leaks)
+        self.alive = Survivors()
         self.dropped = 0  # guarded by lock
         self.kept_caches: list[Any] = []
         self.closure_compiles = 0
@@ -123,7 +153,8 @@ class Churn:
         self.collections = 0  #: by the collector thread (its own counter: no lock needed)
         self.gc_seconds: list[tuple[int, float]] = []  #: (closures done, seconds) of each collection (its thread's)
         self.rss: list[tuple[int, int]] = []  #: (closures done, RSS bytes), appended by the workers
-        #: (closures done, memory.snapshot()) every SNAPSHOT_EVERY closures: malloc's bytes and the core's objects
+        #: (closures done, memory.snapshot()) at each of the pool's polls (50 ms): malloc's bytes and the core's
+        #: objects. One thread takes them: ctypes (mallinfo2) is not thread-safe on 3.13t (ThreadSanitizer).
         self.snapshots: list[tuple[int, dict[str, int]]] = []
         _core._thread_index()  # this (the checking) thread's index, taken before the count as after it
         for _ in range(3):  # earlier scenarios' garbage (functions in cycles) goes before the count
@@ -138,6 +169,9 @@ class Churn:
         if size > SHARED_CAPACITY + self.nthreads and len(self.size_violations) < 3:
             self.size_violations.append(
                 f"shared cache.size() == {size} mid-run > capacity {SHARED_CAPACITY} + {self.nthreads} compiling")
+        snap = memory.snapshot()
+        snap["backlog"] = len(self.alive)  # dropped, not yet freed: mostly cycles awaiting the collector
+        self.snapshots.append((self.pool.done, snap))
 
     def work(self, index: int, log: WorkerLog) -> None:
         rng = random.Random(self.thread_seeds[index])
@@ -149,10 +183,6 @@ class Churn:
             self.pool.step()
             if n % RSS_SAMPLE_EVERY == 0:
                 self.rss.append((self.pool.done, memory.rss_bytes()))
-            if n % SNAPSHOT_EVERY == 0:
-                snap = memory.snapshot()
-                snap["backlog"] = len(self.alive)  # dropped, not yet freed: mostly cycles awaiting the collector
-                self.snapshots.append((self.pool.done, snap))
 
     def _one_closure(self, tag: int, rng: random.Random, log: WorkerLog) -> None:
         fun = make_closure(tag)
@@ -315,8 +345,9 @@ def memory_note(churn: Churn) -> str:
             a = statistics.median(s[key] for s in second)
             b = statistics.median(s[key] for s in last)
             parts.append(f"{label} {memory.mib(a)} -> {memory.mib(b)} ({(b - a) / _MIB:+.1f})")
-        a, b = (int(statistics.median(s["py_blocks"] for s in w)) for w in (second, last))
-        parts.append(f"Python's allocated blocks {a} -> {b} ({b - a:+d})")
+        if "py_blocks" in last[0]:
+            a, b = (int(statistics.median(s["py_blocks"] for s in w)) for w in (second, last))
+            parts.append(f"Python's allocated blocks {a} -> {b} ({b - a:+d})")
         arenas = memory.malloc_arenas()
         if arenas is not None:
             parts.append(f"{arenas} malloc arenas")
@@ -328,6 +359,7 @@ def memory_note(churn: Churn) -> str:
     if gc_second and gc_last:
         parts.append(f"gc.collect() {statistics.median(gc_second) * 1e3:.1f} -> "
                      f"{statistics.median(gc_last) * 1e3:.1f} ms")
+    parts.append(f"{len(second)} and {len(last)} snapshots in those quarters")
     if churn.snapshots:
         peak = {k: max(s[k] for _, s in churn.snapshots) for k in ("entries", "stores", "retired")}
         parts.append("the core's most alive at once: " + ", ".join(f"{v} {k}" for k, v in peak.items()))
@@ -344,7 +376,7 @@ def check(churn: Churn, aborted: list[str]) -> list[str]:
     if churn.closure_compiles != churn.compiler.calls:
         violations.append(f"closures' compiles sum to {churn.closure_compiles} != {churn.compiler.calls} compiler calls")
     if not gc_collect_until(lambda: len(churn.alive) == 0):
-        alive = [f"{type(o).__name__} of closure {_tag_of(o)}" for o in list(churn.alive)[:5]]
+        alive = [f"{type(o).__name__} of closure {_tag_of(o)}" for o in churn.alive.objects(5)]
         violations.append(f"{len(churn.alive)} of {churn.dropped} dropped objects (closures and their jitted "
                           f"wrappers) still alive: {alive}")
     if not gc_collect_until(lambda: churn.shared.size() == 0):
