@@ -5,6 +5,8 @@
 #   bash dev.sh demo [--threads N|--requests N|--seconds S]        main job: serve + load, summary table
 #   bash dev.sh stress [--quick|--minutes N|--scenario NAME|...]   thread-safety stress suite
 #   bash dev.sh test                                               all tests
+#   bash dev.sh test-once [pytest args]                            the unit tests once (xdist), no C++ tests and no
+#                                                                  8-thread pass: CI's newest-JAX compatibility run
 #   bash dev.sh test-accelerator [pytest args]                     all tests, one process, on the GPU/TPU JAX finds
 #   bash dev.sh bench [--quick]                                    benchmarks
 #   bash dev.sh build                                              build only
@@ -235,6 +237,11 @@ case "$cmd" in
     log "unit tests in one process on the accelerator JAX finds (FTJIT_TEST_ACCELERATOR=1)"
     FTJIT_TEST_ACCELERATOR=1 pytest_strict tests -q -rfEs "$@"
     ;;
+  test-once)
+    build
+    log "unit tests once (pytest-xdist, 2 workers; the C++ tests and the 8-thread pass run in \`bash dev.sh test\`)"
+    pytest_strict tests -n 2 --timeout=300 -q "$@"
+    ;;
   test)
     build
     tsan
@@ -252,5 +259,5 @@ case "$cmd" in
       parallel_threads_run no-bar tests "$@"
     fi
     ;;
-  *) echo "usage: bash dev.sh {demo|stress|test|test-accelerator|bench|build|tsan|tsa|ft-python|tsan-ft} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash dev.sh {demo|stress|test|test-once|test-accelerator|bench|build|tsan|tsa|ft-python|tsan-ft} [args]" >&2; exit 2 ;;
 esac
