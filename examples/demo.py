@@ -29,7 +29,7 @@ import sys
 import sysconfig
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 
@@ -49,7 +49,8 @@ SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 class ServerProcess:
     """``examples/serve.py --port 0 ARGS`` in a child process; returns once it listens (``port``).
     With ``unix_socket``, ``--unix-socket PATH`` instead of ``--port 0`` (``port`` stays None); ``env``: its
-    environment (None: this process's).
+    environment (None: this process's); ``command``: another server that takes those flags and prints the same
+    "serving on" line (None: serve.py).
 
     Its stdout and stderr (one stream) are collected in ``output``. Raises
     RuntimeError, with that output, if it exits or is silent for ``timeout``
@@ -57,19 +58,21 @@ class ServerProcess:
     """
 
     def __init__(self, *args: str, timeout: float = 120.0, unix_socket: str | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, command: Sequence[str] | None = None):
         self.port: int | None = None
         self.unix_socket, self.listening = unix_socket, False
         self._lines: list[str] = []
         self._listening = threading.Event()
         where = ["--unix-socket", unix_socket] if unix_socket else ["--port", "0"]
-        self.proc = subprocess.Popen([sys.executable, SERVE, *where, *args], env=env,
+        name = "examples/serve.py" if command is None else " ".join(command[1:])
+        command = [sys.executable, SERVE] if command is None else list(command)
+        self.proc = subprocess.Popen([*command, *where, *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self._reader = threading.Thread(target=self._read, name="serve-output", daemon=True)
         self._reader.start()
         if not self._listening.wait(timeout) or not self.listening:
             self.stop(signal.SIGKILL)
-            raise RuntimeError(f"examples/serve.py did not start listening; its output:\n{self.output}")
+            raise RuntimeError(f"{name} did not start listening; its output:\n{self.output}")
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

@@ -4,7 +4,11 @@
 requests with random batch sizes (1..max_batch, seeded) until ``--requests``
 were sent or ``--seconds`` passed, whichever comes first. Every answer is
 compared with a float64 numpy reference of the same MLP (a wrong answer
-counts apart from errors). Then it reads the server's ``/stats`` and prints
+counts apart from errors). The requests (up to ``POOL`` distinct ones) and
+their references are made before the clock starts, and an answer whose bytes
+equal one already verified for its request is checked by a lookup: the
+client's own work per request stays small, so that it is not what caps the
+rate (``--route healthz``, the trivial route, measures that ceiling). Then it reads the server's ``/stats`` and prints
 the report that ``examples/demo.py`` prints too (``report_rows``). Only
 servers on this machine are accepted: on a loopback address, or on a unix
 socket (``--unix-socket PATH``, for ``serve.py --unix-socket PATH``).
@@ -59,6 +63,7 @@ class LoadReport:
     first_error: str | None  #: the first error or wrong answer, for diagnosis
     stopped_by: str  #: which limit ended the run: STOPPED_BY_COUNT or STOPPED_BY_TIME
     stats: dict[str, Any] | None  #: the server's /stats after the run, None if it did not answer
+    route: str = "predict"  #: what each request asked for: "predict" or "healthz" (ROUTES)
 
     @property
     def compiles(self) -> int | None:
@@ -163,41 +168,56 @@ class _Progress:
             self.stream.flush()
 
 
-class _Run:
-    """Shared state of one load run: the request budget, the deadline and the tallies (under one lock)."""
+#: Distinct requests made before the clock starts (or as many as the run sends, if fewer); request ``i`` is
+#: ``make_request(seed, i % POOL, ...)``. Each is sent by one thread only, which keeps the answers it verified.
+POOL = 1024
+#: Right answers kept per request, at most (distinct bytes: one per program that answered it, in practice).
+VERIFIED_KEPT = 8
+#: ``--route``: what each request asks for. healthz is the trivial route: the client's and the front's ceiling.
+ROUTES = ("predict", "healthz")
+_HEALTHY = b'{"ok": true}'
 
-    def __init__(self, requests: int | None, deadline: float | None, progress: _Progress):
-        self._lock = threading.Lock()
-        self._budget, self._deadline, self.progress = requests, deadline, progress
-        self.taken = 0
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """One pool request, made before the clock starts: its body and its float64 reference answer."""
+
+    index: int
+    body: bytes
+    expected: np.ndarray
+
+
+def _prepare(seed: int, indices: Sequence[int], max_batch: int, weights64: dict[str, np.ndarray]) -> list[_Prepared]:
+    out = []
+    for i in indices:
+        x = make_request(seed, i, max_batch)
+        out.append(_Prepared(i, json.dumps({"inputs": x.tolist()}).encode(), forward(weights64, x.astype(np.float64))))
+    return out
+
+
+class _Worker:
+    """One load thread's own state: nothing in it is shared while the load runs, so the hot loop takes no lock.
+
+    An answer is checked as it comes: by a set lookup when its bytes equal an answer already verified for
+    the same request (the usual case: a bucket's program answers a request alike each time), else in full
+    (parsed and compared with the reference), and then kept as verified."""
+
+    def __init__(self, prepared: list[_Prepared], budget: int | None):
+        self.prepared, self.budget = prepared, budget
+        self.verified: list[set[bytes]] = [set() for _ in prepared]
         self.latencies: list[float] = []
+        self.sent = 0  #: read by the progress thread (an int attribute: each read sees a whole value)
         self.errors = self.wrong = 0
-        self.first_error: str | None = None
-        self.stopped_by: str | None = None  # the limit that first refused a request
+        self.first_error: tuple[float, str] | None = None  # (when, what)
+        self.stopped_by: str | None = None
 
-    def take(self) -> int | None:
-        """The index of the next request to send, or None when the budget or the time is spent."""
-        with self._lock:
-            if self._budget is not None and self.taken >= self._budget:
-                self.stopped_by = self.stopped_by or STOPPED_BY_COUNT
-            elif self._deadline is not None and time.monotonic() >= self._deadline:
-                self.stopped_by = self.stopped_by or STOPPED_BY_TIME
-            else:
-                self.taken += 1
-                return self.taken - 1
-            return None
-
-    def record(self, latency: float, error: str | None = None, wrong: bool = False) -> None:
-        with self._lock:
-            self.latencies.append(latency)
-            if error is not None:
-                self.first_error = self.first_error or error
-                if wrong:
-                    self.wrong += 1
-                else:
-                    self.errors += 1
-            done = len(self.latencies)
-        self.progress.update(done)
+    def error(self, what: str, wrong: bool = False) -> None:
+        if wrong:
+            self.wrong += 1
+        else:
+            self.errors += 1
+        if self.first_error is None:
+            self.first_error = (time.monotonic(), what)
 
 
 def _check_answer(status: int, body: bytes, expected: np.ndarray) -> tuple[str | None, bool]:
@@ -215,33 +235,64 @@ def _check_answer(status: int, body: bytes, expected: np.ndarray) -> tuple[str |
     return None, False
 
 
-def _worker(run: _Run, connect: Callable[[], http.client.HTTPConnection], seed: int, max_batch: int,
-            weights: dict[str, np.ndarray]) -> None:  # fmt: skip
-    """Sends requests over one keep-alive connection (reopened after an error) until the run is over."""
+def _check_health(status: int, body: bytes) -> tuple[str | None, bool]:
+    if status == 200 and body == _HEALTHY:
+        return None, False
+    return f"HTTP {status} from /healthz: {body[:200]!r}", False
+
+
+def _run_worker(worker: _Worker, connect: Callable[[], http.client.HTTPConnection], route: str,
+                deadline: float | None) -> None:  # fmt: skip
+    """Sends requests over one keep-alive connection (reopened after an error) until the worker's share of
+    the requests is sent or the deadline passed."""
     connection: http.client.HTTPConnection | None = None
-    while (index := run.take()) is not None:
-        x = make_request(seed, index, max_batch)
-        body = json.dumps({"inputs": x.tolist()}).encode()
-        t0 = time.perf_counter()
+    prepared, verified, latencies, n = worker.prepared, worker.verified, worker.latencies, len(worker.prepared)
+    predict = route == "predict"
+    headers = {"Content-Type": "application/json"}
+    clock = time.perf_counter
+    while True:
+        if worker.budget is not None and worker.sent >= worker.budget:
+            worker.stopped_by = STOPPED_BY_COUNT
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            worker.stopped_by = STOPPED_BY_TIME
+            break
+        k = worker.sent % n
+        t0 = clock()
         try:
             connection = connection or connect()
-            connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
+            if predict:
+                connection.request("POST", "/predict", prepared[k].body, headers)
+            else:
+                connection.request("GET", "/healthz")
             response = connection.getresponse()
             answer = response.read()
         except (OSError, http.client.HTTPException) as exc:
-            run.record(time.perf_counter() - t0, f"{type(exc).__name__}: {exc}")
+            latencies.append(clock() - t0)
+            worker.sent += 1
+            worker.error(f"{type(exc).__name__}: {exc}")
             if connection is not None:
                 connection.close()
             connection = None
             continue
-        latency = time.perf_counter() - t0
+        latencies.append(clock() - t0)
+        worker.sent += 1
         if response.will_close:
             connection.close()
             connection = None
-        try:
-            run.record(latency, *_check_answer(response.status, answer, reference_forward(weights, x)))
-        except Exception as exc:  # noqa: BLE001 - a taken request is always recorded
-            run.record(latency, f"answer not checkable ({type(exc).__name__}: {exc})")
+        if not predict:
+            error, wrong = _check_health(response.status, answer)
+        elif response.status == 200 and answer in verified[k]:
+            continue
+        else:
+            try:
+                error, wrong = _check_answer(response.status, answer, prepared[k].expected)
+            except Exception as exc:  # noqa: BLE001 - a sent request is always judged
+                error, wrong = f"answer not checkable ({type(exc).__name__}: {exc})", False
+            if error is None and len(verified[k]) < VERIFIED_KEPT:
+                verified[k].add(answer)
+        if error is not None:
+            worker.error(error, wrong)
     if connection is not None:
         connection.close()
 
@@ -249,48 +300,80 @@ def _worker(run: _Run, connect: Callable[[], http.client.HTTPConnection], seed: 
 def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, seconds: float | None = 60.0,
              seed: int = 0, max_batch: int = DEFAULT_MAX_BATCH, host: str = "127.0.0.1",
              progress: bool | None = None, weights_seed: int = DEFAULT_SEED,
-             unix_socket: str | None = None) -> LoadReport:  # fmt: skip
+             unix_socket: str | None = None, route: str = "predict", distinct: int = POOL) -> LoadReport:  # fmt: skip
     """Loads ``host:port`` (or the server on ``unix_socket``, if given) from ``threads`` threads until
     ``requests`` were sent or ``seconds`` passed.
 
     At least one of ``requests`` and ``seconds`` must be given. ``progress``:
     None or True reports on stderr, False not. ``weights_seed`` must match
-    the server's weights for answers to check out. Raises ValueError for a
-    non-loopback host or bad limits.
+    the server's weights for answers to check out. ``route``: "predict"
+    (the model, every answer checked against a float64 numpy reference) or
+    "healthz" (the trivial route: each answer must be 200 ``{"ok": true}``).
+    ``distinct``: how many distinct requests to make (at least one per thread).
+    Raises ValueError for a non-loopback host or bad limits.
     """
     connect = connector(host, port, unix_socket)
-    if threads < 1 or (requests is not None and requests < 1) or (seconds is not None and seconds <= 0):
-        raise ValueError(f"need threads >= 1, requests >= 1, seconds > 0; got {threads}, {requests}, {seconds}")
+    if threads < 1 or (requests is not None and requests < 1) or (seconds is not None and seconds <= 0) or distinct < 1:
+        raise ValueError(f"need threads >= 1, requests >= 1, seconds > 0, distinct >= 1; "
+                         f"got {threads}, {requests}, {seconds}, {distinct}")
     if requests is None and seconds is None:
         raise ValueError("give a request count, a time limit or both")
-    weights = make_weights(weights_seed)
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)}; got {route!r}")
+    weights64 = {k: v.astype(np.float64) for k, v in make_weights(weights_seed).items()}
+    pool = distinct if requests is None else min(distinct, requests)
+    workers = []
+    for i in range(threads):
+        share = None if requests is None else requests // threads + (i < requests % threads)
+        mine = range(i, max(pool, threads), threads) if route == "predict" else range(i, i + 1)
+        workers.append(_Worker(_prepare(seed, mine, max_batch, weights64) if route == "predict" else
+                               [_Prepared(i, b"", np.empty(0))], share))  # fmt: skip
     bar = _Progress(requests, progress is None or bool(progress))
+    done = threading.Event()
+
+    def report_progress() -> None:
+        while not done.wait(0.1):
+            bar.update(sum(w.sent for w in workers))
+
     t0 = time.monotonic()
-    run = _Run(requests, None if seconds is None else t0 + seconds, bar)
-    workers = [threading.Thread(target=_worker, args=(run, connect, seed, max_batch, weights), name=f"load-{i}")
-               for i in range(threads)]  # fmt: skip
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    deadline = None if seconds is None else t0 + seconds
+    died: list[str] = []
+
+    def body(worker: _Worker) -> None:
+        try:
+            _run_worker(worker, connect, route, deadline)
+        except BaseException as exc:  # a bug here: counted as an error, never a pass
+            died.append(f"a load thread died: {type(exc).__name__}: {exc}")
+            raise
+
+    threads_ = [threading.Thread(target=body, args=(w,), name=f"load-{i}") for i, w in enumerate(workers)]
+    reporter = threading.Thread(target=report_progress, name="load-progress", daemon=True)
+    for thread in threads_:
+        thread.start()
+    reporter.start()
+    for thread in threads_:
+        thread.join()
     elapsed = time.monotonic() - t0
-    lost = run.taken - len(run.latencies)  # taken by a worker that died (a bug here): an error, not a pass
-    if lost:
-        run.errors += lost
-        run.first_error = run.first_error or f"{lost} request(s) taken by a load thread that died"
-    bar.update(len(run.latencies), final=True)
+    done.set()
+    reporter.join()
+    sent = sum(w.sent for w in workers)
+    errors, wrong = sum(w.errors for w in workers) + len(died), sum(w.wrong for w in workers)
+    firsts = sorted(w.first_error for w in workers if w.first_error is not None)
+    first_error = died[0] if died else (firsts[0][1] if firsts else None)
+    stopped = {w.stopped_by for w in workers if w.stopped_by is not None}
+    bar.update(sent, final=True)
     try:
         status, stats = fetch_json(host, port, "/stats", unix_socket=unix_socket)
     except (OSError, http.client.HTTPException, ValueError):
         status, stats = None, None
-    ms = np.asarray(run.latencies) * 1e3
-    sent = len(ms)
+    ms = np.fromiter((t for w in workers for t in w.latencies), np.float64) * 1e3
     return LoadReport(
-        requests=sent, errors=run.errors, wrong=run.wrong, threads=threads, seconds=elapsed,
+        requests=sent, errors=errors, wrong=wrong, threads=threads, seconds=elapsed,
         rps=sent / elapsed if elapsed > 0 else 0.0,
         p50_ms=float(np.percentile(ms, 50)) if sent else 0.0, p99_ms=float(np.percentile(ms, 99)) if sent else 0.0,
-        max_ms=float(ms.max()) if sent else 0.0, first_error=run.first_error,
-        stopped_by=run.stopped_by or STOPPED_BY_COUNT, stats=stats if status == 200 else None,
+        max_ms=float(ms.max()) if sent else 0.0, first_error=first_error,
+        stopped_by=STOPPED_BY_TIME if STOPPED_BY_TIME in stopped else STOPPED_BY_COUNT,
+        stats=stats if status == 200 else None, route=route,
     )  # fmt: skip
 
 
@@ -299,6 +382,7 @@ def report_rows(report: LoadReport) -> list[tuple[str, str, str]]:
     server's /stats said after it. ``format_rows`` prints them under a header."""
     rows = [
         ("requests", str(report.requests), "sent, answered or not"),
+        ("route", f"/{report.route}", "POST /predict: the model; GET /healthz: the trivial route (the ceiling)"),
         ("load threads", str(report.threads), "client threads, one keep-alive connection each"),
         ("stopped by", report.stopped_by, "which limit ended the load (--requests or --seconds)"),
         ("load time", f"{report.seconds:.2f} s", "wall clock, first request to last answer"),
@@ -365,12 +449,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="time limit in seconds (default: 60)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random batches (default: 0)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch to send")
+    parser.add_argument("--route", choices=ROUTES, default="predict",
+                        help="predict (default): the model, every answer checked; healthz: the trivial route, "
+                             "for the client's and the server front's ceiling")  # fmt: skip
     args = parser.parse_args(argv)
     if args.unix_socket is not None and args.host is not None:
         parser.error("argument --host: not allowed with argument --unix-socket")
     try:
         report = run_load(args.port, args.threads, args.requests, args.seconds, args.seed, args.max_batch,
-                          args.host or "127.0.0.1", unix_socket=args.unix_socket)  # fmt: skip
+                          args.host or "127.0.0.1", unix_socket=args.unix_socket, route=args.route)  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))
     print(format_rows(report_rows(report)))

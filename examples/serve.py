@@ -47,7 +47,7 @@ import ftjit
 if __package__ in (None, ""):  # run as a script: make the ``examples`` package importable (as demo.py does)
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from examples.serve_metrics import BatchCollector, FtjitCollector  # noqa: E402
+from examples.serve_metrics import BatchCollector, FtjitCollector, RequestMetrics  # noqa: E402
 
 logger = logging.getLogger("serve")
 
@@ -279,8 +279,11 @@ class HTTPError(Exception):
 #: The endpoints and the methods each allows (HEAD: the GET's status and headers, no body).
 ROUTES = {"/predict": ("POST",), "/healthz": ("GET", "HEAD"), "/stats": ("GET", "HEAD"), "/metrics": ("GET", "HEAD")}
 JSON = "application/json"
+HEALTHY, UNHEALTHY = json.dumps({"ok": True}).encode(), json.dumps({"ok": False}).encode()  #: /healthz's answers
 #: Metric labels stay bounded: any other path is "other", any other method "OTHER".
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+#: "200 OK" and the like, made once (HTTPStatus(status) per request was a tenth of a /healthz request's time).
+STATUS_LINES = {int(status): f"{int(status)} {status.phrase}" for status in HTTPStatus}
 
 
 def parse_inputs(body: bytes, max_batch: int) -> np.ndarray:
@@ -318,30 +321,25 @@ class App:
             registry.register(FtjitCollector())
         if isinstance(model, BatchedModel):
             registry.register(BatchCollector(model))
-        self.requests = prometheus_client.Counter(
-            "http_requests", "Requests answered, by endpoint, method and status.", ["handler", "method", "code"],
-            registry=registry)  # fmt: skip
-        self.latency = prometheus_client.Histogram(
-            "http_request_duration_seconds", "Seconds from a request reaching the app to its answer, by endpoint.",
-            ["handler"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=registry)  # fmt: skip
-        self.in_progress = prometheus_client.Gauge(
-            "http_requests_in_progress", "Requests the app is answering now.", registry=registry)
+        self.metrics = RequestMetrics()  # no lock per request: see its docstring
+        registry.register(self.metrics)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO") or "/"
         t0 = time.perf_counter()
-        with self.in_progress.track_inprogress():
-            try:
-                (status, body, content_type), headers = self.route(method, path, environ), []
-            except HTTPError as exc:
-                status, body, content_type = exc.status, json.dumps({"error": str(exc)}).encode(), JSON
-                headers = exc.headers
-        handler = path if path in ROUTES else "other"
-        self.latency.labels(handler).observe(time.perf_counter() - t0)
-        self.requests.labels(handler, method if method in METHODS else "OTHER", str(status)).inc()
+        tally = self.metrics.started()
+        try:
+            (status, body, content_type), headers = self.route(method, path, environ), []
+        except HTTPError as exc:
+            status, body, content_type = exc.status, json.dumps({"error": str(exc)}).encode(), JSON
+            headers = exc.headers
+        except BaseException:  # not answered here (waitress answers 500): no longer in progress, not counted
+            self.metrics.abandoned(tally)
+            raise
+        self.metrics.finished(tally, path if path in ROUTES else "other", method if method in METHODS else "OTHER",
+                              str(status), time.perf_counter() - t0)  # fmt: skip
         headers = [*headers, ("Content-Type", content_type), ("Content-Length", str(len(body)))]
-        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
+        start_response(STATUS_LINES[status], headers)
         return [b"" if method == "HEAD" else body]
 
     def route(self, method: str, path: str, environ: dict[str, Any]) -> tuple[int, bytes, str]:
@@ -359,8 +357,11 @@ class App:
             # --no-bucket-warmup, in a request); else 503, naming the failed buckets.
             failed = dict(self.model.failed_buckets)
             ok = self.model.ready and not self.stopping and not failed
-            body = {"ok": ok} if not failed else {"ok": ok, "failed_buckets": {str(b): e for b, e in failed.items()}}
-            return (200 if ok else 503), json.dumps(body).encode(), JSON
+            if failed:
+                body = json.dumps({"ok": ok, "failed_buckets": {str(b): e for b, e in failed.items()}}).encode()
+            else:
+                body = HEALTHY if ok else UNHEALTHY
+            return (200 if ok else 503), body, JSON
         if path == "/stats":
             return 200, json.dumps(self.model.stats()).encode(), JSON
         return 200, prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
@@ -479,7 +480,7 @@ def serve(server: Any, listener: socket.socket, app: App, announce: str = "") ->
         if announce:
             print(announce, flush=True)
         server.run()
-    left = app.registry.get_sample_value("http_requests_in_progress")
+    left = app.metrics.in_progress()
     if left:
         logger.error("%d request(s) still in the app 5 s after the signal: their answers are lost", left)
         return 1

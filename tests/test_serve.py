@@ -60,6 +60,7 @@ if str(REPO) not in sys.path:  # ``examples`` is a package at the repository roo
 
 from examples import load, serve  # noqa: E402
 from examples.demo import ServerProcess  # noqa: E402
+from examples.serve_metrics import RequestMetrics  # noqa: E402
 
 def _server(*args, **options):
     """examples/serve.py in a child process (demo's ServerProcess) on the CPU backend, as every process a test
@@ -123,6 +124,80 @@ def test_load_refuses_non_loopback_hosts():
         load.run_load(80, host="192.0.2.1", requests=1)
     with pytest.raises(ValueError, match="non-loopback"):
         load.fetch_json("192.0.2.1", 80, "/stats")
+
+
+class _ScriptedServer:
+    """A loopback HTTP/1.1 server (keep-alive) for load.py's checks: /predict answers the float32 MLP, plus
+    ``offset`` for the requests numbered in ``wrong`` (counted from 0 in arrival order); /healthz answers ``health``."""
+
+    def __init__(self, wrong=(), offset=1.0, health=(200, b'{"ok": true}')):
+        import http.server
+
+        weights, lock, seen = serve.make_weights(), threading.Lock(), []
+        self.seen = seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self, status, body):
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._answer(*health)
+
+            def do_POST(self):
+                x = np.asarray(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["inputs"], np.float32)
+                with lock:
+                    number = len(seen)
+                    seen.append(number)
+                out = serve.forward(weights, x) + (offset if number in wrong else 0.0)
+                self._answer(200, json.dumps({"outputs": out.tolist()}).encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=30)
+
+
+@pytest.mark.thread_unsafe(reason="opens a server on a port")
+def test_load_checks_every_answer_also_a_wrong_one_after_right_answers_to_the_same_request():
+    require_tcp("load.py's checks")
+    # 2 threads, 40 requests, 4 distinct: each thread sends its 2 requests 10 times each. Answers 5 and 30 are
+    # wrong, after right answers to the same request: an answer verified before is no pass for different bytes.
+    # Answers 34 to 39 are wrong alike, each counted: a wrong answer is never kept as verified.
+    with _ScriptedServer(wrong={5, 30, *range(34, 40)}) as server:
+        report = load.run_load(server.port, threads=2, requests=40, seconds=None, seed=3, progress=False, distinct=4)
+    assert (report.requests, report.errors, report.wrong, report.route) == (40, 0, 8, "predict")
+    assert report.first_error.startswith("wrong answer: differs from the reference by up to 1")
+    with _ScriptedServer(wrong=range(10**6), offset=1e-3) as server:  # every answer off by 1e-3: all wrong
+        assert load.run_load(server.port, threads=3, requests=30, seconds=None, progress=False).wrong == 30
+
+
+@pytest.mark.thread_unsafe(reason="opens a server on a port")
+def test_load_on_the_trivial_route_checks_each_answer():
+    require_tcp("load.py's checks")
+    with _ScriptedServer() as server:
+        report = load.run_load(server.port, threads=3, requests=31, seconds=None, progress=False, route="healthz")
+        assert (report.requests, report.errors, report.wrong, report.route, server.seen) == (31, 0, 0, "healthz", [])
+    with _ScriptedServer(health=(503, b'{"ok": false}')) as server:
+        report = load.run_load(server.port, threads=2, requests=9, seconds=None, progress=False, route="healthz")
+    assert (report.requests, report.errors, report.first_error) == (9, 9, "HTTP 503 from /healthz: b'{\"ok\": false}'")
+    with pytest.raises(ValueError, match="route must be one of predict, healthz; got 'metrics'"):
+        load.run_load(server.port, requests=1, route="metrics")
 
 
 def test_concurrent_first_requests_compile_once():
@@ -234,6 +309,30 @@ def test_metrics_parse_and_carry_ftjit_series():
     assert families["http_requests_in_progress"].samples[0].value == 1  # the scrape itself
     _, _, body = _call(app, "GET", "/metrics")
     assert 'http_requests_total{code="200",handler="/metrics",method="GET"} 1.0\n' in body.decode()
+
+
+def test_request_metrics_add_up_every_threads_requests_exactly():
+    # 16 threads at once, 50 requests each, on their own tallies: a scrape's totals are exact, the histogram's
+    # buckets are cumulative and end at the count, and a request that raised leaves nothing in progress.
+    app = serve.App(serve.Model(max_batch=4))
+    run_threads(16, lambda i: [_call(app, "GET", "/healthz" if n % 2 else "/nowhere") for n in range(50)], timeout=120)
+    app.route = lambda *args: 1 / 0  # an unexpected error: waitress answers it, the app does not count it
+    with pytest.raises(ZeroDivisionError):
+        _call(app, "GET", "/healthz")
+    del app.route
+    _, _, body = _call(app, "GET", "/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    requests = {(s.labels["handler"], s.labels["code"]): s.value
+                for s in families["http_requests"].samples if s.name == "http_requests_total"}  # fmt: skip
+    assert requests == {("/healthz", "503"): 400, ("other", "404"): 400}  # 503: the model is not warmed up
+    samples = {(s.name, s.labels.get("le")): s.value for s in families["http_request_duration_seconds"].samples
+               if s.labels["handler"] == "/healthz"}  # fmt: skip
+    bounds = [*map(str, RequestMetrics.BUCKETS), "+Inf"]
+    cumulative = [samples[("http_request_duration_seconds_bucket", b)] for b in bounds]
+    assert cumulative == sorted(cumulative) and cumulative[-1] == samples[("http_request_duration_seconds_count", None)]
+    assert cumulative[-1] == 400 and samples[("http_request_duration_seconds_sum", None)] > 0
+    assert families["http_requests_in_progress"].samples[0].value == 1  # the scrape itself
+    assert app.metrics.in_progress() == 0
 
 
 def test_the_apps_own_errors_are_json():
@@ -449,12 +548,13 @@ def test_demo_script_passes_and_prints_the_report():
     assert re.fullmatch(r"-+  -+  -+", rule) and last_rule == rule
     rows = {name: (value, meaning) for name, value, meaning in (re.split(r"\s{2,}", line.strip()) for line in table)}
     assert list(rows) == [
-        "requests", "load threads", "stopped by", "load time", "throughput", "latency p50", "latency p99",
+        "requests", "route", "load threads", "stopped by", "load time", "throughput", "latency p50", "latency p99",
         "latency max", "errors", "wrong answers", "buckets", "compiles", "hits", "waits", "compile time",
         "server warm-up", "server GIL", "fresh warm-up, 1 worker", "fresh warm-up, 4 workers", "warm-up speed-up",
     ]  # fmt: skip
     values = {name: value for name, (value, _) in rows.items()}
-    assert (values["requests"], values["load threads"], values["stopped by"]) == ("50", "2", "request count")
+    assert (values["requests"], values["route"], values["load threads"], values["stopped by"]) == (
+        "50", "/predict", "2", "request count")
     assert (values["errors"], values["wrong answers"]) == ("0", "0")
     assert (values["buckets"], values["compiles"], values["hits"], values["waits"]) == ("4", "4", "50", "0")
     assert values["server GIL"] == ("disabled" if FREE_THREADED else "enabled")
@@ -1029,3 +1129,21 @@ def test_batch_needs_the_ftjit_jit(capsys):
         serve.main(["--batch", "--jit", "jax"])
     assert exit_.value.code == 2
     assert "--batch needs --jit ftjit: it is ftjit.batched" in capsys.readouterr().err
+
+
+@starts_servers
+@pytest.mark.timeout(300)
+def test_the_serving_breakdown_measures_each_layer_with_every_answer_checked():
+    # bench.serving's rows, briefly: each HTTP row's server answers load.py's checked requests (a row with an
+    # error or a wrong answer raises), and the in-process rows time the app and the model.
+    from bench import serving
+
+    rows = serving.http_rows(clients=2, seconds=0.3, batch=False)
+    assert [name for name, *_ in rows] == ["client ceiling (canned responder)", "front, bare app (waitress)",
+                                           "serve.py GET /healthz", "serve.py POST /predict, 1 example"]
+    assert all(rate > 0 and 0 < p50 <= p99 for _, rate, p50, p99 in rows)
+    inside = serving.process_rows(clients=2, seconds=0.2, batch=True)
+    assert [name for name, *_ in inside] == ["app GET /healthz, no HTTP", "app POST /predict, no HTTP",
+                                             "the model's call, ftjit.batched",
+                                             "the model's call, ftjit.batched, after a JSON parse"]
+    assert all(rate > 0 and us > 0 for _, rate, us, _ in inside)

@@ -1,0 +1,231 @@
+"""Where a served request's time goes: the load generator's ceiling, the HTTP front's, the app's, the model's.
+
+Run it as ``.venv/bin/python -m bench.serving [--clients 16] [--seconds 5] [--runs 3] [--batch]``. Each row
+is ``examples/load.py``'s generator (``run_load``, every answer checked) in this process against a server in
+a child process, on a unix socket where the platform has them, else on a loopback port:
+
+- ``client ceiling``: GET /healthz against a canned responder (raw sockets, one thread per connection,
+  the same bytes for every request): what the generator itself can send and check;
+- ``front, bare app``: waitress (serve.py's settings: as many threads as clients) running a WSGI app that
+  answers the same bytes: the front's ceiling;
+- ``serve.py /healthz``: the whole app on its trivial route (routing, metrics);
+- ``serve.py /predict``: one example per request (``--batch`` serves it through ``ftjit.batched``).
+
+Then, in this process, from ``--clients`` threads at once: the app's own CPU per request without HTTP (its
+WSGI callable, /healthz and /predict), and the model's call alone (what the library costs), in a tight loop and
+after parsing a request each time (on JAX's CPU backend, work between calls lets its executor thread sleep). Prints the medians
+of ``--runs`` runs, with the range, and the load average; ``--out PATH`` also writes the table there.
+docs/serving.md ("Where a request's time goes") quotes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from examples import load, serve
+from examples.demo import ServerProcess
+
+ANSWER = b'{"ok": true}'
+RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(ANSWER), ANSWER))  # fmt: skip
+
+
+def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(ANSWER)))])
+    return [ANSWER]
+
+
+def _canned(connection: socket.socket) -> None:
+    """Answers every request head (up to a blank line) on ``connection`` with RESPONSE, until it closes."""
+    buffer = b""
+    with connection:
+        while chunk := connection.recv(65536):
+            buffer += chunk
+            heads = buffer.count(b"\r\n\r\n")
+            if heads:
+                buffer = buffer[buffer.rindex(b"\r\n\r\n") + 4:]
+                connection.sendall(RESPONSE * heads)
+
+
+def _listen(unix_socket: str | None) -> socket.socket:
+    if unix_socket is not None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(unix_socket)
+    else:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    return listener
+
+
+def serve_trivial(kind: str, unix_socket: str | None, threads: int) -> None:
+    """A trivial row's server, in a child process: prints serve.py's "serving on" line, then serves until
+    stopped (SIGTERM ends the process)."""
+    listener = _listen(unix_socket)
+    shown = f"unix:{unix_socket}" if unix_socket else f"http://127.0.0.1:{listener.getsockname()[1]}"
+    if kind == "canned":
+        print(f"serving on {shown}", flush=True)
+        while True:
+            connection, _ = listener.accept()
+            threading.Thread(target=_canned, args=(connection,), daemon=True).start()
+    import waitress
+
+    server = waitress.create_server(bare_app, sockets=[listener], threads=threads, connection_limit=4096)
+    print(f"serving on {shown}", flush=True)
+    server.run()
+
+
+def _trivial(kind: str, unix_socket: str | None, threads: int) -> ServerProcess:
+    return ServerProcess("--threads", str(threads), unix_socket=unix_socket,
+                         command=[sys.executable, "-m", "bench.serving", "--child", kind])  # fmt: skip
+
+
+def _unix_path() -> str | None:
+    if not hasattr(socket, "AF_UNIX"):
+        return None
+    return os.path.join(tempfile.mkdtemp(prefix="ftjit-bench-"), "s.sock")
+
+
+def http_rows(clients: int, seconds: float, batch: bool) -> list[tuple[str, float, float, float]]:
+    """(row, req/s, p50 ms, p99 ms) of each HTTP row, one run."""
+    rows = []
+    extra = ["--batch", "--max-batch", str(max(clients, 2))] if batch else []
+    for name, start, route in (
+        ("client ceiling (canned responder)", lambda path: _trivial("canned", path, clients), "healthz"),
+        ("front, bare app (waitress)", lambda path: _trivial("bare", path, clients), "healthz"),
+        ("serve.py GET /healthz", lambda path: ServerProcess("--threads", str(clients), *extra, unix_socket=path),
+         "healthz"),
+        ("serve.py POST /predict, 1 example" + (" (--batch)" if batch else ""),
+         lambda path: ServerProcess("--threads", str(clients), *extra, unix_socket=path), "predict"),
+    ):  # fmt: skip
+        path = _unix_path()
+        server = start(path)
+        try:
+            report = load.run_load(server.port, threads=clients, requests=None, seconds=seconds, progress=False,
+                                   unix_socket=path, route=route, max_batch=1)  # fmt: skip
+        finally:
+            server.stop()
+        if report.errors or report.wrong or not report.requests:
+            raise RuntimeError(f"{name}: {report.errors} errors, {report.wrong} wrong: {report.first_error}")
+        rows.append((name, report.rps, report.p50_ms, report.p99_ms))
+    return rows
+
+
+def _rate(threads: int, seconds: float, call: Callable[[], Any]) -> float:
+    """Calls per second of ``call`` from ``threads`` threads at once (started on a barrier) for ``seconds``."""
+    barrier, counts = threading.Barrier(threads + 1), [0] * threads
+    stop = threading.Event()
+
+    def work(i: int) -> None:
+        barrier.wait()
+        n = 0
+        while not stop.is_set():
+            for _ in range(16):
+                call()
+            n += 16
+        counts[i] = n
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def process_rows(clients: int, seconds: float, batch: bool) -> list[tuple[str, float, float, float]]:
+    """(row, calls/s, µs per call in one thread, nan) of the in-process rows, one run."""
+    model = (serve.BatchedModel if batch else serve.Model)(max_batch=max(clients, 2))
+    model.warm()
+    app = serve.App(model)
+    x = load.make_request(0, 0, 1)
+    body = json.dumps({"inputs": x.tolist()}).encode()
+
+    def healthz() -> None:
+        app({"REQUEST_METHOD": "GET", "PATH_INFO": "/healthz", "wsgi.input": io.BytesIO()}, lambda s, h: None)
+
+    def predict() -> None:
+        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/predict", "wsgi.input": io.BytesIO(body),
+                   "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json"}  # fmt: skip
+        app(environ, lambda s, h: None)
+
+    rows = []
+    kind = "ftjit.batched" if batch else "ftjit.jit"
+    for name, call in (("app GET /healthz, no HTTP", healthz), ("app POST /predict, no HTTP", predict),
+                       (f"the model's call, {kind}", lambda: model.predict(x)),
+                       (f"the model's call, {kind}, after a JSON parse",
+                        lambda: model.predict(serve.parse_inputs(body, model.max_batch)))):
+        one = _rate(1, seconds / 2, call)
+        rows.append((name, _rate(clients, seconds, call), 1e6 / one, float("nan")))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16, help="load threads, server threads (default: 16)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds a row (default: 5)")
+    parser.add_argument("--runs", type=int, default=3, help="runs of every row; medians printed (default: 3)")
+    parser.add_argument("--batch", action="store_true", help="serve.py --batch (ftjit.batched) for /predict")
+    parser.add_argument("--out", metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--child", choices=("canned", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--unix-socket", help=argparse.SUPPRESS)
+    parser.add_argument("--port", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=16, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        serve_trivial(args.child, args.unix_socket, args.threads)
+        return 0
+    if args.clients < 1 or args.seconds <= 0 or args.runs < 1:
+        parser.error("need --clients >= 1, --seconds > 0, --runs >= 1")
+    runs: dict[str, list[tuple[float, float, float]]] = {}
+    for run in range(args.runs):
+        print(f"bench.serving: run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
+        for name, *figures in [*http_rows(args.clients, args.seconds, args.batch),
+                               *process_rows(args.clients, args.seconds, args.batch)]:  # fmt: skip
+            runs.setdefault(name, []).append(tuple(figures))  # type: ignore[arg-type]
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    lines = [
+        f"# bench.serving: {args.clients} clients (and server threads), {args.seconds:g} s a row, median of "
+        f"{args.runs} run(s) [range]",
+        f"# {platform.python_implementation()} {platform.python_version()}"
+        f"{' free-threaded' if sysconfig.get_config_var('Py_GIL_DISABLED') else ''}, GIL {'on' if gil else 'off'}, "
+        f"{os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end",
+        f"{'row':48s} {'per second':>22s} {'p50 ms':>7s} {'p99 ms':>7s}   (in-process rows: µs a call, 1 thread)",
+    ]  # fmt: skip
+    for name, figures in runs.items():
+        rates = [f[0] for f in figures]
+        rate = f"{statistics.median(rates):,.0f} [{min(rates):,.0f}-{max(rates):,.0f}]"
+        if np.isnan(figures[0][2]):
+            lines.append(f"{name:48s} {rate:>22s} {statistics.median(f[1] for f in figures):>10.1f} µs")
+        else:
+            p50, p99 = (statistics.median(f[i] for f in figures) for i in (1, 2))
+            lines.append(f"{name:48s} {rate:>22s} {p50:7.2f} {p99:7.2f}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
