@@ -6,8 +6,8 @@ a child process, on a unix socket where the platform has them, else on a loopbac
 
 - ``client ceiling``: GET /healthz against a canned responder (raw sockets, one thread per connection,
   the same bytes for every request): what the generator itself can send and check;
-- ``front, bare app``: waitress (serve.py's settings: as many threads as clients) running a WSGI app that
-  answers the same bytes: the front's ceiling;
+- ``front, bare app``: serve.py's waitress front (``serve.make_server``: its settings, as many threads as
+  clients) around a WSGI app that answers the same bytes: the front's ceiling;
 - ``serve.py /healthz``: the whole app on its trivial route (routing, metrics);
 - ``serve.py /predict``: one example per request (``--batch`` serves it through ``ftjit.batched``).
 
@@ -73,21 +73,34 @@ def _listen(unix_socket: str | None) -> socket.socket:
     return listener
 
 
+class _BareApp:
+    """A WSGI app answering ANSWER, with what serve.make_server reads of serve.App."""
+
+    max_body_bytes = 1024
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        return bare_app(environ, start_response)
+
+
 def serve_trivial(kind: str, unix_socket: str | None, threads: int) -> None:
     """A trivial row's server, in a child process: prints serve.py's "serving on" line, then serves until
-    stopped (SIGTERM ends the process)."""
-    listener = _listen(unix_socket)
-    shown = f"unix:{unix_socket}" if unix_socket else f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stopped (SIGTERM ends the process). "bare" is serve.py's own front (serve.make_server: the same waitress
+    settings) around a bare app; "canned" answers on raw sockets."""
     if kind == "canned":
-        print(f"serving on {shown}", flush=True)
-        while True:
-            connection, _ = listener.accept()
-            threading.Thread(target=_canned, args=(connection,), daemon=True).start()
-    import waitress
-
-    server = waitress.create_server(bare_app, sockets=[listener], threads=threads, connection_limit=4096)
+        listener = _listen(unix_socket)
+        run: Callable[[], None] = lambda: _accept_canned(listener)  # noqa: E731
+    else:
+        server, listener = serve.make_server(_BareApp(), threads=threads, unix_socket=unix_socket)  # type: ignore[arg-type]
+        run = server.run
+    shown = f"unix:{unix_socket}" if unix_socket else f"http://127.0.0.1:{listener.getsockname()[1]}"
     print(f"serving on {shown}", flush=True)
-    server.run()
+    run()
+
+
+def _accept_canned(listener: socket.socket) -> None:
+    while True:
+        connection, _ = listener.accept()
+        threading.Thread(target=_canned, args=(connection,), daemon=True).start()
 
 
 def _trivial(kind: str, unix_socket: str | None, threads: int) -> ServerProcess:
@@ -95,14 +108,9 @@ def _trivial(kind: str, unix_socket: str | None, threads: int) -> ServerProcess:
                          command=[sys.executable, "-m", "bench.serving", "--child", kind])  # fmt: skip
 
 
-def _unix_path() -> str | None:
-    if not hasattr(socket, "AF_UNIX"):
-        return None
-    return os.path.join(tempfile.mkdtemp(prefix="ftjit-bench-"), "s.sock")
-
-
 def http_rows(clients: int, seconds: float, batch: bool) -> list[tuple[str, float, float, float]]:
-    """(row, req/s, p50 ms, p99 ms) of each HTTP row, one run."""
+    """(row, req/s, p50 ms, p99 ms) of each HTTP row, one run. Raises RuntimeError for a row with an error or
+    a wrong answer."""
     rows = []
     extra = ["--batch", "--max-batch", str(max(clients, 2))] if batch else []
     for name, start, route in (
@@ -113,13 +121,14 @@ def http_rows(clients: int, seconds: float, batch: bool) -> list[tuple[str, floa
         ("serve.py POST /predict, 1 example" + (" (--batch)" if batch else ""),
          lambda path: ServerProcess("--threads", str(clients), *extra, unix_socket=path), "predict"),
     ):  # fmt: skip
-        path = _unix_path()
-        server = start(path)
-        try:
-            report = load.run_load(server.port, threads=clients, requests=None, seconds=seconds, progress=False,
-                                   unix_socket=path, route=route, max_batch=1)  # fmt: skip
-        finally:
-            server.stop()
+        with tempfile.TemporaryDirectory(prefix="ftjit-bench-") as folder:
+            path = os.path.join(folder, "s.sock") if hasattr(socket, "AF_UNIX") else None
+            server = start(path)  # stops its child itself if it raises
+            try:
+                report = load.run_load(server.port, threads=clients, requests=None, seconds=seconds, progress=False,
+                                       unix_socket=path, route=route, max_batch=1)  # fmt: skip
+            finally:
+                server.stop()
         if report.errors or report.wrong or not report.requests:
             raise RuntimeError(f"{name}: {report.errors} errors, {report.wrong} wrong: {report.first_error}")
         rows.append((name, report.rps, report.p50_ms, report.p99_ms))
@@ -128,16 +137,20 @@ def http_rows(clients: int, seconds: float, batch: bool) -> list[tuple[str, floa
 
 def _rate(threads: int, seconds: float, call: Callable[[], Any]) -> float:
     """Calls per second of ``call`` from ``threads`` threads at once (started on a barrier) for ``seconds``."""
-    barrier, counts = threading.Barrier(threads + 1), [0] * threads
+    barrier, counts, errors = threading.Barrier(threads + 1), [0] * threads, []
     stop = threading.Event()
 
     def work(i: int) -> None:
         barrier.wait()
         n = 0
-        while not stop.is_set():
-            for _ in range(16):
-                call()
-            n += 16
+        try:
+            while not stop.is_set():
+                for _ in range(16):
+                    call()
+                n += 16
+        except BaseException as exc:  # a failed call makes no figure: re-raised below
+            errors.append(exc)
+            stop.set()
         counts[i] = n
 
     workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
@@ -149,6 +162,8 @@ def _rate(threads: int, seconds: float, call: Callable[[], Any]) -> float:
     stop.set()
     for worker in workers:
         worker.join()
+    if errors:
+        raise errors[0]
     return sum(counts) / (time.perf_counter() - t0)
 
 
@@ -160,13 +175,17 @@ def process_rows(clients: int, seconds: float, batch: bool) -> list[tuple[str, f
     x = load.make_request(0, 0, 1)
     body = json.dumps({"inputs": x.tolist()}).encode()
 
+    def answered(status: str, headers: Any) -> None:
+        if status != "200 OK":
+            raise RuntimeError(f"the app answered {status}: a row times only right answers")
+
     def healthz() -> None:
-        app({"REQUEST_METHOD": "GET", "PATH_INFO": "/healthz", "wsgi.input": io.BytesIO()}, lambda s, h: None)
+        app({"REQUEST_METHOD": "GET", "PATH_INFO": "/healthz", "wsgi.input": io.BytesIO()}, answered)
 
     def predict() -> None:
         environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/predict", "wsgi.input": io.BytesIO(body),
                    "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json"}  # fmt: skip
-        app(environ, lambda s, h: None)
+        app(environ, answered)
 
     rows = []
     kind = "ftjit.batched" if batch else "ftjit.jit"

@@ -68,11 +68,14 @@ class ServerProcess:
         command = [sys.executable, SERVE] if command is None else list(command)
         self.proc = subprocess.Popen([*command, *where, *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        self._reader = threading.Thread(target=self._read, name="serve-output", daemon=True)
-        self._reader.start()
-        if not self._listening.wait(timeout) or not self.listening:
+        try:
+            self._reader = threading.Thread(target=self._read, name="serve-output", daemon=True)
+            self._reader.start()
+            if not self._listening.wait(timeout) or not self.listening:
+                raise RuntimeError(f"{name} did not start listening; its output:\n{self.output}")
+        except BaseException:  # that, or Ctrl-C while it starts: no server is left behind
             self.stop(signal.SIGKILL)
-            raise RuntimeError(f"{name} did not start listening; its output:\n{self.output}")
+            raise
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

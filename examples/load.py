@@ -168,9 +168,12 @@ class _Progress:
             self.stream.flush()
 
 
-#: Distinct requests made before the clock starts (or as many as the run sends, if fewer); request ``i`` is
-#: ``make_request(seed, i % POOL, ...)``. Each is sent by one thread only, which keeps the answers it verified.
+#: Distinct requests made before the clock starts (``run_load(distinct=...)``; as many as the run sends, if fewer):
+#: ``make_request(seed, i, ...)`` for i < POOL, dealt round-robin to the threads. Each thread sends its own in turn
+#: and keeps the answers it verified.
 POOL = 1024
+#: Requests a thread claims from the run's budget at a time (one lock acquisition per claim, not per request).
+CLAIM = 16
 #: Right answers kept per request, at most (distinct bytes: one per program that answered it, in practice).
 VERIFIED_KEPT = 8
 #: ``--route``: what each request asks for. healthz is the trivial route: the client's and the front's ceiling.
@@ -195,6 +198,24 @@ def _prepare(seed: int, indices: Sequence[int], max_batch: int, weights64: dict[
     return out
 
 
+class _Budget:
+    """The run's request count, claimed by the threads CLAIM at a time: the threads that are free keep sending
+    until it is spent, as when they took requests one by one, at a lock acquisition per CLAIM requests."""
+
+    def __init__(self, requests: int | None):
+        self._lock = threading.Lock()
+        self._left = requests  # guarded by _lock; None: no count limit
+
+    def claim(self) -> int | None:
+        """How many requests the caller may send next (0: the count is spent; None: no count limit)."""
+        with self._lock:
+            if self._left is None:
+                return None
+            granted = min(CLAIM, self._left)
+            self._left -= granted
+            return granted
+
+
 class _Worker:
     """One load thread's own state: nothing in it is shared while the load runs, so the hot loop takes no lock.
 
@@ -202,14 +223,13 @@ class _Worker:
     the same request (the usual case: a bucket's program answers a request alike each time), else in full
     (parsed and compared with the reference), and then kept as verified."""
 
-    def __init__(self, prepared: list[_Prepared], budget: int | None):
-        self.prepared, self.budget = prepared, budget
+    def __init__(self, prepared: list[_Prepared]):
+        self.prepared = prepared
         self.verified: list[set[bytes]] = [set() for _ in prepared]
         self.latencies: list[float] = []
         self.sent = 0  #: read by the progress thread (an int attribute: each read sees a whole value)
         self.errors = self.wrong = 0
         self.first_error: tuple[float, str] | None = None  # (when, what)
-        self.stopped_by: str | None = None
 
     def error(self, what: str, wrong: bool = False) -> None:
         if wrong:
@@ -241,22 +261,25 @@ def _check_health(status: int, body: bytes) -> tuple[str | None, bool]:
     return f"HTTP {status} from /healthz: {body[:200]!r}", False
 
 
-def _run_worker(worker: _Worker, connect: Callable[[], http.client.HTTPConnection], route: str,
+def _run_worker(worker: _Worker, budget: _Budget, connect: Callable[[], http.client.HTTPConnection], route: str,
                 deadline: float | None) -> None:  # fmt: skip
-    """Sends requests over one keep-alive connection (reopened after an error) until the worker's share of
-    the requests is sent or the deadline passed."""
+    """Sends requests over one keep-alive connection (reopened after an error) until the run's count is spent
+    or the deadline passed."""
     connection: http.client.HTTPConnection | None = None
     prepared, verified, latencies, n = worker.prepared, worker.verified, worker.latencies, len(worker.prepared)
     predict = route == "predict"
     headers = {"Content-Type": "application/json"}
     clock = time.perf_counter
+    claimed: int | None = 0
     while True:
-        if worker.budget is not None and worker.sent >= worker.budget:
-            worker.stopped_by = STOPPED_BY_COUNT
-            break
         if deadline is not None and time.monotonic() >= deadline:
-            worker.stopped_by = STOPPED_BY_TIME
             break
+        if claimed == 0:
+            claimed = budget.claim()
+            if claimed == 0:
+                break
+        if claimed is not None:
+            claimed -= 1
         k = worker.sent % n
         t0 = clock()
         try:
@@ -324,10 +347,11 @@ def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, se
     pool = distinct if requests is None else min(distinct, requests)
     workers = []
     for i in range(threads):
-        share = None if requests is None else requests // threads + (i < requests % threads)
-        mine = range(i, max(pool, threads), threads) if route == "predict" else range(i, i + 1)
-        workers.append(_Worker(_prepare(seed, mine, max_batch, weights64) if route == "predict" else
-                               [_Prepared(i, b"", np.empty(0))], share))  # fmt: skip
+        if route == "predict":
+            workers.append(_Worker(_prepare(seed, range(i, max(pool, threads), threads), max_batch, weights64)))
+        else:
+            workers.append(_Worker([_Prepared(i, b"", np.empty(0))]))
+    budget = _Budget(requests)
     bar = _Progress(requests, progress is None or bool(progress))
     done = threading.Event()
 
@@ -341,7 +365,7 @@ def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, se
 
     def body(worker: _Worker) -> None:
         try:
-            _run_worker(worker, connect, route, deadline)
+            _run_worker(worker, budget, connect, route, deadline)
         except BaseException as exc:  # a bug here: counted as an error, never a pass
             died.append(f"a load thread died: {type(exc).__name__}: {exc}")
             raise
@@ -360,7 +384,6 @@ def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, se
     errors, wrong = sum(w.errors for w in workers) + len(died), sum(w.wrong for w in workers)
     firsts = sorted(w.first_error for w in workers if w.first_error is not None)
     first_error = died[0] if died else (firsts[0][1] if firsts else None)
-    stopped = {w.stopped_by for w in workers if w.stopped_by is not None}
     bar.update(sent, final=True)
     try:
         status, stats = fetch_json(host, port, "/stats", unix_socket=unix_socket)
@@ -372,7 +395,8 @@ def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, se
         rps=sent / elapsed if elapsed > 0 else 0.0,
         p50_ms=float(np.percentile(ms, 50)) if sent else 0.0, p99_ms=float(np.percentile(ms, 99)) if sent else 0.0,
         max_ms=float(ms.max()) if sent else 0.0, first_error=first_error,
-        stopped_by=STOPPED_BY_TIME if STOPPED_BY_TIME in stopped else STOPPED_BY_COUNT,
+        # The count, if all of it was sent; else the time limit (or a thread that died: an error already).
+        stopped_by=STOPPED_BY_COUNT if requests is not None and sent == requests else STOPPED_BY_TIME,
         stats=stats if status == 200 else None, route=route,
     )  # fmt: skip
 

@@ -333,8 +333,9 @@ class App:
         except HTTPError as exc:
             status, body, content_type = exc.status, json.dumps({"error": str(exc)}).encode(), JSON
             headers = exc.headers
-        except BaseException:  # not answered here (waitress answers 500): no longer in progress, not counted
-            self.metrics.abandoned(tally)
+        except BaseException:  # a bug: waitress answers 500 (and logs the traceback), counted as such here
+            self.metrics.finished(tally, path if path in ROUTES else "other", method if method in METHODS else "OTHER",
+                                  "500", time.perf_counter() - t0)  # fmt: skip
             raise
         self.metrics.finished(tally, path if path in ROUTES else "other", method if method in METHODS else "OTHER",
                               str(status), time.perf_counter() - t0)  # fmt: skip

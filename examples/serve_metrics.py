@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 import ftjit
 
@@ -33,6 +34,9 @@ class RequestMetrics(Collector):
     one per thread the server ever ran, a fixed number under waitress."""
 
     BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+    #: The ``le`` labels, written as prometheus_client's own Histogram writes them ("1.0", not "1"): a query on
+    #: the labels it wrote before still matches.
+    BOUNDS = (*map(floatToGoString, BUCKETS), "+Inf")
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -43,9 +47,10 @@ class RequestMetrics(Collector):
         """Counts a request in progress in this thread's tally (returned, for ``finished``)."""
         tally = getattr(self._local, "tally", None)
         if tally is None:
-            tally = self._local.tally = _Tally()
-            with self._lock:
+            tally = _Tally()
+            with self._lock:  # summed from now on, before this thread counts anything in it
                 self._tallies.append(tally)
+            self._local.tally = tally
         tally.in_progress += 1
         return tally
 
@@ -57,10 +62,6 @@ class RequestMetrics(Collector):
             hist = tally.durations[handler] = [0.0] * (len(self.BUCKETS) + 2)
         hist[bisect.bisect_left(self.BUCKETS, seconds)] += 1
         hist[-1] += seconds
-        tally.in_progress -= 1
-
-    def abandoned(self, tally: _Tally) -> None:
-        """A request that ``started`` and raised: no longer in progress, and not counted."""
         tally.in_progress -= 1
 
     def in_progress(self) -> int:
@@ -89,7 +90,7 @@ class RequestMetrics(Collector):
             labels=["handler"])  # fmt: skip
         for handler, hist in sorted(durations.items()):
             cumulative, running = [], 0.0
-            for bound, n in zip((*map(str, self.BUCKETS), "+Inf"), hist[:-1]):
+            for bound, n in zip(self.BOUNDS, hist[:-1]):
                 running += n
                 cumulative.append((bound, running))
             latency.add_metric([handler], cumulative, sum_value=hist[-1])

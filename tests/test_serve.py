@@ -60,7 +60,6 @@ if str(REPO) not in sys.path:  # ``examples`` is a package at the repository roo
 
 from examples import load, serve  # noqa: E402
 from examples.demo import ServerProcess  # noqa: E402
-from examples.serve_metrics import RequestMetrics  # noqa: E402
 
 def _server(*args, **options):
     """examples/serve.py in a child process (demo's ServerProcess) on the CPU backend, as every process a test
@@ -185,6 +184,22 @@ def test_load_checks_every_answer_also_a_wrong_one_after_right_answers_to_the_sa
     assert report.first_error.startswith("wrong answer: differs from the reference by up to 1")
     with _ScriptedServer(wrong=range(10**6), offset=1e-3) as server:  # every answer off by 1e-3: all wrong
         assert load.run_load(server.port, threads=3, requests=30, seconds=None, progress=False).wrong == 30
+
+
+def test_load_threads_claim_the_request_count_exactly_between_them():
+    # 8 threads at once claim until the count is spent: the claims add up to it exactly, none over CLAIM, and a
+    # count-free run grants without limit.
+    budget = load._Budget(1000)
+
+    def claims(_):
+        got = []
+        while granted := budget.claim():
+            got.append(granted)
+        return got
+
+    got = [n for per_thread in run_threads(8, claims) for n in per_thread]
+    assert sum(got) == 1000 and max(got) == load.CLAIM and budget.claim() == 0
+    assert load._Budget(None).claim() is None
 
 
 @pytest.mark.thread_unsafe(reason="opens a server on a port")
@@ -316,7 +331,7 @@ def test_request_metrics_add_up_every_threads_requests_exactly():
     # buckets are cumulative and end at the count, and a request that raised leaves nothing in progress.
     app = serve.App(serve.Model(max_batch=4))
     run_threads(16, lambda i: [_call(app, "GET", "/healthz" if n % 2 else "/nowhere") for n in range(50)], timeout=120)
-    app.route = lambda *args: 1 / 0  # an unexpected error: waitress answers it, the app does not count it
+    app.route = lambda *args: 1 / 0  # an unexpected error: waitress answers it 500, and the app counts a 500
     with pytest.raises(ZeroDivisionError):
         _call(app, "GET", "/healthz")
     del app.route
@@ -324,13 +339,14 @@ def test_request_metrics_add_up_every_threads_requests_exactly():
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     requests = {(s.labels["handler"], s.labels["code"]): s.value
                 for s in families["http_requests"].samples if s.name == "http_requests_total"}  # fmt: skip
-    assert requests == {("/healthz", "503"): 400, ("other", "404"): 400}  # 503: the model is not warmed up
+    assert requests == {("/healthz", "503"): 400, ("other", "404"): 400, ("/healthz", "500"): 1}  # 503: not warmed
     samples = {(s.name, s.labels.get("le")): s.value for s in families["http_request_duration_seconds"].samples
                if s.labels["handler"] == "/healthz"}  # fmt: skip
-    bounds = [*map(str, RequestMetrics.BUCKETS), "+Inf"]
+    bounds = ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0",
+              "+Inf"]  # as prometheus_client's Histogram writes them
     cumulative = [samples[("http_request_duration_seconds_bucket", b)] for b in bounds]
     assert cumulative == sorted(cumulative) and cumulative[-1] == samples[("http_request_duration_seconds_count", None)]
-    assert cumulative[-1] == 400 and samples[("http_request_duration_seconds_sum", None)] > 0
+    assert cumulative[-1] == 401 and samples[("http_request_duration_seconds_sum", None)] > 0
     assert families["http_requests_in_progress"].samples[0].value == 1  # the scrape itself
     assert app.metrics.in_progress() == 0
 

@@ -169,6 +169,8 @@ class Churn:
         if size > SHARED_CAPACITY + self.nthreads and len(self.size_violations) < 3:
             self.size_violations.append(
                 f"shared cache.size() == {size} mid-run > capacity {SHARED_CAPACITY} + {self.nthreads} compiling")
+        if self.pool.done >= self.pool.total:  # the run's work is done: a sample now is not of the run
+            return
         snap = memory.snapshot()
         snap["backlog"] = len(self.alive)  # dropped, not yet freed: mostly cycles awaiting the collector
         self.snapshots.append((self.pool.done, snap))
