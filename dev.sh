@@ -40,7 +40,8 @@ setup() {
     "$PY" -m venv "$VENV"
   fi
   # jax >= 0.10.2 as pyproject requires (the editable install uses --no-deps, so it is checked here).
-  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, chex, waitress, prometheus_client, numpy, jax
+  if ! "$VPY" -c "import nanobind, scikit_build_core, pytest, xdist, pytest_timeout, pytest_run_parallel, mypy, chex, waitress, prometheus_client, numpy, jax, sys
+assert sys.version_info < (3, 13) or __import__('granian')
 v = tuple(int(p) for p in jax.__version__.split('.')[:3])
 assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     log "installing build and test dependencies into $VENV_SHOWN (first run: ~200 MB of wheels, jaxlib alone 85 MB; about a minute on a fast connection)"
@@ -52,10 +53,10 @@ assert v >= (0, 10, 2), jax.__version__" 2>/dev/null; then
     "$VPY" -m pip install -q --only-binary=:all: "scikit-build-core>=0.10" "nanobind>=2.2" ninja cmake \
       "numpy>=1.26" "jax>=0.10.2" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3" "pytest-run-parallel>=0.4" "mypy>=1.10" \
       chex \
-      "waitress>=3.0.2,<4" "prometheus_client>=0.20"
+      "waitress>=3.0.2,<4" "prometheus_client>=0.20" "granian>=2.7.9,<2.9; python_version >= '3.13'"
     # chex: tests/test_jax_fixes.py, what chex (a JAX user's test tool) sees of a jitted function.
-    # waitress and prometheus_client (both pure Python, py3-none-any wheels): the serve extra, which
-    # examples/serve.py (the demo) and tests/test_serve.py need.
+    # waitress, prometheus_client and granian (3.13+; binary-only takes 2.7.9, the last with cp313t wheels):
+    # the serve extra, which examples/serve.py (the demo) and tests/test_serve.py need.
   fi
 }
 

@@ -1,15 +1,17 @@
 """Where a served request's time goes: the load generator's ceiling, the HTTP front's, the app's, the model's.
 
-Run it as ``.venv/bin/python -m bench.serving [--clients 16] [--seconds 5] [--runs 3] [--batch]``. Each row
+Run it as ``.venv/bin/python -m bench.serving [--clients 16] [--seconds 5] [--runs 3] [--batch] [--front F]``. Each row
 is ``examples/load.py``'s generator (``run_load``, every answer checked) in this process against a server in
 a child process, on a unix socket where the platform has them, else on a loopback port:
 
 - ``client ceiling``: GET /healthz against a canned responder (raw sockets, one thread per connection,
   the same bytes for every request): what the generator itself can send and check;
-- ``front, bare app``: serve.py's waitress front (``serve.make_server``: its settings, as many threads as
-  clients) around a WSGI app that answers the same bytes: the front's ceiling;
+- ``front, bare app``: serve.py's front (``--front``, default serve.py's: granian's ``serve.GranianFront`` or
+  waitress's ``serve.make_server``, with their settings and as many threads as clients) around a WSGI app that
+  answers the same bytes: the front's ceiling;
 - ``serve.py /healthz``: the whole app on its trivial route (routing, metrics);
-- ``serve.py /predict``: one example per request (``--batch`` serves it through ``ftjit.batched``).
+- ``serve.py /predict``: one example per request (``--batch`` serves it through ``ftjit.batched``); both
+  ``serve.py`` rows on that front.
 
 Then, in this process, from ``--clients`` threads at once: the app's own CPU per request without HTTP (its
 WSGI callable, /healthz and /predict), and the model's call alone (what the library costs), in a tight loop and
@@ -39,6 +41,7 @@ import numpy as np
 
 from examples import load, serve
 from examples.demo import ServerProcess
+from examples.serve_metrics import RequestMetrics
 
 ANSWER = b'{"ok": true}'
 RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -76,7 +79,7 @@ def _listen(unix_socket: str | None) -> socket.socket:
 class _BareApp:
     """A WSGI app answering ANSWER, with what serve.make_server reads of serve.App."""
 
-    max_body_bytes = 1024
+    max_body_bytes, stopping, metrics = 1024, False, RequestMetrics()  # what the fronts read of serve.App
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         return bare_app(environ, start_response)
@@ -84,8 +87,12 @@ class _BareApp:
 
 def serve_trivial(kind: str, unix_socket: str | None, threads: int) -> None:
     """A trivial row's server, in a child process: prints serve.py's "serving on" line, then serves until
-    stopped (SIGTERM ends the process). "bare" is serve.py's own front (serve.make_server: the same waitress
-    settings) around a bare app; "canned" answers on raw sockets."""
+    stopped (SIGTERM ends the process). "bare" and "bare-granian" are serve.py's own fronts (serve.make_server,
+    serve.GranianFront: the same settings) around a bare app; "canned" answers on raw sockets."""
+    if kind == "bare-granian":
+        front = serve.GranianFront(_BareApp(), threads=threads, unix_socket=unix_socket)  # type: ignore[arg-type]
+        serve.serve_granian(front, announce=lambda where: f"serving on {where}")
+        return
     if kind == "canned":
         listener = _listen(unix_socket)
         run: Callable[[], None] = lambda: _accept_canned(listener)  # noqa: E731
@@ -108,14 +115,17 @@ def _trivial(kind: str, unix_socket: str | None, threads: int) -> ServerProcess:
                          command=[sys.executable, "-m", "bench.serving", "--child", kind])  # fmt: skip
 
 
-def http_rows(clients: int, seconds: float, batch: bool) -> list[tuple[str, float, float, float]]:
-    """(row, req/s, p50 ms, p99 ms) of each HTTP row, one run. Raises RuntimeError for a row with an error or
-    a wrong answer."""
+def http_rows(clients: int, seconds: float, batch: bool,
+              front: str | None = None) -> list[tuple[str, float, float, float]]:  # fmt: skip
+    """(row, req/s, p50 ms, p99 ms) of each HTTP row, one run, on ``front`` (None: serve.py's default). Raises
+    RuntimeError for a row with an error or a wrong answer."""
     rows = []
-    extra = ["--batch", "--max-batch", str(max(clients, 2))] if batch else []
+    front = front or serve.default_front()
+    extra = ["--front", front, *(["--batch", "--max-batch", str(max(clients, 2))] if batch else [])]
+    bare = "bare-granian" if front == "granian" else "bare"
     for name, start, route in (
         ("client ceiling (canned responder)", lambda path: _trivial("canned", path, clients), "healthz"),
-        ("front, bare app (waitress)", lambda path: _trivial("bare", path, clients), "healthz"),
+        (f"front, bare app ({front})", lambda path: _trivial(bare, path, clients), "healthz"),
         ("serve.py GET /healthz", lambda path: ServerProcess("--threads", str(clients), *extra, unix_socket=path),
          "healthz"),
         ("serve.py POST /predict, 1 example" + (" (--batch)" if batch else ""),
@@ -204,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds a row (default: 5)")
     parser.add_argument("--runs", type=int, default=3, help="runs of every row; medians printed (default: 3)")
     parser.add_argument("--batch", action="store_true", help="serve.py --batch (ftjit.batched) for /predict")
+    parser.add_argument("--front", choices=serve.FRONTS,
+                        help="serve.py's front for the HTTP rows (default: serve.py's default here)")
     parser.add_argument("--out", metavar="PATH", help="also write the table to PATH")
-    parser.add_argument("--child", choices=("canned", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("canned", "bare", "bare-granian"), help=argparse.SUPPRESS)
     parser.add_argument("--unix-socket", help=argparse.SUPPRESS)
     parser.add_argument("--port", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=16, help=argparse.SUPPRESS)
@@ -215,12 +227,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.clients < 1 or args.seconds <= 0 or args.runs < 1:
         parser.error("need --clients >= 1, --seconds > 0, --runs >= 1")
+    front = args.front or serve.default_front()
+    if front == "granian" and (why := serve.granian_unavailable()):
+        parser.error(why)
     runs: dict[str, list[tuple[float, float, float]]] = {}
-    for run in range(args.runs):
-        print(f"bench.serving: run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
-        for name, *figures in [*http_rows(args.clients, args.seconds, args.batch),
-                               *process_rows(args.clients, args.seconds, args.batch)]:  # fmt: skip
-            runs.setdefault(name, []).append(tuple(figures))  # type: ignore[arg-type]
+    # Every run's HTTP rows first: the in-process rows start JAX's backend in this process, and an accelerator
+    # such as a TPU serves one process at a time, so no server child could start after them.
+    for rows in (lambda *a: http_rows(*a, front=front), process_rows):
+        for run in range(args.runs):
+            kind = "in-process" if rows is process_rows else "HTTP"
+            print(f"bench.serving: {kind} rows, run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
+            for name, *figures in rows(args.clients, args.seconds, args.batch):
+                runs.setdefault(name, []).append(tuple(figures))  # type: ignore[arg-type]
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     lines = [
         f"# bench.serving: {args.clients} clients (and server threads), {args.seconds:g} s a row, median of "

@@ -1,7 +1,8 @@
 """The end-to-end demo: run examples/serve.py, load it, check every answer, print one report.
 
-Starts ``examples/serve.py`` (waitress) in a child process on a free
-loopback port (it compiles every batch bucket before it listens), loads it
+Starts ``examples/serve.py`` (its default front: granian where the GIL is
+off, else waitress) in a child process on a free loopback port (it
+compiles every batch bucket before it listens), loads it
 from this process with ``examples/load.py``, stops it with SIGTERM (it must
 exit 0), then times the warm-up of fresh copies of the MLP with one worker
 and with ``--warmup-workers`` (XLA compiles release the GIL, so the threads
@@ -179,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"done in {time.monotonic() - t0:.1f} s")
 
     workers, n_buckets = args.warmup_workers, len(batch_buckets(args.max_batch))
+    front = re.search(r"^front: (\w+)$", server.output, re.M)
     print()
     print(format_rows(report_rows(report) + [
+        ("HTTP front", front.group(1) if front else "?", "serve.py's default here: granian where the GIL is off, "
+         "else waitress"),
         ("fresh warm-up, 1 worker", f"{loop_seconds:.3f} s",
          f"wall clock, the {n_buckets} buckets of a fresh model copy, one at a time"),
         (f"fresh warm-up, {workers} worker{'s' * (workers > 1)}", f"{parallel_seconds:.3f} s",

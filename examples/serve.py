@@ -1,20 +1,22 @@
-"""A JSON inference server for a small JAX MLP: ftjit.jit in a threaded WSGI app, served by waitress.
+"""A JSON inference server for a small JAX MLP: ftjit.jit in a threaded WSGI app, served by granian or waitress.
 
-waitress's worker threads all call one jitted function at once. The ftjit parts are marked ``# ftjit:``:
-jit once with a recompile guard (``Model``), compile every batch bucket before the port opens
-(``Model.warm``, ``main``), pad batches to their bucket so that traffic only meets compiled signatures,
-answer the guard's ``RecompileLimitError`` with a JSON error (``App.predict``), report ``ftjit.stats()``
-on ``/stats`` and ``/metrics``, and keep the compiled signatures in a file for the next start (``save_specs``).
-HTTP is waitress's, metrics are prometheus_client's (``ftjit[serve]``). ``--jit jax`` serves the same model,
-buckets and padding through ``jax.jit`` instead (``JaxModel``), for comparison; ``--unix-socket PATH`` listens
-on a unix socket instead of TCP (for a machine where no internet socket, not even loopback, may be opened).
+The front's threads all call one jitted function at once: granian's (HTTP in Rust; its free-threaded mode
+runs the app in threads of this process) where the GIL is off, else waitress's (``--front``; docs/serving.md,
+"Fronts"). The ftjit parts are marked ``# ftjit:``: jit once with a recompile guard (``Model``), compile
+every batch bucket before the port opens (``Model.warm``, ``main``), pad batches to their bucket so that
+traffic only meets compiled signatures, answer the guard's ``RecompileLimitError`` with a JSON error
+(``App.predict``), report ``ftjit.stats()`` on ``/stats`` and ``/metrics``, and keep the compiled signatures
+in a file for the next start (``save_specs``). HTTP is granian's or waitress's, metrics are
+prometheus_client's (``ftjit[serve]``). ``--jit jax`` serves the same model, buckets and padding through
+``jax.jit`` instead (``JaxModel``), for comparison; ``--unix-socket PATH`` listens on a unix socket instead
+of TCP (for a machine where no internet socket, not even loopback, may be opened).
 
 ``--batch`` merges concurrent requests that carry one example each into one call of the model over a batch
 (``ftjit.batched``: ``BatchedModel``), with a histogram of batch sizes on ``/metrics``.
 
-Run it as ``.venv/bin/python examples/serve.py --port 8000 [--threads 8] [--max-batch 32] [--batch] [--warmup-workers 4]
-[--specs FILE] [--compile-cache DIR] [--jit ftjit|jax]`` (or ``--unix-socket PATH`` instead of ``--port``);
-SIGTERM or SIGINT stops it. docs/serving.md is its manual.
+Run it as ``.venv/bin/python examples/serve.py --port 8000 [--front granian|waitress] [--threads 8]
+[--max-batch 32] [--batch] [--warmup-workers 4] [--specs FILE] [--compile-cache DIR] [--jit ftjit|jax]``
+(or ``--unix-socket PATH`` instead of ``--port``); SIGTERM or SIGINT stops it. docs/serving.md is its manual.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import logging
 import math
 import os
+import pathlib
 import signal
 import socket
 import stat
@@ -314,7 +317,7 @@ class App:
     def __init__(self, model: Model):
         self.model = model
         self.stopping = False  # set by serve() on SIGTERM or SIGINT: /healthz answers 503 from then on
-        #: The largest /predict body (a full batch of long decimal numbers, with room): waitress refuses more.
+        #: The largest /predict body (a full batch of long decimal numbers, with room): more is answered 413.
         self.max_body_bytes = 1024 + model.max_batch * N_INPUTS * 32
         self.registry = registry = prometheus_client.CollectorRegistry()
         if model.jit == "ftjit":  # under --jit jax no ftjit function lives: no ftjit series at all
@@ -371,7 +374,13 @@ class App:
         content_type = environ.get("CONTENT_TYPE", "")
         if content_type.split(";", 1)[0].strip().lower() != JSON:
             raise HTTPError(415, f"Content-Type must be {JSON}, got {content_type or 'none'}")
-        x = parse_inputs(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)), self.model.max_batch)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            raise HTTPError(400, "Content-Length must be a number of bytes") from None
+        if length > self.max_body_bytes:  # waitress refuses it before the app; granian leaves it to the app
+            raise HTTPError(413, f"the body's {length} bytes exceed {self.max_body_bytes}")
+        x = parse_inputs(environ["wsgi.input"].read(length), self.model.max_batch)
         try:
             outputs = self.model.predict(x)
         except ftjit.RecompileLimitError as exc:  # ftjit: the guard refused to compile a signature in a request
@@ -382,12 +391,9 @@ class App:
         return json.dumps({"outputs": outputs.tolist()}).encode()
 
 
-def listen_unix(path: str) -> socket.socket:
-    """A unix socket listening at ``path``, mode 0600 (this user only, like waitress's ``unix_socket`` setting,
-    which is not used: the socket is ours, handed to waitress like the TCP one, so that the stop can close it).
-
-    A socket file there that nothing listens on (left by a server that was killed) is removed first; one that a
-    server answers on, or a file of another kind, is left alone, and the OSError says why the start fails."""
+def remove_stale_socket(path: str) -> None:
+    """Removes a socket file at ``path`` that nothing listens on (left by a server that was killed). One that a
+    server answers on, or a file of another kind, is left alone: an OSError says why the start fails."""
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(path).st_mode):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
@@ -397,6 +403,13 @@ def listen_unix(path: str) -> socket.socket:
                     os.unlink(path)
                 else:
                     raise OSError(errno.EADDRINUSE, f"a server is listening on {path}")
+
+
+def listen_unix(path: str) -> socket.socket:
+    """A unix socket listening at ``path``, mode 0600 (this user only, like waitress's ``unix_socket`` setting,
+    which is not used: the socket is ours, handed to waitress like the TCP one, so that the stop can close it).
+    A stale socket file there is replaced (``remove_stale_socket``)."""
+    remove_stale_socket(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)
@@ -415,7 +428,10 @@ def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int =
     ``host:port``, or the unix socket file ``unix_socket`` if given (``listen_unix``)."""
     listener = listen_unix(unix_socket) if unix_socket else socket.create_server((host, port), backlog=BACKLOG)
     server = waitress.create_server(
-        app, sockets=[listener], threads=threads, connection_limit=connection_limit, channel_timeout=channel_timeout,
+        # waitress counts its own listener and trigger pipe against connection_limit: --connection-limit 2 accepted
+        # no connection at all. So the two are added here, and connection_limit connections are accepted.
+        app, sockets=[listener], threads=threads, connection_limit=connection_limit + 2,
+        channel_timeout=channel_timeout,
         cleanup_interval=cleanup_interval(channel_timeout),  # else idle connections are closed every 30 s only
         backlog=BACKLOG,
         max_request_header_size=MAX_HEADER_BYTES,  # more gets waitress's own 431
@@ -489,6 +505,185 @@ def serve(server: Any, listener: socket.socket, app: App, announce: str = "") ->
     return 0
 
 
+#: serve.py's HTTP fronts: granian (HTTP in Rust; its free-threaded mode runs the app in threads of this process)
+#: and waitress (pure Python). docs/serving.md, "Fronts", compares them.
+FRONTS = ("granian", "waitress")
+#: Seconds the stop waits for the requests in flight (waitress's own bound; granian's is serve.py's watchdog).
+STOP_SECONDS = 5.0
+
+
+def granian_unavailable() -> str | None:
+    """Why granian cannot be serve.py's front in this process, or None if it can."""
+    if gil_enabled():
+        # On a GIL build granian's workers are processes: the app, its warm-up, the stop and the specs would live
+        # in a child, apart from this process's. serve.py keeps one process: waitress serves GIL builds.
+        return ("--front granian needs a free-threaded Python with the GIL off (there granian's workers are "
+                "threads of this process); this one has the GIL on: use --front waitress")
+    try:
+        import granian.server  # noqa: F401
+    except ImportError:
+        return "--front granian needs granian: pip install 'ftjit[serve]' (or granian>=2.7.9)"
+    return None
+
+
+def default_front() -> str:
+    """granian where it can serve (``granian_unavailable``), else waitress."""
+    return "granian" if granian_unavailable() is None else "waitress"
+
+
+class GranianFront:
+    """granian serving ``app`` from this process: one worker, a thread of this process (granian's free-threaded
+    mode, which it calls experimental), whose ``threads`` blocking threads call the app at once; HTTP/1.1 is
+    parsed in Rust, not in Python. serve.py's settings map onto granian's:
+
+    - ``connection_limit``: granian's backpressure, which holds one permit per open connection (idle keep-alive
+      ones included): past it, a new connection waits in the backlog until one closes;
+    - ``channel_timeout``: its HTTP/1 header read timeout, which closes a connection that sends no complete
+      request head for that long, idle keep-alive ones and slow senders alike;
+    - MAX_HEADER_BYTES: its read buffer, which bounds a request's head loosely (measured: a head of 24,000 bytes
+      was answered, one of 32,768 got granian's own 431); the body's bound is the app's (``App.predict``: 413
+      from the Content-Length, before reading);
+    - a unix socket is made mode 0600, after ``remove_stale_socket``.
+
+    ``run`` serves until SIGTERM or SIGINT (``serve_granian``)."""
+
+    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 0, threads: int = THREADS,
+                 unix_socket: str | None = None, connection_limit: int = CONNECTION_LIMIT,
+                 channel_timeout: float = CHANNEL_TIMEOUT):  # fmt: skip
+        from granian.constants import HTTPModes, Interfaces
+        from granian.http import HTTP1Settings
+        from granian.log import LogLevels
+        from granian.server import MTServer
+
+        if unix_socket:
+            remove_stale_socket(unix_socket)
+        elif port:  # granian's own bind fails with a RuntimeError and a Rust backtrace: an OSError, said plainly
+            socket.create_server((host, port)).close()
+        self.app, self.unix_socket, self.host, self.port = app, unix_socket, host, port
+        self.server = MTServer(
+            "examples.serve:App",  # a name only: run() hands granian this app, nothing is imported
+            address=host, port=port, uds=pathlib.Path(unix_socket) if unix_socket else None, uds_permissions=0o600,
+            interface=Interfaces.WSGI, http=HTTPModes.http1, websockets=False, workers=1,
+            blocking_threads=threads, blocking_threads_idle_timeout=600, backlog=BACKLOG,
+            backpressure=connection_limit,
+            http1_settings=HTTP1Settings(header_read_timeout=int(channel_timeout * 1000),
+                                         max_buffer_size=MAX_HEADER_BYTES),
+            log_level=LogLevels.warning)  # fmt: skip
+
+    def listening(self) -> bool:
+        """Whether granian's socket accepts connections yet. granian binds it before its worker starts, but the
+        worker calls listen(): until then a client is refused."""
+        fd = getattr(self.server, "_sfd", None)  # the listener granian made (a private name: probe if gone)
+        if fd is not None:
+            with socket.socket(fileno=os.dup(fd)) as listener:
+                return bool(listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+        if self.unix_socket:
+            family, address = socket.AF_UNIX, self.unix_socket
+        else:
+            family, address = socket.AF_INET6 if ":" in self.host else socket.AF_INET, (self.host, self.port)
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            return probe.connect_ex(address) == 0
+
+    def where(self) -> str:
+        """Where it listens, once listening: ``unix:PATH`` or ``http://HOST:PORT`` (the port a port 0 got)."""
+        if self.unix_socket:
+            return f"unix:{self.unix_socket}"
+        port = self.port
+        fd = getattr(self.server, "_sfd", None)  # the listener granian made (a private name: fall back if gone)
+        if port == 0 and fd is not None:
+            with socket.socket(fileno=os.dup(fd)) as listener:
+                port = listener.getsockname()[1]
+        return f"http://{self.host}:{port}"
+
+
+def _collect_granians_loop() -> None:
+    """Collects the asyncio loop that granian's stopped worker leaves behind, without its known complaint.
+
+    granian 2.7 does not close its worker thread's loop, and the loop's self-pipe is closed under it: its
+    ``__del__`` then raises ValueError ("Invalid file descriptor: -1"), printed as "Exception ignored" with a
+    traceback at whatever collection finds it. It is collected here, where that one error is expected; any
+    other goes to the usual hook."""
+    import gc
+
+    usual = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not (isinstance(unraisable.exc_value, ValueError) and "Invalid file descriptor" in str(unraisable.exc_value)
+                and "BaseEventLoop.__del__" in repr(unraisable.object)):  # fmt: skip
+            usual(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = usual
+
+
+def serve_granian(front: GranianFront, announce: Callable[[str], str] | None = None,
+                  on_stuck: Callable[[], Any] = lambda: None) -> int:
+    """Runs ``front`` in this (the main) thread until SIGTERM or SIGINT; returns the exit code. Once it listens
+    (accepts connections) and the signals are handled, ``announce(front.where())`` is printed, if given.
+
+    The signal makes /healthz answer 503; granian then stops accepting (new connections are refused), answers
+    the requests in flight, closes idle connections and returns: 0, once every request left the app. A second
+    signal is ignored. If requests are still in the app STOP_SECONDS after the signal (a call that never ends),
+    it says so, calls ``on_stuck`` (the specs' write) and ends the process with exit code 1: granian's worker
+    thread cannot be stopped from outside, and waiting for it would hang the stop."""
+    app, server = front.app, front.server
+    stopped = threading.Event()
+
+    def watchdog() -> None:
+        if not stopped.wait(STOP_SECONDS):
+            logger.error("%d request(s) still in the app %g s after the signal: their answers are lost",
+                         app.metrics.in_progress(), STOP_SECONDS)  # fmt: skip
+            on_stuck()
+            logging.shutdown()
+            os._exit(1)
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        app.stopping = True
+        logger.info("%s: stopping; answering the requests being served", signal.Signals(signum).name)
+        threading.Thread(target=watchdog, name="serve-stop-watchdog", daemon=True).start()
+        server.signal_handler_interrupt()
+
+    def announce_when_listening() -> None:
+        deadline = time.monotonic() + 120
+        while not front.listening():
+            if stopped.is_set() or time.monotonic() > deadline:
+                return
+            time.sleep(0.002)
+        if announce:
+            print(announce(front.where()), flush=True)
+
+    def started() -> None:  # granian's startup hook: its socket is bound, its own handlers are set
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        # Its worker starts after this hook, and listens then: the announce waits for that, in a thread.
+        threading.Thread(target=announce_when_listening, name="serve-announce", daemon=True).start()
+
+    server.on_startup(started)
+    try:
+        server.serve(target_loader=lambda *args: app, wrap_loader=False)
+    except RuntimeError as exc:  # granian's socket errors ("... (os error 98)"), with a backtrace after a line
+        if "(os error" not in str(exc):
+            raise
+        raise OSError(str(exc).splitlines()[0]) from None
+    except SystemExit as exc:  # granian's own exit: its worker died
+        logger.error("granian stopped: its worker exited (exit code %s)", exc.code)
+        return 1
+    finally:
+        stopped.set()
+        _collect_granians_loop()
+    left = app.metrics.in_progress()
+    if left:  # granian returned with requests still in the app (it should not)
+        logger.error("%d request(s) still in the app after granian stopped: their answers are lost", left)
+        return 1
+    print("server stopped", flush=True)
+    return 0
+
+
 def save_specs(path: str, model: Model) -> bool:
     """Writes the signatures ``model`` compiled to ``path``, as the specs of ``--specs``; False if it cannot.
     Atomically (a temporary file, then a rename): a crash leaves the old file, concurrent writes one whole file."""
@@ -544,8 +739,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unix-socket", metavar="PATH", help="listen on a unix socket at PATH instead of TCP")
     parser.add_argument("--jit", choices=("ftjit", "jax"), default="ftjit",
                         help="serve through ftjit.jit, or jax.jit to compare with (default: ftjit)")  # fmt: skip
+    parser.add_argument("--front", choices=FRONTS,
+                        help="the HTTP server: granian (HTTP in Rust; needs the GIL off) or waitress (pure Python); "
+                             "default: granian where it can serve, else waitress")  # fmt: skip
     parser.add_argument("--threads", type=bounded(int, 1, 1024), default=THREADS,
-                        help=f"waitress's worker threads, 1 to 1024 (default: {THREADS})")  # fmt: skip
+                        help=f"threads that run the app at once, 1 to 1024 (default: {THREADS})")  # fmt: skip
     parser.add_argument("--batch", action="store_true",
                         help="merge concurrent requests of one example each into one call (ftjit.batched)")
     parser.add_argument("--batch-wait", type=bounded(float, 0, 1), default=0.001, metavar="SECONDS",
@@ -563,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
                              "minutes")  # fmt: skip
     parser.add_argument("--compile-cache", metavar="DIR", help="JAX's persistent compilation cache, kept in DIR")
     parser.add_argument("--connection-limit", type=bounded(int, 1, 100_000), default=CONNECTION_LIMIT,
-                        help=f"open connections waitress keeps, idle ones included (default: {CONNECTION_LIMIT})")
+                        help=f"open connections kept, idle ones included (default: {CONNECTION_LIMIT})")
     parser.add_argument("--channel-timeout", type=bounded(float, 1, 3600), default=CHANNEL_TIMEOUT,
                         help=f"seconds an idle connection is kept open (default: {CHANNEL_TIMEOUT:g})")
     args = parser.parse_args(argv)
@@ -573,6 +771,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--specs needs --jit ftjit: a specs file holds ftjit's signatures")
     if args.specs_every is not None and args.specs is None:
         parser.error("--specs-every needs --specs FILE: the file to write")
+    front = args.front or default_front()
+    if front == "granian" and (why := granian_unavailable()):
+        parser.error(why)
     too_few_files = fit_open_files(args.connection_limit)
     if too_few_files:
         parser.error(too_few_files)
@@ -594,18 +795,27 @@ def main(argv: list[str] | None = None) -> int:
     if not model.ready:
         return 1
     app = App(model)
-    try:
-        server, listener = make_server(app, host, port, args.threads, args.unix_socket, args.connection_limit,
-                                       args.channel_timeout)
-    except OSError as exc:
-        print(f"serve.py: cannot listen on {args.unix_socket or f'{host}:{port}'}: {exc}", file=sys.stderr)
-        return 1
+    print(f"front: {front}", flush=True)
     stop = threading.Event()
     if args.specs and args.specs_every:
         threading.Thread(target=save_specs_every, args=(args.specs, model, args.specs_every, stop), daemon=True).start()
-    where = f"unix:{args.unix_socket}" if args.unix_socket else f"http://{host}:{listener.getsockname()[1]}"
-    code = serve(server, listener, app, announce=f"serving on {where}")
-    stop.set()  # no periodic write after the last one
+    try:
+        if front == "granian":
+            code = serve_granian(
+                GranianFront(app, host, port, args.threads, args.unix_socket, args.connection_limit,
+                             args.channel_timeout),
+                announce=lambda where: f"serving on {where}",
+                on_stuck=lambda: args.specs and save_specs(args.specs, model))  # fmt: skip
+        else:
+            server, listener = make_server(app, host, port, args.threads, args.unix_socket, args.connection_limit,
+                                           args.channel_timeout)  # fmt: skip
+            where = f"unix:{args.unix_socket}" if args.unix_socket else f"http://{host}:{listener.getsockname()[1]}"
+            code = serve(server, listener, app, announce=f"serving on {where}")
+    except OSError as exc:
+        print(f"serve.py: cannot listen on {args.unix_socket or f'{host}:{port}'}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop.set()  # no periodic write after the last one
     return code if not args.specs or save_specs(args.specs, model) else 1
 
 
