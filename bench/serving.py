@@ -1,6 +1,7 @@
 """Where a served request's time goes: the load generator's ceiling, the HTTP front's, the app's, the model's.
 
-Run it as ``.venv/bin/python -m bench.serving [--clients 16] [--seconds 5] [--runs 3] [--batch] [--front F]``. Each row
+Run it as ``.venv/bin/python -m bench.serving [--clients 16] [--seconds 5] [--runs 3] [--batch] [--front F]
+[--load-processes N]``. Each row
 is ``examples/load.py``'s generator (``run_load``, every answer checked) in this process against a server in
 a child process, on a unix socket where the platform has them, else on a loopback port:
 
@@ -115,10 +116,10 @@ def _trivial(kind: str, unix_socket: str | None, threads: int) -> ServerProcess:
                          command=[sys.executable, "-m", "bench.serving", "--child", kind])  # fmt: skip
 
 
-def http_rows(clients: int, seconds: float, batch: bool,
-              front: str | None = None) -> list[tuple[str, float, float, float]]:  # fmt: skip
-    """(row, req/s, p50 ms, p99 ms) of each HTTP row, one run, on ``front`` (None: serve.py's default). Raises
-    RuntimeError for a row with an error or a wrong answer."""
+def http_rows(clients: int, seconds: float, batch: bool, front: str | None = None,
+              processes: int = 1) -> list[tuple[str, float, float, float]]:  # fmt: skip
+    """(row, req/s, p50 ms, p99 ms) of each HTTP row, one run, on ``front`` (None: serve.py's default), the load's
+    threads split across ``processes``. Raises RuntimeError for a row with an error or a wrong answer."""
     rows = []
     front = front or serve.default_front()
     extra = ["--front", front, *(["--batch", "--max-batch", str(max(clients, 2))] if batch else [])]
@@ -136,7 +137,7 @@ def http_rows(clients: int, seconds: float, batch: bool,
             server = start(path)  # stops its child itself if it raises
             try:
                 report = load.run_load(server.port, threads=clients, requests=None, seconds=seconds, progress=False,
-                                       unix_socket=path, route=route, max_batch=1)  # fmt: skip
+                                       unix_socket=path, route=route, max_batch=1, processes=processes)  # fmt: skip
             finally:
                 server.stop()
         if report.errors or report.wrong or not report.requests:
@@ -214,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds a row (default: 5)")
     parser.add_argument("--runs", type=int, default=3, help="runs of every row; medians printed (default: 3)")
     parser.add_argument("--batch", action="store_true", help="serve.py --batch (ftjit.batched) for /predict")
+    parser.add_argument("--load-processes", type=int, default=1, metavar="N",
+                        help="split the load's threads across N processes (load.py --processes; default: 1)")
     parser.add_argument("--front", choices=serve.FRONTS,
                         help="serve.py's front for the HTTP rows (default: serve.py's default here)")
     parser.add_argument("--out", metavar="PATH", help="also write the table to PATH")
@@ -225,15 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         serve_trivial(args.child, args.unix_socket, args.threads)
         return 0
-    if args.clients < 1 or args.seconds <= 0 or args.runs < 1:
-        parser.error("need --clients >= 1, --seconds > 0, --runs >= 1")
+    if args.clients < 1 or args.seconds <= 0 or args.runs < 1 or not 1 <= args.load_processes <= args.clients:
+        parser.error("need --clients >= 1, --seconds > 0, --runs >= 1, 1 <= --load-processes <= --clients")
     front = args.front or serve.default_front()
     if front == "granian" and (why := serve.granian_unavailable()):
         parser.error(why)
     runs: dict[str, list[tuple[float, float, float]]] = {}
     # Every run's HTTP rows first: the in-process rows start JAX's backend in this process, and an accelerator
     # such as a TPU serves one process at a time, so no server child could start after them.
-    for rows in (lambda *a: http_rows(*a, front=front), process_rows):
+    for rows in (lambda *a: http_rows(*a, front=front, processes=args.load_processes), process_rows):
         for run in range(args.runs):
             kind = "in-process" if rows is process_rows else "HTTP"
             print(f"bench.serving: {kind} rows, run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
@@ -241,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault(name, []).append(tuple(figures))  # type: ignore[arg-type]
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     lines = [
-        f"# bench.serving: {args.clients} clients (and server threads), {args.seconds:g} s a row, median of "
-        f"{args.runs} run(s) [range]",
+        f"# bench.serving: {args.clients} clients (and server threads), load in {args.load_processes} process(es), "
+        f"{args.seconds:g} s a row, median of {args.runs} run(s) [range]; the front: {front}",
         f"# {platform.python_implementation()} {platform.python_version()}"
         f"{' free-threaded' if sysconfig.get_config_var('Py_GIL_DISABLED') else ''}, GIL {'on' if gil else 'off'}, "
         f"{os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end",

@@ -64,6 +64,7 @@ class LoadReport:
     stopped_by: str  #: which limit ended the run: STOPPED_BY_COUNT or STOPPED_BY_TIME
     stats: dict[str, Any] | None  #: the server's /stats after the run, None if it did not answer
     route: str = "predict"  #: what each request asked for: "predict" or "healthz" (ROUTES)
+    processes: int = 1  #: processes the threads were split across
 
     @property
     def compiles(self) -> int | None:
@@ -151,6 +152,12 @@ class _Progress:
         self._lock = threading.Lock()  # guards _last and the drawing
         self._t0 = time.monotonic()
         self._last = 0.0 if self.tty else self._t0  # off a terminal, the first line comes one interval in
+
+    def start(self) -> None:
+        """The load starts now: its time counts from here (making requests, or processes, came before)."""
+        with self._lock:
+            self._t0 = time.monotonic()
+            self._last = 0.0 if self.tty else self._t0
 
     def update(self, done: int, final: bool = False) -> None:
         if not self.enabled:
@@ -320,54 +327,42 @@ def _run_worker(worker: _Worker, budget: _Budget, connect: Callable[[], http.cli
         connection.close()
 
 
-def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, seconds: float | None = 60.0,
-             seed: int = 0, max_batch: int = DEFAULT_MAX_BATCH, host: str = "127.0.0.1",
-             progress: bool | None = None, weights_seed: int = DEFAULT_SEED,
-             unix_socket: str | None = None, route: str = "predict", distinct: int = POOL) -> LoadReport:  # fmt: skip
-    """Loads ``host:port`` (or the server on ``unix_socket``, if given) from ``threads`` threads until
-    ``requests`` were sent or ``seconds`` passed.
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """What one process's load threads did (``_run_part``): ``run_load`` adds the parts up."""
 
-    At least one of ``requests`` and ``seconds`` must be given. ``progress``:
-    None or True reports on stderr, False not. ``weights_seed`` must match
-    the server's weights for answers to check out. ``route``: "predict"
-    (the model, every answer checked against a float64 numpy reference) or
-    "healthz" (the trivial route: each answer must be 200 ``{"ok": true}``).
-    ``distinct``: how many distinct requests to make (at least one per thread).
-    Raises ValueError for a non-loopback host or bad limits.
-    """
-    connect = connector(host, port, unix_socket)
-    if threads < 1 or (requests is not None and requests < 1) or (seconds is not None and seconds <= 0) or distinct < 1:
-        raise ValueError(f"need threads >= 1, requests >= 1, seconds > 0, distinct >= 1; "
-                         f"got {threads}, {requests}, {seconds}, {distinct}")
-    if requests is None and seconds is None:
-        raise ValueError("give a request count, a time limit or both")
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {', '.join(ROUTES)}; got {route!r}")
+    sent: int
+    errors: int
+    wrong: int
+    first_error: tuple[float, str] | None  #: (when, on the system's monotonic clock; what)
+    latencies: np.ndarray  #: seconds, one per request sent
+
+
+def _make_workers(thread_ids: Sequence[int], threads: int, pool: int, seed: int, max_batch: int, weights_seed: int,
+                  route: str) -> list[_Worker]:  # fmt: skip
+    """The workers of the load threads ``thread_ids`` of ``threads`` in all: request i of the pool goes to thread
+    i % threads, whichever process runs it, so that a run's requests do not depend on how it is split."""
+    if route != "predict":
+        return [_Worker([_Prepared(i, b"", np.empty(0))]) for i in thread_ids]
     weights64 = {k: v.astype(np.float64) for k, v in make_weights(weights_seed).items()}
-    pool = distinct if requests is None else min(distinct, requests)
-    workers = []
-    for i in range(threads):
-        if route == "predict":
-            workers.append(_Worker(_prepare(seed, range(i, max(pool, threads), threads), max_batch, weights64)))
-        else:
-            workers.append(_Worker([_Prepared(i, b"", np.empty(0))]))
-    budget = _Budget(requests)
-    bar = _Progress(requests, progress is None or bool(progress))
-    done = threading.Event()
+    return [_Worker(_prepare(seed, range(i, max(pool, threads), threads), max_batch, weights64)) for i in thread_ids]
+
+
+def _run_part(workers: list[_Worker], budget: _Budget, connect: Callable[[], http.client.HTTPConnection], route: str,
+              deadline: float | None, on_progress: Callable[[int], None]) -> _Part:  # fmt: skip
+    """Runs ``workers`` in a thread each until the budget is spent or the deadline passed; ``on_progress`` gets
+    the requests sent so far every 0.1 s, from another thread."""
+    done, died = threading.Event(), []
 
     def report_progress() -> None:
         while not done.wait(0.1):
-            bar.update(sum(w.sent for w in workers))
-
-    t0 = time.monotonic()
-    deadline = None if seconds is None else t0 + seconds
-    died: list[str] = []
+            on_progress(sum(w.sent for w in workers))
 
     def body(worker: _Worker) -> None:
         try:
             _run_worker(worker, budget, connect, route, deadline)
         except BaseException as exc:  # a bug here: counted as an error, never a pass
-            died.append(f"a load thread died: {type(exc).__name__}: {exc}")
+            died.append((time.monotonic(), f"a load thread died: {type(exc).__name__}: {exc}"))
             raise
 
     threads_ = [threading.Thread(target=body, args=(w,), name=f"load-{i}") for i, w in enumerate(workers)]
@@ -377,27 +372,151 @@ def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, se
     reporter.start()
     for thread in threads_:
         thread.join()
-    elapsed = time.monotonic() - t0
     done.set()
     reporter.join()
-    sent = sum(w.sent for w in workers)
-    errors, wrong = sum(w.errors for w in workers) + len(died), sum(w.wrong for w in workers)
-    firsts = sorted(w.first_error for w in workers if w.first_error is not None)
-    first_error = died[0] if died else (firsts[0][1] if firsts else None)
+    firsts = sorted([*died, *(w.first_error for w in workers if w.first_error is not None)])
+    return _Part(sent=sum(w.sent for w in workers), errors=sum(w.errors for w in workers) + len(died),
+                 wrong=sum(w.wrong for w in workers), first_error=firsts[0] if firsts else None,
+                 latencies=np.fromiter((t for w in workers for t in w.latencies), np.float64))  # fmt: skip
+
+
+def _child(pipe: Any, counts: Any, index: int, where: tuple[str, int | None, str | None], thread_ids: Sequence[int],
+           threads: int, pool: int, share: int | None, seconds: float | None, seed: int, max_batch: int,
+           weights_seed: int, route: str) -> None:  # fmt: skip
+    """A load process of ``run_load(processes=N)``: makes its workers, says "ready", waits for the run's start
+    (a time on the system's monotonic clock, which every process shares), runs, and sends its ``_Part`` back."""
+    try:
+        workers = _make_workers(thread_ids, threads, pool, seed, max_batch, weights_seed, route)
+        pipe.send("ready")
+        start = pipe.recv()
+        deadline = None if seconds is None else start + seconds
+
+        def on_progress(sent: int) -> None:
+            counts[index] = sent
+
+        part = _run_part(workers, _Budget(share), connector(*where), route, deadline, on_progress)
+        counts[index] = part.sent
+        pipe.send(part)
+    except BaseException as exc:  # said to the parent, which counts it as an error
+        pipe.send(f"a load process died: {type(exc).__name__}: {exc}")
+        raise
+
+
+#: Seconds a load process may take to start (a fresh interpreter importing numpy and JAX) and make its requests.
+PROCESS_START_TIMEOUT = 300.0
+
+
+def _run_processes(processes: int, where: tuple[str, int | None, str | None], threads: int, pool: int,
+                   requests: int | None, seconds: float | None, seed: int, max_batch: int, weights_seed: int,
+                   route: str, bar: _Progress) -> tuple[list[_Part], float]:  # fmt: skip
+    """``run_load``'s threads split across ``processes`` child processes (spawned: a fork of a process that runs
+    JAX's threads is not safe): the parts and the wall time from the common start to the last part."""
+    import multiprocessing.connection
+
+    context = multiprocessing.get_context("spawn")
+    counts = context.Array("q", processes, lock=False)  # requests sent by each process: the progress line's
+    shares = [None if requests is None else requests // processes + (p < requests % processes)
+              for p in range(processes)]  # fmt: skip
+    pipes, children = [], []
+    try:
+        for p in range(processes):
+            mine, theirs = context.Pipe()
+            child = context.Process(target=_child, name=f"load-process-{p}", daemon=True, args=(
+                theirs, counts, p, where, range(p, threads, processes), threads, pool, shares[p], seconds, seed,
+                max_batch, weights_seed, route))  # fmt: skip
+            child.start()
+            theirs.close()
+            pipes.append(mine)
+            children.append(child)
+        for pipe, child in zip(pipes, children):
+            if not pipe.poll(PROCESS_START_TIMEOUT):
+                raise RuntimeError(f"{child.name} did not start in {PROCESS_START_TIMEOUT:g} s")
+            said = pipe.recv()
+            if said != "ready":
+                raise RuntimeError(said)
+        start = time.monotonic()
+        bar.start()
+        for pipe in pipes:
+            pipe.send(start)
+        parts: list[_Part] = []
+        waiting = list(pipes)
+        while waiting:
+            bar.update(sum(counts))
+            for pipe in multiprocessing.connection.wait(waiting, timeout=0.1):
+                waiting.remove(pipe)
+                said = pipe.recv()
+                if isinstance(said, str):  # the process died: its requests are unknown, the run is an error
+                    said = _Part(sent=counts[pipes.index(pipe)], errors=1, wrong=0, first_error=(start, said),
+                                 latencies=np.empty(0))  # fmt: skip
+                parts.append(said)
+        elapsed = time.monotonic() - start
+    except EOFError:  # a process ended without a word (killed)
+        raise RuntimeError("a load process ended without its report") from None
+    finally:
+        for child in children:
+            child.join(30)
+            if child.is_alive():
+                child.kill()
+    return parts, elapsed
+
+
+def run_load(port: int | None, threads: int = 8, requests: int | None = 2000, seconds: float | None = 60.0,
+             seed: int = 0, max_batch: int = DEFAULT_MAX_BATCH, host: str = "127.0.0.1",
+             progress: bool | None = None, weights_seed: int = DEFAULT_SEED,
+             unix_socket: str | None = None, route: str = "predict", distinct: int = POOL,
+             processes: int = 1) -> LoadReport:  # fmt: skip
+    """Loads ``host:port`` (or the server on ``unix_socket``, if given) from ``threads`` threads until
+    ``requests`` were sent or ``seconds`` passed.
+
+    At least one of ``requests`` and ``seconds`` must be given. ``progress``:
+    None or True reports on stderr, False not. ``weights_seed`` must match
+    the server's weights for answers to check out. ``route``: "predict"
+    (the model, every answer checked against a float64 numpy reference) or
+    "healthz" (the trivial route: each answer must be 200 ``{"ok": true}``).
+    ``distinct``: how many distinct requests to make (at least one per thread).
+    ``processes``: the threads are split across that many processes (1: this
+    one), each with its share of ``requests``, all started at once once every
+    one has made its requests: past one process's ceiling, and the same
+    requests and checks. Raises ValueError for a non-loopback host or bad limits.
+    """
+    connect = connector(host, port, unix_socket)
+    if threads < 1 or (requests is not None and requests < 1) or (seconds is not None and seconds <= 0) or distinct < 1:
+        raise ValueError(f"need threads >= 1, requests >= 1, seconds > 0, distinct >= 1; "
+                         f"got {threads}, {requests}, {seconds}, {distinct}")
+    if requests is None and seconds is None:
+        raise ValueError("give a request count, a time limit or both")
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)}; got {route!r}")
+    if not 1 <= processes <= threads:
+        raise ValueError(f"processes must be between 1 and the threads ({threads}); got {processes}")
+    pool = distinct if requests is None else min(distinct, requests)
+    bar = _Progress(requests, progress is None or bool(progress))
+    if processes == 1:
+        workers = _make_workers(range(threads), threads, pool, seed, max_batch, weights_seed, route)
+        t0 = time.monotonic()
+        bar.start()
+        parts = [_run_part(workers, _Budget(requests), connect, route, None if seconds is None else t0 + seconds,
+                           bar.update)]  # fmt: skip
+        elapsed = time.monotonic() - t0
+    else:
+        parts, elapsed = _run_processes(processes, (host, port, unix_socket), threads, pool, requests, seconds, seed,
+                                        max_batch, weights_seed, route, bar)  # fmt: skip
+    sent = sum(part.sent for part in parts)
+    firsts = sorted(part.first_error for part in parts if part.first_error is not None)
     bar.update(sent, final=True)
     try:
         status, stats = fetch_json(host, port, "/stats", unix_socket=unix_socket)
     except (OSError, http.client.HTTPException, ValueError):
         status, stats = None, None
-    ms = np.fromiter((t for w in workers for t in w.latencies), np.float64) * 1e3
+    ms = np.concatenate([part.latencies for part in parts]) * 1e3
     return LoadReport(
-        requests=sent, errors=errors, wrong=wrong, threads=threads, seconds=elapsed,
-        rps=sent / elapsed if elapsed > 0 else 0.0,
+        requests=sent, errors=sum(part.errors for part in parts), wrong=sum(part.wrong for part in parts),
+        threads=threads, seconds=elapsed, rps=sent / elapsed if elapsed > 0 else 0.0,
         p50_ms=float(np.percentile(ms, 50)) if sent else 0.0, p99_ms=float(np.percentile(ms, 99)) if sent else 0.0,
-        max_ms=float(ms.max()) if sent else 0.0, first_error=first_error,
+        max_ms=float(ms.max()) if sent else 0.0, first_error=firsts[0][1] if firsts else None,
         # The count, if all of it was sent; else the time limit (or a thread that died: an error already).
         stopped_by=STOPPED_BY_COUNT if requests is not None and sent == requests else STOPPED_BY_TIME,
-        stats=stats if status == 200 else None, route=route,
+        stats=stats if status == 200 else None, route=route, processes=processes,
     )  # fmt: skip
 
 
@@ -407,7 +526,8 @@ def report_rows(report: LoadReport) -> list[tuple[str, str, str]]:
     rows = [
         ("requests", str(report.requests), "sent, answered or not"),
         ("route", f"/{report.route}", "POST /predict: the model; GET /healthz: the trivial route (the ceiling)"),
-        ("load threads", str(report.threads), "client threads, one keep-alive connection each"),
+        ("load threads", str(report.threads), "client threads, one keep-alive connection each"
+         + (f", in {report.processes} processes" if report.processes > 1 else "")),
         ("stopped by", report.stopped_by, "which limit ended the load (--requests or --seconds)"),
         ("load time", f"{report.seconds:.2f} s", "wall clock, first request to last answer"),
         ("throughput", f"{report.rps:.1f} req/s", "requests / load time"),
@@ -473,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="time limit in seconds (default: 60)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random batches (default: 0)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="largest batch to send")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="split the threads across this many processes, past one process's ceiling (default: 1)")
     parser.add_argument("--route", choices=ROUTES, default="predict",
                         help="predict (default): the model, every answer checked; healthz: the trivial route, "
                              "for the client's and the server front's ceiling")  # fmt: skip
@@ -481,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("argument --host: not allowed with argument --unix-socket")
     try:
         report = run_load(args.port, args.threads, args.requests, args.seconds, args.seed, args.max_batch,
-                          args.host or "127.0.0.1", unix_socket=args.unix_socket, route=args.route)  # fmt: skip
+                          args.host or "127.0.0.1", unix_socket=args.unix_socket, route=args.route,
+                          processes=args.processes)  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))
     print(format_rows(report_rows(report)))

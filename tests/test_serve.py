@@ -23,6 +23,7 @@ The over-the-wire tests on TCP skip where TCP on 127.0.0.1 is refused (the TPU m
 run everywhere. Their processes run JAX on the CPU (helpers.child_env).
 """
 
+import dataclasses
 import http.client
 import io
 import json
@@ -217,6 +218,33 @@ def test_load_on_the_trivial_route_checks_each_answer():
     assert (report.requests, report.errors, report.first_error) == (9, 9, "HTTP 503 from /healthz: b'{\"ok\": false}'")
     with pytest.raises(ValueError, match="route must be one of predict, healthz; got 'metrics'"):
         load.run_load(server.port, requests=1, route="metrics")
+
+
+@pytest.mark.thread_unsafe(reason="opens a server on a port")
+@pytest.mark.timeout(300)
+def test_load_split_across_processes_sends_and_checks_exactly_as_one_process():
+    # load.py's threads in 3 spawned processes: the count is split exactly, every answer is still checked (all
+    # 30 off by 1e-3: 30 wrong), a trivial route's errors are counted, and the report says how it was split.
+    require_tcp("load.py's checks")
+    with _ScriptedServer(wrong=range(10**6), offset=1e-3) as server:
+        report = load.run_load(server.port, threads=3, requests=30, seconds=None, progress=False, processes=3)
+    assert (report.requests, report.errors, report.wrong, report.stopped_by, report.processes) == (
+        30, 0, 30, "request count", 3)  # fmt: skip
+    assert report.first_error.startswith("wrong answer: differs from the reference by up to 0.001")
+    assert ("load threads", "3", "client threads, one keep-alive connection each, in 3 processes") in (
+        load.report_rows(dataclasses.replace(report, stats=None)))  # fmt: skip
+    with _ScriptedServer() as server:
+        report = load.run_load(server.port, threads=4, requests=101, seconds=None, progress=False, processes=2)
+        assert (report.requests, report.errors, report.wrong, len(server.seen)) == (101, 0, 0, 101)
+        timed = load.run_load(server.port, threads=2, requests=None, seconds=0.5, progress=False, processes=2)
+        assert (timed.stopped_by, timed.errors, timed.wrong) == ("time limit", 0, 0) and timed.requests > 0
+        assert 0.5 <= timed.seconds < 30  # from the common start, not from the processes' start
+    with _ScriptedServer(health=(503, b'{"ok": false}')) as server:
+        report = load.run_load(server.port, threads=2, requests=9, seconds=None, progress=False, route="healthz",
+                               processes=2)  # fmt: skip
+    assert (report.requests, report.errors, report.first_error) == (9, 9, "HTTP 503 from /healthz: b'{\"ok\": false}'")
+    with pytest.raises(ValueError, match=r"processes must be between 1 and the threads \(2\); got 3"):
+        load.run_load(server.port, threads=2, requests=1, processes=3)
 
 
 def test_concurrent_first_requests_compile_once():
