@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import weakref
 from typing import Any, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -18,10 +19,26 @@ import ftjit
 class _Tally:
     """One thread's request counts: written by that thread only, read by a scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: threading.Thread | None = None) -> None:
+        self.owner = None if owner is None else weakref.ref(owner)  #: its thread (None: the retired threads')
         self.in_progress = 0
         self.counts: dict[tuple[str, str, str], int] = {}  #: (handler, method, code) -> requests
         self.durations: dict[str, list[float]] = {}  #: handler -> [count per bucket..., count past the last, sum]
+
+    def ended(self) -> bool:
+        """Whether its thread has ended (then nothing writes it any more)."""
+        owner = None if self.owner is None else self.owner()
+        return self.owner is not None and (owner is None or not owner.is_alive())
+
+    def add(self, other: _Tally) -> None:
+        """Adds ``other``'s counts to this tally's."""
+        self.in_progress += other.in_progress
+        for key, n in dict(other.counts).items():  # a copy: the owner may add a key meanwhile
+            self.counts[key] = self.counts.get(key, 0) + n
+        for handler, hist in dict(other.durations).items():
+            total = self.durations.setdefault(handler, [0.0] * len(hist))
+            for i, value in enumerate(list(hist)):
+                total[i] += value
 
 
 class RequestMetrics(Collector):
@@ -30,8 +47,10 @@ class RequestMetrics(Collector):
     Gauge take a lock per update, one that every server thread shares: seven acquisitions a request.
 
     ``http_requests_total{handler,method,code}``, ``http_request_duration_seconds{handler}`` (a histogram of
-    ``BUCKETS``) and ``http_requests_in_progress``. A thread's tally outlives it (its counts stay in the totals):
-    one per thread the server ever ran, a fixed number under waitress."""
+    ``BUCKETS``) and ``http_requests_in_progress``. A thread's counts outlive it: when a new thread first counts,
+    the tallies of threads that ended are added into one tally of the retired threads, so that there are as many
+    tallies as threads alive, plus one, under a front that ends and starts threads (granian's blocking threads
+    end after an idle timeout)."""
 
     BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
     #: The ``le`` labels, written as prometheus_client's own Histogram writes them ("1.0", not "1"): a query on
@@ -40,16 +59,23 @@ class RequestMetrics(Collector):
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._lock = threading.Lock()  # guards _tallies: taken once per thread, and by a scrape
+        self._lock = threading.Lock()  # guards _tallies and _retired: taken once per thread, and by a scrape
         self._tallies: list[_Tally] = []
+        self._retired = _Tally()  # the counts of the threads that ended
 
     def started(self) -> _Tally:
         """Counts a request in progress in this thread's tally (returned, for ``finished``)."""
         tally = getattr(self._local, "tally", None)
         if tally is None:
-            tally = _Tally()
+            tally = _Tally(threading.current_thread())
             with self._lock:  # summed from now on, before this thread counts anything in it
-                self._tallies.append(tally)
+                alive = []
+                for old in self._tallies:  # each judged once: an ended one is added up, else kept
+                    if old.ended():
+                        self._retired.add(old)
+                    else:
+                        alive.append(old)
+                self._tallies = [*alive, tally]
             self._local.tally = tally
         tally.in_progress += 1
         return tally
@@ -68,18 +94,19 @@ class RequestMetrics(Collector):
         with self._lock:
             return sum(t.in_progress for t in self._tallies)
 
-    def collect(self) -> Iterable[Any]:
+    def tallies(self) -> int:
+        """How many tallies are kept: the threads alive that counted, and the retired threads' (tests)."""
         with self._lock:
+            return len(self._tallies) + 1
+
+    def collect(self) -> Iterable[Any]:
+        total = _Tally()
+        with self._lock:
+            total.add(self._retired)  # written under the lock only
             tallies = list(self._tallies)
-        counts: dict[tuple[str, str, str], int] = {}
-        durations: dict[str, list[float]] = {}
         for tally in tallies:
-            for key, n in dict(tally.counts).items():  # a copy: the owner may add a key meanwhile
-                counts[key] = counts.get(key, 0) + n
-            for handler, hist in dict(tally.durations).items():
-                total = durations.setdefault(handler, [0.0] * len(hist))
-                for i, value in enumerate(list(hist)):
-                    total[i] += value
+            total.add(tally)
+        counts, durations = total.counts, total.durations
         requests = CounterMetricFamily("http_requests", "Requests answered, by endpoint, method and status.",
                                        labels=["handler", "method", "code"])  # fmt: skip
         for key, n in sorted(counts.items()):
@@ -96,7 +123,7 @@ class RequestMetrics(Collector):
             latency.add_metric([handler], cumulative, sum_value=hist[-1])
         yield latency
         yield GaugeMetricFamily("http_requests_in_progress", "Requests the app is answering now.",
-                                value=sum(t.in_progress for t in tallies))
+                                value=sum(t.in_progress for t in tallies))  # a retired thread has none
 
 
 class BatchCollector(Collector):

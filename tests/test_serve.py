@@ -359,14 +359,17 @@ def test_metrics_parse_and_carry_ftjit_series():
 
 
 def test_request_metrics_add_up_every_threads_requests_exactly():
-    # 16 threads at once, 50 requests each, on their own tallies: a scrape's totals are exact, the histogram's
-    # buckets are cumulative and end at the count, and a request that raised leaves nothing in progress.
+    # 16 threads at once, 50 requests each, on their own tallies: a scrape's totals are exact (also once the ended
+    # threads' tallies were added up into one), the histogram's buckets are cumulative and end at the count, and
+    # a request that raised leaves nothing in progress.
     app = serve.App(serve.Model(max_batch=4))
     run_threads(16, lambda i: [_call(app, "GET", "/healthz" if n % 2 else "/nowhere") for n in range(50)], timeout=120)
     app.route = lambda *args: 1 / 0  # an unexpected error: waitress answers it 500, and the app counts a 500
     with pytest.raises(ZeroDivisionError):
         _call(app, "GET", "/healthz")
     del app.route
+    # This thread's first count added the 16 ended threads' tallies into one (granian ends and starts threads).
+    assert app.metrics.tallies() == 2
     _, _, body = _call(app, "GET", "/metrics")
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     requests = {(s.labels["handler"], s.labels["code"]): s.value
