@@ -374,7 +374,8 @@ def _run_part(workers: list[_Worker], budget: _Budget, connect: Callable[[], htt
         thread.join()
     done.set()
     reporter.join()
-    firsts = sorted([*died, *(w.first_error for w in workers if w.first_error is not None)])
+    # A load thread that died (a bug in this tool) is said first, before any error of the server's.
+    firsts = [*died, *sorted(w.first_error for w in workers if w.first_error is not None)]
     return _Part(sent=sum(w.sent for w in workers), errors=sum(w.errors for w in workers) + len(died),
                  wrong=sum(w.wrong for w in workers), first_error=firsts[0] if firsts else None,
                  latencies=np.fromiter((t for w in workers for t in w.latencies), np.float64))  # fmt: skip
@@ -453,10 +454,14 @@ def _run_processes(processes: int, where: tuple[str, int | None, str | None], th
     except EOFError:  # a process ended without a word (killed)
         raise RuntimeError("a load process ended without its report") from None
     finally:
+        for pipe in pipes:  # a child still waiting for the start, or still sending, is not waited for
+            pipe.close()
+        deadline = time.monotonic() + 30
         for child in children:
-            child.join(30)
+            child.join(max(0.0, deadline - time.monotonic()))
             if child.is_alive():
                 child.kill()
+                child.join(10)
     return parts, elapsed
 
 

@@ -391,6 +391,11 @@ class App:
         return json.dumps({"outputs": outputs.tolist()}).encode()
 
 
+class ListenError(OSError):
+    """The server could not open its port or socket (``main`` says so and exits 1): an OSError raised while
+    listening, told apart from any raised once it serves."""
+
+
 def remove_stale_socket(path: str) -> None:
     """Removes a socket file at ``path`` that nothing listens on (left by a server that was killed). One that a
     server answers on, or a file of another kind, is left alone: an OSError says why the start fails."""
@@ -426,7 +431,10 @@ def make_server(app: App, host: str = "127.0.0.1", port: int = 0, threads: int =
                 channel_timeout: float = CHANNEL_TIMEOUT) -> tuple[Any, socket.socket]:  # fmt: skip
     """waitress serving ``app`` on a listening socket of our own, which is returned with it: TCP on
     ``host:port``, or the unix socket file ``unix_socket`` if given (``listen_unix``)."""
-    listener = listen_unix(unix_socket) if unix_socket else socket.create_server((host, port), backlog=BACKLOG)
+    try:
+        listener = listen_unix(unix_socket) if unix_socket else socket.create_server((host, port), backlog=BACKLOG)
+    except OSError as exc:
+        raise ListenError(*exc.args) from None
     server = waitress.create_server(
         # waitress counts its own listener and trigger pipe against connection_limit: --connection-limit 2 accepted
         # no connection at all. So the two are added here, and connection_limit connections are accepted.
@@ -555,14 +563,21 @@ class GranianFront:
         from granian.log import LogLevels
         from granian.server import MTServer
 
-        if unix_socket:
-            remove_stale_socket(unix_socket)
-        elif port:  # granian's own bind fails with a RuntimeError and a Rust backtrace: an OSError, said plainly
-            socket.create_server((host, port)).close()
-        self.app, self.unix_socket, self.host, self.port = app, unix_socket, host, port
+        address = host
+        try:
+            if unix_socket:
+                remove_stale_socket(unix_socket)
+            else:  # granian takes a numeric address only, and its bind fails with a Rust backtrace: checked here
+                family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+                address = sockaddr[0]
+                if port:
+                    socket.create_server((address, port), family=family).close()
+        except OSError as exc:
+            raise ListenError(*exc.args) from None
+        self.app, self.unix_socket, self.host, self.port = app, unix_socket, address, port
         self.server = MTServer(
             "examples.serve:App",  # a name only: run() hands granian this app, nothing is imported
-            address=host, port=port, uds=pathlib.Path(unix_socket) if unix_socket else None, uds_permissions=0o600,
+            address=address, port=port, uds=pathlib.Path(unix_socket) if unix_socket else None, uds_permissions=0o600,
             interface=Interfaces.WSGI, http=HTTPModes.http1, websockets=False, workers=1,
             blocking_threads=threads, blocking_threads_idle_timeout=600, backlog=BACKLOG,
             backpressure=connection_limit,
@@ -593,7 +608,7 @@ class GranianFront:
         if port == 0 and fd is not None:
             with socket.socket(fileno=os.dup(fd)) as listener:
                 port = listener.getsockname()[1]
-        return f"http://{self.host}:{port}"
+        return f"http://[{self.host}]:{port}" if ":" in self.host else f"http://{self.host}:{port}"
 
 
 def _collect_granians_loop() -> None:
@@ -633,10 +648,17 @@ def serve_granian(front: GranianFront, announce: Callable[[str], str] | None = N
     stopped = threading.Event()
 
     def watchdog() -> None:
-        if not stopped.wait(STOP_SECONDS):
-            logger.error("%d request(s) still in the app %g s after the signal: their answers are lost",
-                         app.metrics.in_progress(), STOP_SECONDS)  # fmt: skip
+        if stopped.wait(STOP_SECONDS):
+            return
+        try:
+            left = app.metrics.in_progress()
+            if left:
+                logger.error("%d request(s) still in the app %g s after the signal: their answers are lost", left,
+                             STOP_SECONDS)  # fmt: skip
+            else:
+                logger.error("granian did not stop %g s after the signal", STOP_SECONDS)
             on_stuck()
+        finally:  # whatever on_stuck raised: the process ends (the main thread may wait on granian for good)
             logging.shutdown()
             os._exit(1)
 
@@ -660,6 +682,9 @@ def serve_granian(front: GranianFront, announce: Callable[[str], str] | None = N
     def started() -> None:  # granian's startup hook: its socket is bound, its own handlers are set
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        # granian's SIGHUP restarts its worker (a reload), which can swallow a SIGTERM that comes meanwhile:
+        # SIGHUP ends the process, as under waitress.
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         # Its worker starts after this hook, and listens then: the announce waits for that, in a thread.
         threading.Thread(target=announce_when_listening, name="serve-announce", daemon=True).start()
 
@@ -669,7 +694,7 @@ def serve_granian(front: GranianFront, announce: Callable[[str], str] | None = N
     except RuntimeError as exc:  # granian's socket errors ("... (os error 98)"), with a backtrace after a line
         if "(os error" not in str(exc):
             raise
-        raise OSError(str(exc).splitlines()[0]) from None
+        raise ListenError(str(exc).splitlines()[0]) from None
     except SystemExit as exc:  # granian's own exit: its worker died
         logger.error("granian stopped: its worker exited (exit code %s)", exc.code)
         return 1
@@ -811,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
                                            args.channel_timeout)  # fmt: skip
             where = f"unix:{args.unix_socket}" if args.unix_socket else f"http://{host}:{listener.getsockname()[1]}"
             code = serve(server, listener, app, announce=f"serving on {where}")
-    except OSError as exc:
+    except ListenError as exc:
         print(f"serve.py: cannot listen on {args.unix_socket or f'{host}:{port}'}: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -27,8 +27,13 @@ class _Tally:
 
     def ended(self) -> bool:
         """Whether its thread has ended (then nothing writes it any more)."""
-        owner = None if self.owner is None else self.owner()
-        return self.owner is not None and (owner is None or not owner.is_alive())
+        if self.owner is None:
+            return False
+        owner = self.owner()
+        try:
+            return owner is None or not owner.is_alive()
+        except RuntimeError:  # a foreign thread's _DummyThread once its handle is done (after a fork): ended
+            return True
 
     def add(self, other: _Tally) -> None:
         """Adds ``other``'s counts to this tally's."""

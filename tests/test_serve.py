@@ -536,6 +536,7 @@ sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 from examples import serve
 from helpers import wait_for
 
+serve.STOP_SECONDS = 120  # granian's bound on the stop: the request is held here until the port is refused
 model = serve.Model(max_batch=2)
 assert model.warm(workers=1).ok
 app = serve.App(model)
@@ -1107,6 +1108,16 @@ def test_idle_connections_close_after_the_channel_timeout_and_the_limits_hold(fr
         assert big.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), big[:200]
         assert large.startswith(b"HTTP/1.1 413 "), large[:200]  # the app's: the phrase is the Python's HTTPStatus
         assert large.endswith(b'{"error": "the body\'s %d bytes exceed 1536"}' % len(body)), large[-200:]
+
+
+@pytest.mark.parametrize("front", [f for f in FRONTS if f.values == ("granian",)])
+def test_granian_listens_on_a_resolved_address_and_a_bad_one_is_a_listen_error(front):
+    # granian takes numeric addresses only (a name raised ValueError with a Rust backtrace): serve.py resolves it.
+    app = serve.App(serve.Model(max_batch=1))
+    assert serve.GranianFront(app, host="localhost", port=0).where() in ("http://127.0.0.1:0", "http://[::1]:0")
+    with pytest.raises(serve.ListenError, match="Name or service not known|nodename nor servname"):
+        serve.GranianFront(app, host="no-such-host.invalid", port=8000)
+    assert isinstance(serve.ListenError(), OSError)  # what main() reports as "cannot listen on ..."
 
 
 # Runs in a child process: a request that never leaves the model when SIGTERM comes. granian's worker thread
