@@ -175,6 +175,9 @@ def test_signatures_stay_exact_across_shared_avals():
             assert_same(ours(x), theirs(x))
     assert fun.tracer.count == len(arrays)
     assert ours._cache_size() == len(arrays)
+    # 30 calls: the aval is read where the array stores it by now (StoredField),
+    # and the second visit of each array above was keyed that way.
+    assert ours._avals_read_in_place() == (True,)
     # Outputs fed back in (the aval of each output is shared): one more trace
     # per shape only, none for the chained calls after the first.
     y = arrays[3]

@@ -6,6 +6,7 @@ every result is computed from the call's real values."""
 
 import collections
 import gc
+import threading
 import weakref
 import re
 
@@ -914,6 +915,101 @@ def test_aval_type_with_custom_getattribute_takes_the_generic_lookup():
     jf(Logged(_Aval(np.float32, (3,))))
     assert comp.calls == 1
     assert Logged.seen == ["aval", "placed"] * 2
+
+
+# The aval getter of an aval type is learned as a stored field: once 8
+# getter calls (StoredField::kSightings) found their result in one word of
+# the instance, and in no other, the core reads that word instead of calling.
+
+
+def _slotted_aval_type(getter):
+    calls = []  # not a class attribute: setting one would change the type (its version tag)
+
+    class SlottedArray:
+        __slots__ = ("_aval", "_other", "placed", "where")
+
+        def __init__(self, aval, other=None):
+            self._aval, self._other, self.placed, self.where = aval, other, False, None
+
+        @property
+        def aval(self):
+            calls.append(1)
+            return getter(self)
+
+    return SlottedArray, calls
+
+
+def test_an_aval_held_in_one_slot_is_read_in_place_after_eight_getter_calls():
+    Slotted, calls = _slotted_aval_type(lambda self: self._aval)
+    _, comp, jf = _aval_jit(Slotted)
+    shapes = [(n,) for n in range(1, 31)]
+    arrays = [Slotted(_Aval(np.float32, s)) for s in shapes]
+    for a in arrays[:7]:
+        assert jf(a) is a
+    assert jf._avals_read_in_place() == (False,)
+    for a in arrays[7:]:
+        assert jf(a) is a
+    assert jf._avals_read_in_place() == (True,)
+    assert len(calls) == 8  # learned: the last 22 calls read the slot
+    assert comp.calls == 30
+    assert _short_signatures(jf) == sorted(f"<lambda>(float32[{n}])" for n in range(1, 31))
+    # The slot is what the getter reads: a new value there is seen.
+    arrays[0]._aval = _Aval(np.int8, (2, 2))
+    jf(arrays[0])
+    assert comp.calls == 31 and "<lambda>(int8[2,2])" in _short_signatures(jf)
+    # An empty slot goes to the getter, whose AttributeError the call raises.
+    empty = Slotted.__new__(Slotted)
+    empty.placed, empty.where = False, None
+    with pytest.raises(AttributeError, match="_aval"):
+        jf(empty)
+    assert len(calls) == 9
+
+
+@pytest.mark.parametrize("how", ["computed", "held twice"])
+def test_an_aval_not_held_in_exactly_one_slot_is_always_asked_of_the_getter(how):
+    if how == "computed":
+        Slotted, calls = _slotted_aval_type(lambda self: _Aval(self._aval.dtype, self._aval.shape))
+    else:
+        Slotted, calls = _slotted_aval_type(lambda self: self._aval)
+    _, comp, jf = _aval_jit(Slotted)
+    for n in range(1, 21):
+        aval = _Aval(np.float32, (n,))
+        a = Slotted(aval, other=aval if how == "held twice" else None)
+        assert jf(a) is a
+    assert len(calls) == 20
+    assert comp.calls == 20
+    assert jf._avals_read_in_place() == (False,)
+
+
+def test_threads_learning_one_aval_slot_at_once_keep_every_signature_exact():
+    Slotted, calls = _slotted_aval_type(lambda self: self._aval)
+    _, comp, jf = _aval_jit(Slotted)
+    n_threads, per_thread = 8, 40
+    barrier = threading.Barrier(n_threads)
+    errors = []
+
+    def work(t):
+        try:
+            barrier.wait()
+            for i in range(per_thread):
+                a = Slotted(_Aval(np.float32, (i % 10 + 1, t + 1)))
+                assert jf(a) is a
+        except BaseException as e:  # re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+        assert not th.is_alive(), "a worker hung"
+    if errors:
+        raise errors[0]
+    assert comp.calls == n_threads * 10
+    assert _short_signatures(jf) == sorted(f"<lambda>(float32[{i},{t}])" for i in range(1, 11)
+                                           for t in range(1, n_threads + 1))
+    info = jf.cache_info()
+    assert (info.hits, info.misses) == (n_threads * (per_thread - 10), n_threads * 10)
 
 
 def test_more_dtypes_than_the_intern_table_holds():

@@ -23,8 +23,8 @@
 //
 //   | state        | protection                                            |
 //   |--------------|-------------------------------------------------------|
-//   | t_copy_frame | thread-local: the innermost call of a copy, for the   |
-//   |              | copy's callbacks (ContextMiss, Eager)                 |
+//   | ThreadCtx::  | the thread's own: the innermost call of a copy, for   |
+//   |   frame      | the copy's callbacks (ContextMiss, Eager)             |
 //   | g_miss,      | made at module init, then fixed                       |
 //   |   g_eager    |                                                       |
 //   | a slot's     | the thread holding its index (EntrySlot)              |
@@ -130,15 +130,15 @@ struct CopyFrame {
   CopyFrame* prev = nullptr;
 };
 
-thread_local CopyFrame* t_copy_frame = nullptr;
-
+// The thread's innermost CopyFrame is its ThreadCtx's `frame` (the call
+// holds its Ctx already: no thread-local lookup).
 class CopyFrameScope {
  public:
   explicit CopyFrameScope(CopyFrame& f) : f_(f) {
-    f_.prev = t_copy_frame;
-    t_copy_frame = &f_;
+    f_.prev = static_cast<CopyFrame*>(f_.call.t.frame);
+    f_.call.t.frame = &f_;
   }
-  ~CopyFrameScope() { t_copy_frame = f_.prev; }
+  ~CopyFrameScope() { f_.call.t.frame = f_.prev; }
   CopyFrameScope(const CopyFrameScope&) = delete;
   CopyFrameScope& operator=(const CopyFrameScope&) = delete;
 
@@ -253,11 +253,12 @@ nb::object Run(Call& c, bool partial) {
 // --- a copy's callbacks ----------------------------------------------------------------
 
 CopyFrame& CurrentCopy(const char* what) {
-  if (!t_copy_frame) {
+  auto* frame = static_cast<CopyFrame*>(ThisThread().frame);
+  if (!frame) {
     RaiseMessage(PyExc_RuntimeError, std::string("ftjit: a ThreadExecutables executable called its ") + what +
                                          " outside of a call of the jitted function");
   }
-  return *t_copy_frame;
+  return *frame;
 }
 
 // ContextMiss(*args, **kwargs): the copy being called in this thread cannot

@@ -472,6 +472,18 @@ void DefineSignatureQueries(const Definer& d) {
       "def _signature_of(self, *args: typing.Any, **kwargs: typing.Any) -> str",
       "The readable signature these arguments would have (f(<traced>): the fallback's).");
   d.Method(
+      [](const JitSelf& self) {
+        return Method(self, [&](JitState& st) {
+          nb::list out;
+          for (const AvalType& t : st.spec.aval_types) out.append(t.aval.field.direct());
+          return nb::tuple(out);
+        });
+      },
+      "def _avals_read_in_place(self) -> tuple[bool, ...]",
+      "Tests and bench: for each of the compiler's aval types, whether the core\n"
+      "reads an instance's aval where it is stored, without its getter (learned\n"
+      "on the first calls: StoredField).");
+  d.Method(
       [](const JitSelf& self, int n, nb::args args, nb::kwargs kwargs) {
         if (n < 1) throw nb::value_error("n must be >= 1");
         return Method(self, [&](JitState& st) {

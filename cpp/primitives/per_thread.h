@@ -113,4 +113,33 @@ class PerThread {
   std::atomic<std::atomic<T*>*> chunks_[kChunks] = {};
 };
 
+// A counter each thread index adds to on a line of its own (PerThread),
+// summed when read. An add is a plain load and store, not a lock-prefixed
+// read-modify-write (which drains the store buffer: tens of cycles on a hit
+// path): only the thread holding the index writes its line, and the next
+// thread to take the index inherits the line after ThreadIndices' lock
+// ordered the two. Relaxed atomics: a read while threads add sees each
+// line's latest store, never a torn one; adds that happen-before the read
+// are all in it.
+class PerThreadCounter {
+ public:
+  // Only the thread holding `index`.
+  void Add(size_t index, uint64_t n = 1) {
+    std::atomic<uint64_t>& v = lines_.Get(index).n;
+    v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  // Any thread.
+  uint64_t Load() const {
+    uint64_t total = 0;
+    lines_.ForEach([&](const Line& l) { total += l.n.load(std::memory_order_relaxed); });
+    return total;
+  }
+
+ private:
+  struct alignas(64) Line {
+    std::atomic<uint64_t> n{0};
+  };
+  PerThread<Line> lines_;
+};
+
 }  // namespace ftjit

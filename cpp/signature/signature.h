@@ -14,7 +14,9 @@
 //   |                         | immutable afterwards (read by many threads)  |
 //   | SignatureSpec and its   | fixed after the jitted function's            |
 //   |   ContextHook,          |   construction (until the GC's tp_clear      |
-//   |   DirectGetters         |   empties an unreachable one)                |
+//   |   DirectGetters         |   empties an unreachable one), but for a     |
+//   |                         |   StoredField's atomics (learned on first    |
+//   |                         |   calls, any thread; see StoredField)        |
 //   | Numpy()                 | set once at module init, fixed afterwards    |
 //   | g_names, g_dtypes       | InitSignatures, InternDtype                  |
 //
@@ -28,6 +30,7 @@
 
 #include <Python.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <new>
@@ -282,23 +285,79 @@ struct ContextHook {
 // unmodified: `version` is the type's version tag when the getter was
 // resolved, and CPython gives a type a new tag (never reused) whenever it
 // or a base changes. On any mismatch Get() takes the generic lookup.
+//
+// Where the getter only returns an object the instance stores (jaxlib's
+// ArrayImpl.aval: a C++ getter over a field), StoredField reads that field
+// instead, with no call at all (see StoredField).
+struct StoredField {
+  // Sightings before the word is trusted: each one a getter call whose
+  // result sat in exactly this word of the instance, and in no other.
+  static constexpr int32_t kSightings = 8;
+
+  StoredField() = default;
+  // Copied while the spec is built only (a resolved getter into its type).
+  StoredField(const StoredField& o) : word_(o.word_.load()), seen_(o.seen_.load()), direct_(o.direct_.load()) {}
+  StoredField& operator=(const StoredField& o) {
+    word_.store(o.word_.load());
+    seen_.store(o.seen_.load());
+    direct_.store(o.direct_.load());
+    return *this;
+  }
+
+  // The stored value (a new reference), or null: not learned (yet), or an
+  // empty field (the caller then asks the getter). Per leaf: inline.
+  PyObject* Read(PyObject* obj) const {
+    // A word once > 0 is a word of this type's instances, whatever a later
+    // failed sighting stores: the read stays inside the object.
+    const int32_t w = word_.load(std::memory_order_relaxed);
+    if (w <= 0 || !direct_.load(std::memory_order_relaxed)) return nullptr;
+    PyObject* v = __atomic_load_n(reinterpret_cast<PyObject**>(obj) + w, __ATOMIC_RELAXED);
+    return v ? Py_NewRef(v) : nullptr;
+  }
+  // Whether Read reads in place now.
+  bool direct() const { return word_.load() > 0 && direct_.load(); }
+  bool learning() const { return !direct_.load(std::memory_order_relaxed) && word_.load(std::memory_order_relaxed) >= 0; }
+  // After the getter returned `got` for `obj` (of the resolved exact type):
+  // one more sighting, or none ever again.
+  void See(PyObject* obj, PyObject* got) const;
+
+ private:
+  // The word of the instance (a PyObject* index past the header) that holds
+  // the value; 0: none seen yet; -1: no such word (the getter computes, or
+  // the instance holds the value twice): the getter for good.
+  mutable std::atomic<int32_t> word_{0};
+  mutable std::atomic<int32_t> seen_{0};
+  mutable std::atomic<bool> direct_{false};
+};
+
 struct DirectGetter {
   PyTypeObject* type = nullptr;  // borrowed: the spec's aval_types_owner owns it
   PyObject* name = nullptr;      // interned attribute name, borrowed (owned by the spec/hook)
   unsigned int version = 0;      // 0: no direct getter (always the generic lookup)
   nb::object fget;
+  bool stored = false;           // the getter returns a stored field: learn it (StoredField)
+  StoredField field;
 
   // Resolves `type.name` to a plain property's getter, if it is one and the
   // type qualifies; otherwise a getter that always takes the generic path.
-  static DirectGetter Resolve(PyTypeObject* type, PyObject* name);
+  // `stored`: the caller knows the getter only returns what the instance
+  // stores (JAX's aval); the field is then learned, and read in place.
+  static DirectGetter Resolve(PyTypeObject* type, PyObject* name, bool stored = false);
   // New reference to obj.<name> (obj's exact type is `type`), or nullptr
   // with an error set. Per leaf: inline.
   PyObject* Get(PyObject* obj) const {
     if (version != 0 && __atomic_load_n(&type->tp_version_tag, __ATOMIC_RELAXED) == version) {
+      if (stored) {
+        if (PyObject* v = field.Read(obj)) return v;
+        if (field.learning()) return GetAndLearn(obj);
+      }
       return PyObject_CallOneArg(fget.ptr(), obj);
     }
     return PyObject_GetAttr(obj, name);
   }
+
+ private:
+  PyObject* GetAndLearn(PyObject* obj) const;
 };
 
 // An exact array type whose dtype/shape/weak_type come from `.aval`.

@@ -184,10 +184,47 @@ void ContextHook::CheckRequires(PyObject* ctx) const {
   }
 }
 
-DirectGetter DirectGetter::Resolve(PyTypeObject* type, PyObject* name) {
+// The word of `obj` that holds `got`, counted on kSightings getter calls:
+// exactly one word of the instance's fixed part (tp_basicsize, past the
+// object header) each time, and the same one. Threads may see at once:
+// the word is set by CAS, a disagreement turns learning off for good, and
+// only a thread whose sighting is the kSightings-th turns the direct read
+// on. Reading the field is then what the getter does (jaxlib's reads it
+// with no lock either), without the call; an empty field (null) goes to the
+// getter. A type changed since (its version tag) never reaches here.
+void StoredField::See(PyObject* obj, PyObject* got) const {
+  const auto* words = reinterpret_cast<PyObject* const*>(obj);
+  const Py_ssize_t n = Py_TYPE(obj)->tp_basicsize / static_cast<Py_ssize_t>(sizeof(PyObject*));
+  const Py_ssize_t first = static_cast<Py_ssize_t>(sizeof(PyObject) / sizeof(PyObject*));
+  int32_t found = -1;
+  for (Py_ssize_t i = first; i < n; ++i) {
+    if (__atomic_load_n(words + i, __ATOMIC_RELAXED) != got) continue;
+    if (found >= 0) {
+      found = -1;  // held twice: which one the getter reads is unknown
+      break;
+    }
+    found = static_cast<int32_t>(i);
+  }
+  int32_t expected = 0;
+  if (found < 0 || (!word_.compare_exchange_strong(expected, found) && expected != found)) {
+    word_.store(-1);
+    direct_.store(false);
+    return;
+  }
+  if (seen_.fetch_add(1) + 1 == kSightings && word_.load() == found) direct_.store(true);
+}
+
+PyObject* DirectGetter::GetAndLearn(PyObject* obj) const {
+  PyObject* got = PyObject_CallOneArg(fget.ptr(), obj);
+  if (got) field.See(obj, got);
+  return got;
+}
+
+DirectGetter DirectGetter::Resolve(PyTypeObject* type, PyObject* name, bool stored) {
   DirectGetter g;
   g.type = type;
   g.name = name;
+  g.stored = stored;
   // Reading the attribute through the type both finds the descriptor along
   // the MRO (property.__get__(None, type) is the property itself) and makes
   // CPython assign the type a version tag, which is read afterwards.
@@ -213,7 +250,7 @@ DirectGetter DirectGetter::Resolve(PyTypeObject* type, PyObject* name) {
 void SignatureSpec::AddAvalType(PyTypeObject* type) {
   AvalType t;
   t.type = type;
-  t.aval = DirectGetter::Resolve(type, N().aval);
+  t.aval = DirectGetter::Resolve(type, N().aval, /*stored=*/true);
   if (hook.IsCommittedType(type)) {
     t.committed = DirectGetter::Resolve(type, hook.committed_attr);
     t.sharding = DirectGetter::Resolve(type, hook.sharding_attr);

@@ -18,7 +18,8 @@
 //   | latch, lru            | CompileLatch, SharedLru                       |
 //   | payload               | written by the compiling thread before        |
 //   |                       | Publish(); read after observing the state     |
-//   | slots (EntrySlot)     | PerThread: a thread's own line; hits relaxed, |
+//   | slots (EntrySlot)     | PerThread: a thread's own line; hits relaxed  |
+//   |                       | (added by a plain load and store: one writer),|
 //   |                       | in_flight seq_cst (see InFlight), the rest    |
 //   |                       | the holding thread's only                     |
 //   | unlinked, claimed,    | seq_cst atomics, written once each            |
@@ -38,7 +39,7 @@
 //   | newest_               | FTJIT_GUARDED_BY(publish_mu_)                 |
 //   | publish_mu_           | leaf lock: serialises the writes of ready_;   |
 //   |                       | guards newest_ and every entry's listing      |
-//   | counters_             | relaxed atomics (hits striped: StripedCounter)|
+//   | counters_             | relaxed atomics (hits: PerThreadCounter)      |
 //   | counted_              | relaxed atomic: admitted entries in the map,  |
 //   |                       | and evicted signatures that keep their count  |
 //   | evicted_              | FTJIT_GUARDED_BY(evicted_mu_), a leaf lock    |
@@ -115,7 +116,7 @@
 namespace ftjit {
 
 struct StoreCounters {
-  StripedCounter hits;
+  PerThreadCounter hits;  // a line per thread index: a hit adds with no lock prefix
   std::atomic<uint64_t> misses{0}, compiles{0}, waits{0}, evictions{0}, failures{0};
   std::atomic<uint64_t> compile_nanos{0}, wait_nanos{0};
 };
@@ -308,8 +309,9 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     slot.redirect_gen = gen;
   }
 
+  // Only the thread holding `index` (whose `slot` this is): plain adds.
   void CountHit(Entry* e, Slot& slot, size_t index) {
-    slot.hits.fetch_add(1, std::memory_order_relaxed);
+    slot.hits.store(slot.hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     counters_.hits.Add(index);
     SharedLru<EntryPtr, Mutex>::Touch(e);
   }

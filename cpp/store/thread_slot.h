@@ -1,13 +1,12 @@
 // ftjit: what a thread brings to every call of every function: its epoch
 // record (EpochDomain) and its index (ThreadIndices), which names its slot
-// in each entry (PerThread) and its stripe of a store's counters
-// (StripedCounter). Python-free: the types come from `Traits`, as for
+// in each entry and its line of a store's hit counter (PerThread,
+// PerThreadCounter). Python-free: the types come from `Traits`, as for
 // EntryStore.
 //
 //   | t_ctx_, t_ready_,| thread-local; written by the thread itself only    |
 //   |   t_exited_      |                                                    |
 //   | Indices()        | ThreadIndices (its own lock)                       |
-//   | Stripes()        | computed once (a function-local static)            |
 //
 // Lock order: Indices()' lock is a leaf, taken once when a thread starts
 // using ftjit and once when it ends.
@@ -42,6 +41,10 @@ class ThreadSlot {
   struct Ctx {
     typename Domain::Record* rec;
     size_t index;
+    // The extension's innermost call of a thread's own executable (call.cc's
+    // CopyFrame), here so that a call that already holds its Ctx reaches it
+    // without another thread-local lookup. The thread's own only.
+    mutable void* frame;
   };
   static const Ctx& Get() {
     const Ctx* p = t_ready_;  // one thread-local read on every call
@@ -88,42 +91,9 @@ class ThreadSlot {
     t_ready_ = &t_ctx_;
     return t_ctx_;
   }
-  static inline thread_local Ctx t_ctx_{nullptr, 0};
+  static inline thread_local Ctx t_ctx_{nullptr, 0, nullptr};
   static inline thread_local const Ctx* t_ready_ = nullptr;  // &t_ctx_ while it holds a record
   static inline thread_local bool t_exited_ = false;
-};
-
-// How many lines a striped counter spreads over: a power of two, at least
-// twice the machine's cores (and 16), so that threads running at once
-// rarely share one. Fixed for the process.
-inline size_t Stripes() {
-  static const size_t n = [] {
-    size_t want = 2 * static_cast<size_t>(std::thread::hardware_concurrency());
-    size_t s = 16;
-    while (s < want) s *= 2;
-    return s;
-  }();
-  return n;
-}
-
-// A relaxed counter spread over Stripes() cache lines, a thread adding to
-// the line of its index: memory by the machine's size, not the threads'.
-class StripedCounter {
- public:
-  StripedCounter() : mask_(Stripes() - 1), lines_(new Line[Stripes()]) {}
-  void Add(size_t index) { lines_[index & mask_].n.fetch_add(1, std::memory_order_relaxed); }
-  uint64_t Load() const {
-    uint64_t total = 0;
-    for (size_t i = 0; i <= mask_; ++i) total += lines_[i].n.load(std::memory_order_relaxed);
-    return total;
-  }
-
- private:
-  struct alignas(64) Line {
-    std::atomic<uint64_t> n{0};
-  };
-  const size_t mask_;
-  std::unique_ptr<Line[]> lines_;
 };
 
 }  // namespace ftjit

@@ -99,6 +99,37 @@ void TestThreadsCountInTheirOwnWhileOthersRead() {
   CHECK_EQ(made, static_cast<size_t>(kThreads));
 }
 
+// PerThreadCounter: threads that come and go, each adding under an index
+// it holds (a released index goes to the next thread, which goes on adding
+// on the same line), while a reader sums: every add is counted, none twice,
+// and no two threads write one line at once (TSAN would see it).
+void TestPerThreadCounterCountsEveryAddAcrossInheritedIndices() {
+  ftjit::PerThreadCounter counter;
+  ftjit::ThreadIndices indices;
+  constexpr int kThreads = 24;
+  constexpr int kRounds = 50;
+  constexpr uint64_t kAdds = 100;
+  std::atomic<int> finished{0};
+  ftjit_test::RunThreads(kThreads + 1, [&](size_t t) {
+    if (t == kThreads) {
+      while (finished.load() < kThreads) {
+        CHECK(counter.Load() <= static_cast<uint64_t>(kThreads) * kRounds * kAdds);
+      }
+      return;
+    }
+    for (int round = 0; round < kRounds; ++round) {
+      size_t i = indices.Acquire();
+      for (uint64_t k = 0; k < kAdds; ++k) counter.Add(i);
+      indices.Release(i);
+    }
+    finished.fetch_add(1);
+  });
+  CHECK_EQ(counter.Load(), static_cast<uint64_t>(kThreads) * kRounds * kAdds);
+  CHECK(indices.HighWater() <= static_cast<size_t>(kThreads));
+  counter.Add(0, 5);  // n at once
+  CHECK_EQ(counter.Load(), static_cast<uint64_t>(kThreads) * kRounds * kAdds + 5);
+}
+
 // The lowest free index first; released ones are reused lowest first; no
 // bound; a forked child keeps only its own.
 void TestIndicesAreTheLowestFree() {
@@ -144,6 +175,7 @@ int main() {
   RUN_TEST(TestChunksCoverEveryIndexOnce);
   RUN_TEST(TestScatteredIndicesGetTheirOwn);
   RUN_TEST(TestThreadsCountInTheirOwnWhileOthersRead);
+  RUN_TEST(TestPerThreadCounterCountsEveryAddAcrossInheritedIndices);
   RUN_TEST(TestIndicesAreTheLowestFree);
   RUN_TEST(TestLiveThreadsNeverShareAnIndex);
   std::fprintf(stderr, "all PerThread tests passed\n");
