@@ -307,12 +307,17 @@ struct StoredField {
   // The stored value (a new reference), or null: not learned (yet), or an
   // empty field (the caller then asks the getter). Per leaf: inline.
   PyObject* Read(PyObject* obj) const {
+    PyObject* v = Peek(obj);
+    return v ? Py_NewRef(v) : nullptr;
+  }
+  // Read's value, borrowed (null as Read's): valid while `obj` lives and no
+  // Python code runs (which could set the field and drop the value).
+  PyObject* Peek(PyObject* obj) const {
     // A word once > 0 is a word of this type's instances, whatever a later
     // failed sighting stores: the read stays inside the object.
     const int32_t w = word_.load(std::memory_order_relaxed);
     if (w <= 0 || !direct_.load(std::memory_order_relaxed)) return nullptr;
-    PyObject* v = __atomic_load_n(reinterpret_cast<PyObject**>(obj) + w, __ATOMIC_RELAXED);
-    return v ? Py_NewRef(v) : nullptr;
+    return __atomic_load_n(reinterpret_cast<PyObject**>(obj) + w, __ATOMIC_RELAXED);
   }
   // Whether Read reads in place now.
   bool direct() const { return word_.load() > 0 && direct_.load(); }
@@ -343,6 +348,14 @@ struct DirectGetter {
   // `stored`: the caller knows the getter only returns what the instance
   // stores (JAX's aval); the field is then learned, and read in place.
   static DirectGetter Resolve(PyTypeObject* type, PyObject* name, bool stored = false);
+  // obj.<name> borrowed where the field is read in place now (see
+  // StoredField::Peek), else null (Get then). Per leaf: inline.
+  PyObject* Peek(PyObject* obj) const {
+    if (!stored || version == 0 || __atomic_load_n(&type->tp_version_tag, __ATOMIC_RELAXED) != version) {
+      return nullptr;
+    }
+    return field.Peek(obj);
+  }
   // New reference to obj.<name> (obj's exact type is `type`), or nullptr
   // with an error set. Per leaf: inline.
   PyObject* Get(PyObject* obj) const {

@@ -119,6 +119,9 @@ inline bool Builder::ReadArrayShape(PyObject* obj, ArrayShape& s, ThreadMemos& m
 // What ReadArrayShape found in an aval this thread read lately. An aval is
 // immutable and shared by every output array of one compiled computation,
 // so chained calls (outputs fed back as inputs) skip re-reading them.
+// `aval` may be borrowed with no reference held (TryArray's peek): it is
+// only compared, and a slot holds its own reference, so a match is that
+// live object.
 inline bool Builder::FindAval(const AvalMemo& memo, PyObject* aval, ArrayShape& s) {
   for (const AvalMemo::Slot& slot : memo.slots) {
     if (slot.aval != aval) continue;
@@ -162,12 +165,20 @@ inline bool Builder::TryArray(PyObject* obj) {
   }
   if (via_aval) {
     // For types whose .dtype/.shape are slow properties over an abstract
-    // value (jax Arrays), read that value's plain attributes instead.
-    nb::object aval = nb::steal(via_aval->aval.Get(obj));
-    if (!aval.is_valid()) throw nb::python_error();
-    if (!FindAval(memos_.avals, aval.ptr(), s)) {
-      if (!ReadArrayShape(aval.ptr(), s, memos_)) return false;
-      StoreAval(memos_.avals, aval.ptr(), s);
+    // value (jax Arrays), read that value's plain attributes instead. One
+    // this thread read lately is found by its pointer, borrowed where the
+    // array's field is read in place: no reference count is written (the
+    // hit path's; on a free-threaded build, one shared by every thread
+    // passing arrays of that aval). Held from there on: reading it runs
+    // Python, which may set the field.
+    PyObject* peeked = via_aval->aval.Peek(obj);
+    if (!peeked || !FindAval(memos_.avals, peeked, s)) {
+      nb::object aval = nb::steal(via_aval->aval.Get(obj));
+      if (!aval.is_valid()) throw nb::python_error();
+      if (!FindAval(memos_.avals, aval.ptr(), s)) {
+        if (!ReadArrayShape(aval.ptr(), s, memos_)) return false;
+        StoreAval(memos_.avals, aval.ptr(), s);
+      }
     }
   } else if (!ReadArrayShape(obj, s, memos_)) {
     return false;
