@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="interleaved rounds of the thread-scaling timings (overrides the preset)")
     parser.add_argument("--only-scaling", action="store_true",
                         help="only the thread-scaling table (for a many-core machine's short lease)")
+    parser.add_argument("--only-cases", action="store_true",
+                        help="only the single-thread rows of every argument kind, timed in a worker thread "
+                             "(ftjit / its anchor by kind; for a short lease)")
     parser.add_argument("--batching", action="store_true",
                         help="only the batching rows: threads with one example each, per call, a hand-written "
                              "batcher and ftjit.batched, with their batches and host overhead (issue 45's targets, "
@@ -115,6 +118,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for flag in ("number", "repeat", "scaling_calls", "scaling_rounds"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.only_cases and args.only_scaling:
+        parser.error("--only-cases and --only-scaling exclude each other")
     if args.batching:
         return _batching(args)
     if args.stages:
@@ -131,12 +136,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"repeat={sizes['repeat']}, load average {load_before[0]:.2f}", file=sys.stderr, flush=True)
     overhead = loop_overhead_ns(sizes["number"], sizes["repeat"])
     results: list[Measurement] = []
-    for thread in () if args.only_scaling else ("worker", "main"):
+    for thread in () if args.only_scaling else ("worker",) if args.only_cases else ("worker", "main"):
         print(f"bench: single-thread rows, timed in the {thread} thread", file=sys.stderr, flush=True)
         results += measure(cases, sizes["number"], sizes["repeat"], on_repeat=_progress, overhead_ns=overhead,
                            thread=thread)
     # Worker and main rows of a case next to each other.
     results.sort(key=lambda m: cases.index(m.case))
+    if args.only_cases:
+        _print_cases(results, cases, overhead, load_before)
+        return 0
     if not args.no_jax and not args.only_scaling:
         from .warmup import warmup_measurement
 
@@ -157,6 +165,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scaling = scaling_result(sizes["scaling_calls"], sizes["scaling_rounds"], with_jax=not args.no_jax,
                              on_round=lambda d, t: print(f"bench: scaling round {d}/{t}", file=sys.stderr,
                                                          flush=True), thread_counts=args.threads)
+    load_after = _print_cases(results, cases, overhead, load_before, scaling=format_scaling(scaling))
+    _write_outputs(args, results, scaling, {"quick": args.quick, "ftjit": ftjit.__version__,
+                                            "loop_overhead_ns": overhead, "load_before": list(load_before),
+                                            "load_after": list(load_after), "interpreter": _interpreter(),
+                                            "warmup_signatures": args.warmup_signatures,
+                                            "warmup_workers": args.warmup_workers,
+                                            "threads": None if args.threads is None else list(args.threads),
+                                            **sizes})
+    return 0  # benchmarks report; they do not fail CI
+
+
+def _print_cases(results: list[Measurement], cases: list[Case], overhead: float, load_before: tuple[float, ...],
+                 scaling: str | None = None) -> tuple[float, ...]:
+    """The run's header line, the per-call table (if any rows), the scaling table (if given) and the
+    compiled-once warnings; returns the load average after."""
     load_after = os.getloadavg()
     print(f"ftjit {ftjit.__version__} on {_interpreter()}; load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
@@ -166,17 +189,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"(ratio = ftjit /call ÷ anchor /call, lower is better; each /call is the median of the interleaved "
               f"timings, less timeit's loop overhead of {overhead:.1f} ns/call; the warm-up row compares best runs)")
         print()
-    print(format_scaling(scaling))
+    if scaling is not None:
+        print(scaling)
     for warning in _check_compiled_once(cases):
         print(warning)
-    _write_outputs(args, results, scaling, {"quick": args.quick, "ftjit": ftjit.__version__,
-                                            "loop_overhead_ns": overhead, "load_before": list(load_before),
-                                            "load_after": list(load_after), "interpreter": _interpreter(),
-                                            "warmup_signatures": args.warmup_signatures,
-                                            "warmup_workers": args.warmup_workers,
-                                            "threads": None if args.threads is None else list(args.threads),
-                                            **sizes})
-    return 0  # benchmarks report; they do not fail CI
+    return load_after
 
 
 def _batching(args: argparse.Namespace) -> int:

@@ -490,6 +490,17 @@ def test_only_scaling_prints_the_scaling_table_alone(tmp_path):
     assert data["results"] == [] and data["scaling"]["thread_counts"] == [1, 2]
 
 
+@pytest.mark.thread_unsafe(reason="runs the benchmark in a subprocess: 8 at once would overload 2 cores")
+@pytest.mark.timeout(180)
+def test_only_cases_prints_each_kind_once_from_the_worker_thread():
+    proc = _bench(*TINY, "--only-cases")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning:" not in proc.stdout
+    assert [(r[0], r[1]) for r in _table_rows(proc.stdout)] == [(name, "worker") for name, _, _ in ROWS]
+    assert not any(line.startswith(("side ", "target ")) for line in proc.stdout.splitlines())  # no scaling
+    assert _bench("--only-cases", "--only-scaling").returncode == 2
+
+
 STAGES = ["ftjit: signature (core Build)", "ftjit: probe (FindReady + Release)",
           "ftjit: invoke (slot, in flight, copy frame, call entry)", "jaxlib's call: its own parse, signature and probe",
           "execute (execute_sharded + output handlers)"]
