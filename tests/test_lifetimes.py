@@ -10,6 +10,7 @@ after it ended, and a namedtuple registered after first use was not seen).
 
 import collections
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -18,8 +19,8 @@ import weakref
 import pytest
 
 import ftjit
-from helpers import (ContextCompiler, ThreadContextCompiler, child_env, classes_can_die, gc_collect_until, run_threads,
-                     weak_executable)
+from helpers import (ContextCompiler, ThreadContextCompiler, child_env, classes_can_die, gc_collect_until, run_script,
+                     run_threads, weak_executable)
 
 
 class _Config:
@@ -388,3 +389,50 @@ def test_closures_dropped_from_many_threads_leave_no_core_object_behind():
 
     assert gc_collect_until(settled), {k: (before[k], after[k]) for k in keys}
     assert after["caches"] == before["caches"]
+
+
+# 8 threads hit 6 signatures of a function whose cache holds 2: entries are
+# evicted while other threads are inside their executables (which yield to
+# keep them there). In a fresh interpreter (the live counts are the whole
+# process's): every result is checked, every call counted once, and
+# afterwards no entry or retired object is left; a forked child then calls.
+_EVICTED_UNDER_HITS = r"""
+import gc, os, sys, time
+import ftjit, ftjit._core as core
+sys.path.insert(0, os.environ["FTJIT_TESTS"])
+from helpers import CountingCompiler, run_threads
+
+def work(x, k):
+    time.sleep(0)  # another thread runs while this call is in flight
+    return x * 10 + k
+
+jf = ftjit.jit(work, compiler=CountingCompiler(), cache=ftjit.FunctionCache(capacity=2), static_argnums=1)
+calls = 300
+
+def worker(t):
+    for i in range(calls):
+        k = (t + i) % 6
+        assert jf(i, k) == i * 10 + k
+    return calls
+
+assert sum(run_threads(8, worker, timeout=120)) == 8 * calls
+info = jf.cache_info()
+assert info.hits + info.misses + info.waits == 8 * calls, info  # every call counted once
+assert info.evictions > 0, info
+del jf
+gc.collect()
+live = core._live_counts(reclaim=True)
+assert (live["entries"], live["retired"]) == (0, 0), live
+pid = os.fork()
+if pid == 0:
+    jg = ftjit.jit(lambda x: x + 1, compiler=CountingCompiler())
+    os._exit(0 if jg(1) == 2 and jg(2) == 3 else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_entries_evicted_while_threads_are_inside_them_are_freed_once():
+    assert run_script(_EVICTED_UNDER_HITS, env={"FTJIT_TESTS": os.path.dirname(__file__)}) == "ok"

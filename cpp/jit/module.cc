@@ -136,10 +136,6 @@ NB_MODULE(_core, m) {
       "grace period: entries, tables), epoch_records (made; held: by live threads), thread_indices\n"
       "(held by live threads; made: the most ever held at once) and interned_contexts. With reclaim,\n"
       "what no thread can still see is freed first.");
-  m.def(
-      "_fences", []() { return ftjit::Fences::Asymmetric() ? "asymmetric" : "symmetric"; },
-      "The hit path's fences: 'asymmetric' (membarrier on the rare side, a compiler barrier on a hit's)\n"
-      "or 'symmetric' (seq_cst on both; FTJIT_FENCES=symmetric, no membarrier, or a TSAN build).");
   m.def("_interned_contexts", &ftjit::InternedContextCount,
         "How many compiler contexts are interned now (diagnostics): each lives while a signature "
         "or a thread's memo uses it.");

@@ -53,16 +53,6 @@
 // record push and OldestReaderEpoch's loads are each one half of a
 // store-then-load pair: do not relax them from seq_cst, whatever TSAN says.
 //
-// Asymmetric fences (fences.h; the default on Linux): the reader's half of
-// each pair, (b) and LeaveRead's store of 0 and FreeHeldBack's fence, is a
-// release store and a compiler barrier (Fences::Light); the reclaimer's
-// half is Fences::Heavy (membarrier) between seeing the retirements and
-// reading the records. The argument above holds with "seq_cst" read as
-// "ordered by the Light/Heavy pair": a reader whose split point falls
-// before the Heavy has its announcement seen; one whose point falls after
-// it loads (c) after the unlink (1). (a) is an acquire load in both modes
-// (a reader that sees the advanced epoch sees the unlink before it).
-//
 // A read section never blocks, calls out or nests. What a reader uses after
 // it must be kept alive by other means (EntryStore's in-flight counts).
 //
@@ -81,7 +71,6 @@
 #include <utility>
 #include <vector>
 
-#include "primitives/fences.h"
 #include "primitives/locks.h"
 #include "primitives/thread_annotations.h"
 
@@ -150,12 +139,7 @@ class EpochDomain {
   void EnterRead(Record* r) {
     assert(r->epoch.load(std::memory_order_relaxed) == 0 && "read sections do not nest");
     uint64_t e = epoch_.load(std::memory_order_seq_cst);
-    if (Fences::Asymmetric()) {
-      r->epoch.store(e, std::memory_order_release);  // (b), then Light: Reclaim's Heavy pairs with it
-      Fences::Light();
-    } else {
-      r->epoch.store(e, std::memory_order_seq_cst);
-    }
+    r->epoch.store(e, std::memory_order_seq_cst);
     if (r->since == 0) r->since = e;
   }
   // Ends a read section; the thread's next LeaveRead frees what it held back.
@@ -163,16 +147,16 @@ class EpochDomain {
   // Ends a read section and frees what it, or the ExitRead sections since
   // the last LeaveRead, held back. May run deleters.
   void LeaveRead(Record* r) {
-    r->epoch.store(0, Fences::Asymmetric() ? std::memory_order_release : std::memory_order_seq_cst);
+    r->epoch.store(0, std::memory_order_seq_cst);
     FreeHeldBack(r);
   }
   // LeaveRead's freeing, for a thread with no section left to end (a probe
-  // that missed). The fence (Light) stands in for LeaveRead's seq_cst store:
+  // that missed). The seq_cst fence stands in for LeaveRead's seq_cst store:
   // it orders the earlier ExitRead stores before the loads below.
   void FreeHeldBack(Record* r) {
     uint64_t since = r->since;
     r->since = 0;
-    Fences::Light();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (pending_.load(std::memory_order_seq_cst) != 0 &&
         epoch_.load(std::memory_order_seq_cst) > since) {
       Reclaim();
@@ -213,9 +197,6 @@ class EpochDomain {
       LockGuard<Mutex> lock(mu_);
       TagDeferredLockHeld();
       if (retired_.empty()) return 0;
-      // After this thread saw the retirements (their unlinks happened
-      // before), before it reads the announcements: readers' Light.
-      Fences::Heavy();
       uint64_t oldest = OldestReaderEpoch();
       auto keep = retired_.begin();
       for (auto it = retired_.begin(); it != retired_.end(); ++it) {

@@ -20,8 +20,8 @@
 //   |                       | Publish(); read after observing the state     |
 //   | slots (EntrySlot)     | PerThread: a thread's own line; hits relaxed  |
 //   |                       | (added by a plain load and store: one writer),|
-//   |                       | in_flight one writer (AddInFlight, InFlight), |
-//   |                       | the rest the holding thread's only            |
+//   |                       | in_flight seq_cst (see InFlight), the rest    |
+//   |                       | the holding thread's only                     |
 //   | unlinked, claimed,    | seq_cst atomics, written once each            |
 //   |   left_map            |                                               |
 //   | counted               | atomic: set by Admit, cleared once on leaving |
@@ -60,10 +60,7 @@
 // deleter marks it `unlinked`; whoever then sees it unlinked with nothing in
 // flight (the deleter, or the FinishCall that brings the count to zero)
 // claims it (`claimed`: exactly one does) and retires it. Both sides write
-// first and check after, so one of them always sees the other: seq_cst on
-// both sides, or with asymmetric fences (fences.h) a plain decrement and
-// Light on the hit's side, Heavy before any sum of the counts (a deleter,
-// and a FinishCall that found the entry unlinked, which is rare).
+// first and check after (seq_cst), so one of them always sees the other.
 // Both look at the entry only inside a read section, and Retire frees it a
 // grace period later: a FinishCall that lost the claim never reads freed
 // memory.
@@ -107,7 +104,6 @@
 
 #include "primitives/compile_latch.h"
 #include "primitives/epoch.h"
-#include "primitives/fences.h"
 #include "primitives/listing_table.h"
 #include "primitives/live_count.h"
 #include "primitives/locks.h"
@@ -141,17 +137,6 @@ template <class Exe>
 struct alignas(64) EntrySlot {
   std::atomic<uint64_t> hits{0};
   std::atomic<int64_t> in_flight{0};
-  // Only the thread holding the index. Asymmetric fences: a plain load and
-  // store (one writer) and Light, which FinishCall's load of `unlinked`
-  // needs after its decrement (see InFlight); else a seq_cst add.
-  void AddInFlight(int64_t n) {
-    if (Fences::Asymmetric()) {
-      in_flight.store(in_flight.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-      Fences::Light();
-    } else {
-      in_flight.fetch_add(n, std::memory_order_seq_cst);
-    }
-  }
   Exe copy{};
   void* redirect = nullptr;  // a StoreEntry of the same store; never owned
   uint64_t redirect_gen = 0;
@@ -205,12 +190,10 @@ struct StoreEntry {
   }
 
   // Whether this thread must retire the entry (see InFlight). Inside a read
-  // section. Heavy: the other threads' decrements (AddInFlight: Light) are
-  // seen by the sum, or they see `unlinked` and sum themselves.
+  // section.
   bool ClaimIfIdle() {
-    if (!unlinked.load(std::memory_order_seq_cst)) return false;
-    Fences::Heavy();
-    return InFlight() == 0 && !claimed.exchange(true, std::memory_order_seq_cst);
+    return unlinked.load(std::memory_order_seq_cst) && InFlight() == 0 &&
+           !claimed.exchange(true, std::memory_order_seq_cst);
   }
   static void Delete(void* e) { delete static_cast<StoreEntry*>(e); }
 
@@ -283,13 +266,13 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
     Held h;
     if (Entry* e = Probe(*ready_.Load(), sig)) {
       Slot& s = e->slots.Get(index);
-      s.AddInFlight(1);
+      s.in_flight.fetch_add(1, std::memory_order_seq_cst);
       h = Held{e, &s, e, &s};
       if (s.redirect && follow_redirect) {
         if (s.redirect_gen == RedirectGen(sig)) {
           auto* t = static_cast<Entry*>(s.redirect);
           Slot& ts = t->slots.Get(index);
-          ts.AddInFlight(1);
+          ts.in_flight.fetch_add(1, std::memory_order_seq_cst);
           h.target = t;
           h.target_slot = &ts;
         } else {
@@ -343,7 +326,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   static void FinishCall(Entry* e, Slot& slot, Record* rec) {
     auto& epochs = Traits::Epochs();
     epochs.EnterRead(rec);
-    slot.AddInFlight(-1);
+    slot.in_flight.fetch_sub(1, std::memory_order_seq_cst);
     bool mine = e->ClaimIfIdle();
     epochs.LeaveRead(rec);
     if (mine) epochs.Retire(e, &Entry::Delete);

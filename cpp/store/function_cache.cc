@@ -8,8 +8,7 @@
 //   | AllStores(): every live       | AllStores().mu (likewise)               |
 //   |   FunctionStore               |                                         |
 //   | FunctionCache::cache          | fixed after construction                |
-//   | g_epochs, Fences' mode        | set once at module init (InitCaches);   |
-//   |                               | the mode again in a forked child        |
+//   | g_epochs                      | set once at module init (InitCaches)    |
 //   | each thread's ThreadCtx       | thread-local (ThreadSlot)               |
 //
 // Lock order: the two registries' locks are leaves, never held together
@@ -20,10 +19,8 @@
 // AllStores().mu.
 #include "store/function_cache.h"
 
-#include <cstdlib>
 #include <limits>
 #include <mutex>
-#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -109,19 +106,7 @@ class FunctionCache {
 }  // namespace
 
 void InitCaches() {
-  if (g_epochs) return;
-  // Before any reader exists (fences.h). FTJIT_FENCES=symmetric turns the
-  // asymmetric ones off (seq_cst on the hit path, as without membarrier).
-  const char* asked = std::getenv("FTJIT_FENCES");
-  const std::string mode = asked ? asked : "";
-  if (mode != "" && mode != "symmetric" && mode != "asymmetric") {
-    PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                     "ftjit: FTJIT_FENCES=%s is not 'symmetric' or 'asymmetric': asymmetric (the default) is used",
-                     mode.c_str());
-    PyErr_Clear();  // a warning turned into an error: the default still applies
-  }
-  Fences::Init(mode != "symmetric");
-  g_epochs = new EpochDomain<LeafMutex>(&ThreadIsAttached);
+  if (!g_epochs) g_epochs = new EpochDomain<LeafMutex>(&ThreadIsAttached);
 }
 
 void Cache::ClearAll() {
@@ -258,7 +243,6 @@ void AfterForkInChildCaches() {
     c->lru.ReinitLockInChild();
     c->functions.ReinitLockInChild();
   }
-  Fences::Init(Fences::Asymmetric());  // registered again for the child's process (else symmetric)
   g_epochs->AfterForkInChild(ThisThread().rec);
   ThreadSlot<PyEntryTraits>::AfterForkInChild();
   std::vector<std::shared_ptr<FunctionStore>> all = LiveStores();
