@@ -192,6 +192,11 @@ class CompilerHooks:
     #: Exact array types that are never in ``fallback_types`` (a fast path).
     plain_types: tuple[type, ...] = ()
     #: Exact array types whose dtype, shape and weak type are read from ``.aval``.
+    #: Where ``aval`` is a plain property that returns an object the instance
+    #: holds in one slot of its fixed layout (jax Arrays), the core reads that
+    #: slot after eight getter calls found the result there, and no longer
+    #: calls the getter (``JitFunction._avals_read_in_place()``); a getter
+    #: that computes its value is always called.
     aval_types: tuple[type, ...] = ()
     #: Exceptions of an executable after which the call is made again
     #: through ``fallback`` (JAX: a NaN found under jax_debug_nans).
