@@ -192,12 +192,17 @@ class CompilerHooks:
     #: Exact array types that are never in ``fallback_types`` (a fast path).
     plain_types: tuple[type, ...] = ()
     #: Exact array types whose dtype, shape and weak type are read from ``.aval``.
-    #: Where ``aval`` is a plain property that returns an object the instance
-    #: holds in one slot of its fixed layout (jax Arrays), the core reads that
-    #: slot after eight getter calls found the result there, and no longer
-    #: calls the getter (``JitFunction._avals_read_in_place()``); a getter
-    #: that computes its value is always called.
     aval_types: tuple[type, ...] = ()
+    #: Of ``aval_types``, those whose ``aval`` is a plain property that only
+    #: returns an object the instance holds in one slot of its fixed layout
+    #: (jax Arrays: a C++ getter over a field; never a getter that computes,
+    #: memoises or chooses its value). The core then finds that slot (eight
+    #: getter calls whose result sat there, and nowhere else in the instance)
+    #: and reads it instead of calling: in place on a GIL build; on a
+    #: free-threaded one, compared with the avals the thread read lately,
+    #: the getter still called for a new one. ``JitFunction._avals_read_in_place()``
+    #: says which types it found the slot of.
+    aval_fields: tuple[type, ...] = ()
     #: Exceptions of an executable after which the call is made again
     #: through ``fallback`` (JAX: a NaN found under jax_debug_nans).
     redo_types: tuple[type[BaseException], ...] = ()
@@ -267,7 +272,7 @@ class CompilerHooks:
     def __post_init__(self) -> None:
         # Sequences of types are kept as tuples (a frozen record's); what is no
         # sequence is left for the check to name.
-        for name in ("fallback_types", "plain_types", "aval_types", "redo_types"):
+        for name in ("fallback_types", "plain_types", "aval_types", "aval_fields", "redo_types"):
             value = getattr(self, name)
             if type(value) is not tuple and isinstance(value, collections.abc.Iterable):
                 object.__setattr__(self, name, tuple(value))

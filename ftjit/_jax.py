@@ -136,6 +136,7 @@ class _ThroughJaxJit:
             fallback_types=hooks["fallback_types"],
             plain_types=hooks["plain_types"],
             aval_types=hooks["aval_types"],
+            aval_fields=hooks["aval_fields"],
             redo_types=hooks["redo_types"],
             strip_static=True,
             jax_style_errors=True,

@@ -264,6 +264,8 @@ def build_hooks(fast: frozenset[str] = FAST_PATHS) -> dict[str, Any]:
         "fallback_types": (jax.core.Tracer,),
         "plain_types": (array_type, np.ndarray) if array_type is not None else (np.ndarray,),
         "aval_types": (array_type,) if aval else (),
+        # jaxlib's ArrayImpl.aval is a C++ getter over the array's own field.
+        "aval_fields": (array_type,) if aval else (),
     }
 
 

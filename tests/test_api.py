@@ -559,6 +559,7 @@ def test_a_wrong_context_hooks_field_is_a_typeerror_naming_it_at_decoration(hook
     ("fallback_types", 3, "CompilerHooks.fallback_types must be a sequence of types, got 3"),
     ("plain_types", [int, 3], "CompilerHooks.plain_types must hold types, got 3"),
     ("aval_types", "ab", "CompilerHooks.aval_types must hold types, got 'a'"),
+    ("aval_fields", (int,), "CompilerHooks.aval_fields must hold only types of aval_types, got <class 'int'>"),
     ("redo_types", (ValueError, int), "CompilerHooks.redo_types must hold exception types, got <class 'int'>"),
     ("strip_static", 1, "CompilerHooks.strip_static must be a bool, got 1"),
     ("jax_style_errors", None, "CompilerHooks.jax_style_errors must be a bool, got None"),

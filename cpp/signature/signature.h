@@ -286,9 +286,13 @@ struct ContextHook {
 // resolved, and CPython gives a type a new tag (never reused) whenever it
 // or a base changes. On any mismatch Get() takes the generic lookup.
 //
-// Where the getter only returns an object the instance stores (jaxlib's
-// ArrayImpl.aval: a C++ getter over a field), StoredField reads that field
-// instead, with no call at all (see StoredField).
+// Where the compiler says the getter only returns an object the instance
+// stores (CompilerHooks.aval_fields: jaxlib's ArrayImpl.aval, a C++ getter
+// over a field), StoredField finds that field, and the core reads it: no
+// call (GIL builds), or a comparison with the thread's aval memo first
+// (free-threaded builds, see Read). Eight sightings check the field; they
+// cannot prove that a getter always returns it (a memoising or conditional
+// one may not), which is why the compiler must say so.
 struct StoredField {
   // Sightings before the word is trusted: each one a getter call whose
   // result sat in exactly this word of the instance, and in no other.
@@ -304,14 +308,24 @@ struct StoredField {
     return *this;
   }
 
+#ifndef Py_GIL_DISABLED
   // The stored value (a new reference), or null: not learned (yet), or an
-  // empty field (the caller then asks the getter). Per leaf: inline.
+  // empty field (the caller then asks the getter). GIL builds only: the GIL
+  // keeps another thread from setting the field (and dropping the value)
+  // between the load and the increment. A free-threaded build has no such
+  // guard (CPython's own slot getters increment conditionally and check the
+  // field again, with private API): there only Peek's comparison is used,
+  // and the getter gives the reference. Per leaf: inline.
   PyObject* Read(PyObject* obj) const {
     PyObject* v = Peek(obj);
     return v ? Py_NewRef(v) : nullptr;
   }
-  // Read's value, borrowed (null as Read's): valid while `obj` lives and no
-  // Python code runs (which could set the field and drop the value).
+#endif
+  // The stored value, borrowed, or null (not learned, or an empty field).
+  // Never dereference it on a free-threaded build: another thread may set
+  // the field and free the value at any time. It may be compared with
+  // pointers whose objects the caller holds (a match is then that live
+  // object). Per leaf: inline.
   PyObject* Peek(PyObject* obj) const {
     // A word once > 0 is a word of this type's instances, whatever a later
     // failed sighting stores: the read stays inside the object.
@@ -340,13 +354,13 @@ struct DirectGetter {
   PyObject* name = nullptr;      // interned attribute name, borrowed (owned by the spec/hook)
   unsigned int version = 0;      // 0: no direct getter (always the generic lookup)
   nb::object fget;
-  bool stored = false;           // the getter returns a stored field: learn it (StoredField)
+  bool stored = false;           // the compiler says the getter returns a stored field: learn it
   StoredField field;
 
   // Resolves `type.name` to a plain property's getter, if it is one and the
   // type qualifies; otherwise a getter that always takes the generic path.
-  // `stored`: the caller knows the getter only returns what the instance
-  // stores (JAX's aval); the field is then learned, and read in place.
+  // `stored`: the compiler says the getter only returns what the instance
+  // stores (CompilerHooks.aval_fields); the field is then learned and read.
   static DirectGetter Resolve(PyTypeObject* type, PyObject* name, bool stored = false);
   // obj.<name> borrowed where the field is read in place now (see
   // StoredField::Peek), else null (Get then). Per leaf: inline.
@@ -361,7 +375,9 @@ struct DirectGetter {
   PyObject* Get(PyObject* obj) const {
     if (version != 0 && __atomic_load_n(&type->tp_version_tag, __ATOMIC_RELAXED) == version) {
       if (stored) {
+#ifndef Py_GIL_DISABLED
         if (PyObject* v = field.Read(obj)) return v;
+#endif
         if (field.learning()) return GetAndLearn(obj);
       }
       return PyObject_CallOneArg(fget.ptr(), obj);
@@ -436,7 +452,7 @@ struct SignatureSpec {
   // Adds an exact aval type and resolves its getters (after `hook` is read:
   // it names the committed attribute). The caller keeps `type` alive
   // through aval_types_owner.
-  void AddAvalType(PyTypeObject* type);
+  void AddAvalType(PyTypeObject* type, bool aval_in_place);
 
   // Positional argument `i` of a call with `nargs` positional arguments is
   // static if i or i - nargs is listed.

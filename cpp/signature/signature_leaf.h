@@ -166,11 +166,11 @@ inline bool Builder::TryArray(PyObject* obj) {
   if (via_aval) {
     // For types whose .dtype/.shape are slow properties over an abstract
     // value (jax Arrays), read that value's plain attributes instead. One
-    // this thread read lately is found by its pointer, borrowed where the
-    // array's field is read in place: no reference count is written (the
-    // hit path's; on a free-threaded build, one shared by every thread
-    // passing arrays of that aval). Held from there on: reading it runs
-    // Python, which may set the field.
+    // this thread read lately is found by its pointer where the array's
+    // field is learned (StoredField::Peek: compared, never dereferenced; the
+    // memo holds its own references): no call and no reference count
+    // written. Otherwise the getter's reference is held: reading the aval
+    // runs Python, which may set the field.
     PyObject* peeked = via_aval->aval.Peek(obj);
     if (!peeked || !FindAval(memos_.avals, peeked, s)) {
       nb::object aval = nb::steal(via_aval->aval.Get(obj));

@@ -247,10 +247,10 @@ DirectGetter DirectGetter::Resolve(PyTypeObject* type, PyObject* name, bool stor
   return g;
 }
 
-void SignatureSpec::AddAvalType(PyTypeObject* type) {
+void SignatureSpec::AddAvalType(PyTypeObject* type, bool aval_in_place) {
   AvalType t;
   t.type = type;
-  t.aval = DirectGetter::Resolve(type, N().aval, /*stored=*/true);
+  t.aval = DirectGetter::Resolve(type, N().aval, aval_in_place);
   if (hook.IsCommittedType(type)) {
     t.committed = DirectGetter::Resolve(type, hook.committed_attr);
     t.sharding = DirectGetter::Resolve(type, hook.sharding_attr);
@@ -330,7 +330,16 @@ void SignatureSpec::ReadHooks(nb::handle hooks) {
   plain_types_owner = TypesField(hooks, "plain_types");
   for (nb::handle t : plain_types_owner) plain_types.push_back(reinterpret_cast<PyTypeObject*>(t.ptr()));
   aval_types_owner = TypesField(hooks, "aval_types");  // after `hook`, which names the committed attribute
-  for (nb::handle t : aval_types_owner) AddAvalType(reinterpret_cast<PyTypeObject*>(t.ptr()));
+  const nb::object in_place = TypesField(hooks, "aval_fields");
+  for (nb::handle t : in_place) {
+    if (PySequence_Contains(aval_types_owner.ptr(), t.ptr()) != 1) {
+      PyErr_Clear();
+      WrongHook("aval_fields", "must hold only types of aval_types", t);
+    }
+  }
+  for (nb::handle t : aval_types_owner) {
+    AddAvalType(reinterpret_cast<PyTypeObject*>(t.ptr()), PySequence_Contains(in_place.ptr(), t.ptr()) == 1);
+  }
   placement_label = CallableField(hooks, "placement_label", "placement_label");
   jax_style_errors = BoolField(hooks, "jax_style_errors");
   context_in_executable = BoolField(hooks, "context_in_executable");
