@@ -480,9 +480,10 @@ void DefineSignatureQueries(const Definer& d) {
         });
       },
       "def _avals_read_in_place(self) -> tuple[bool, ...]",
-      "Tests and bench: for each of the compiler's aval types, whether the core\n"
-      "reads an instance's aval where it is stored, without its getter (learned\n"
-      "on the first calls: StoredField).");
+      "Tests and bench: for each of the compiler's aval types, whether the core has\n"
+      "learned the slot that holds an instance's aval (CompilerHooks.aval_fields):\n"
+      "read there on a GIL build, compared with the thread's recent avals on a\n"
+      "free-threaded one.");
   d.Method(
       [](const JitSelf& self, int n, nb::args args, nb::kwargs kwargs) {
         if (n < 1) throw nb::value_error("n must be >= 1");

@@ -333,7 +333,7 @@ struct StoredField {
     if (w <= 0 || !direct_.load(std::memory_order_relaxed)) return nullptr;
     return __atomic_load_n(reinterpret_cast<PyObject**>(obj) + w, __ATOMIC_RELAXED);
   }
-  // Whether Read reads in place now.
+  // Whether the field is learned: Peek answers (and, on a GIL build, Read).
   bool direct() const { return word_.load() > 0 && direct_.load(); }
   bool learning() const { return !direct_.load(std::memory_order_relaxed) && word_.load(std::memory_order_relaxed) >= 0; }
   // After the getter returned `got` for `obj` (of the resolved exact type):
