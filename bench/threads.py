@@ -223,7 +223,8 @@ def _core_array_contenders() -> tuple[Contender, Contender]:
             return fun
 
         def hooks(self, fun: Callable[..., Any]) -> Any:
-            return dataclasses.replace(super().hooks(fun), executable_for=None, context_in_executable=False)
+            return dataclasses.replace(super().hooks(fun), executable_for=None, context_in_executable=False,
+                                       thread_call=None)
 
     def maker(compiler: Callable[[], Any]) -> Callable[[int], tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
         def core(i: int) -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:

@@ -228,6 +228,21 @@ class CompilerHooks:
     #: (it reads the context for them), so each call checks the context
     #: once, in the executable or in the core. Needs ``executable_for``.
     context_in_executable: bool = False
+    #: ``(miss, eager, static_argnums, static_argnames) -> call object``:
+    #: one call object of the whole function per thread, which keys and
+    #: caches signatures itself and is called with a call's own arguments;
+    #: then a hit is one call into it, and the store is its second level.
+    #: It calls ``miss(*args, **kwargs)`` for a call it holds nothing for,
+    #: which returns ``(outputs, cache data or None, drop)`` (from the
+    #: entry's ``ThreadExecutables.own_miss``), and ``eager`` as
+    #: ``ThreadExecutables`` copies do; ``make`` may return None (this
+    #: thread's calls then take the store's path). The JAX compiler's: jaxlib's C++
+    #: call (``_jax.pjit``) with jax.jit's static positions and names. Needs
+    #: ``context_in_executable``; the core calls it lazily in the thread
+    #: that will use it, replaces it after ``clear_cache()``, and leaves a
+    #: function with negative ``static_argnums`` on the store's path
+    #: (docs/design.md, "One dispatch per hit").
+    thread_call: Callable[[Callable[..., Any], Callable[..., Any], tuple, tuple], Callable[..., Any] | None] | None = None
     #: Errors in jax.jit's words (a static argument's failing ``__eq__``).
     jax_style_errors: bool = False
     #: The fields that JitFunction's methods of the same names call: the core

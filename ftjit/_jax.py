@@ -31,7 +31,7 @@ import os
 from typing import Any, Callable, NamedTuple
 
 from ._hooks import CompilerHooks
-from ._jax_calls import executable_for
+from ._jax_calls import executable_for, thread_call
 from ._jax_hooks import _jax_hooks
 from ._specs_format import shown
 
@@ -146,6 +146,7 @@ class _ThroughJaxJit:
             clear_cache=self._clear_cache_hook(),
             placement_label=placement_label,
             executable_for=executable_for,
+            thread_call=thread_call(_name_str(fun)),
             spec_leaf=_spec_leaf,
             spec_node=_spec_node,
             portable_placement=_portable_placement,
@@ -155,6 +156,13 @@ class _ThroughJaxJit:
 
     def _clear_cache_hook(self) -> Callable[[], None] | None:
         return None
+
+
+def _name_str(fun: Any) -> str:
+    """``fun``'s ``__name__`` where it is a str (jaxlib's call objects name
+    themselves with it in profiles), else "jit"."""
+    name = getattr(fun, "__name__", None)
+    return name if isinstance(name, str) and name else "jit"
 
 
 def placement_label(sharding: Any) -> str:

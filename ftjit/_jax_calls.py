@@ -8,7 +8,8 @@ through jaxlib's C++ call of the program: one per thread
 Shared state and what guards it:
 
 | FAST_PATH, FLAT_CALLS, THREAD_COPIES | switches tests and the bench set; read at each compile |
-| _copy_parts_cache | written once (a benign race: every writer writes equal parts) |
+| _copy_parts_cache, | written once (a benign race: every writer writes equal values) |
+|   _thread_calls_cache |                                                              |
 
 Lock order: takes no lock.
 """
@@ -19,7 +20,8 @@ from typing import Any, Callable
 
 from ._hooks import ThreadExecutables
 
-__all__ = ["fast_callable", "executable_for", "FAST_PATH", "FLAT_CALLS", "THREAD_COPIES"]
+__all__ = ["fast_callable", "executable_for", "thread_call", "FAST_PATH", "FLAT_CALLS", "THREAD_COPIES",
+           "THREAD_CALLS"]
 
 # Whether fast_callable() may use Compiled's private C++ callable. Tests turn
 # it off to prove the public fallback gives the same answers.
@@ -32,6 +34,10 @@ FLAT_CALLS = True
 # made once per thread, checking JAX's configs itself (see _copies). Tests
 # and the bench turn it off to compare with one call object shared by all.
 THREAD_COPIES = True
+# Whether functions get CompilerHooks.thread_call: one jaxlib C++ call of the
+# whole function per thread, the first level of its calls (one dispatch per
+# hit). Read at jit(). Tests and the bench turn it off to compare.
+THREAD_CALLS = True
 
 
 def fast_callable(compiled: Any) -> Callable[..., Any]:
@@ -196,10 +202,12 @@ def _copies_work(parts: tuple[Any, Any, Any, Any]) -> str:
     import jax
     import numpy as np
 
+    from ._jax import jax_jit
+
     pjit, keys, registry, shard_arg = parts
     with jax.transfer_guard("allow"):
         x = jax.device_put(np.float32(1))
-        compiled = jax.jit(lambda v: v + 1).lower(x).compile()
+        compiled = jax_jit()(lambda v: v + 1).lower(x).compile()
         template = compiled._executable.create_cpp_call(compiled._params)
         if template is None:
             return "Compiled._executable.create_cpp_call gave no C++ call"
@@ -229,4 +237,85 @@ def _copies_work(parts: tuple[Any, Any, Any, Any]) -> str:
         with jax.disable_jit():
             if copy(x) != "eager":
                 return "a call object did not call its eager callback under jax.disable_jit()"
+    return ""
+
+
+def thread_call(name: str) -> Callable[..., Any] | None:
+    """The JAX compiler's ``CompilerHooks.thread_call`` for a function named
+    ``name``: ``make(miss, eager, static_argnums, static_argnames)``, a
+    jaxlib C++ call of the whole function (``_jax.pjit``, as jax.jit makes
+    it, with its own cache) whose miss is the core's; or None, from
+    ``make``, where the copies fail their check or this JAX's call objects
+    fail ``_thread_calls_work`` (both checked once per process, at the first
+    call: decorating touches no device), and every call takes the store's
+    path. None, at once, where the switches turn it off."""
+    if not (FAST_PATH and THREAD_COPIES and THREAD_CALLS):
+        return None
+
+    def make(miss: Callable[..., Any], eager: Callable[..., Any], static_argnums: tuple,
+             static_argnames: tuple) -> Callable[..., Any] | None:
+        parts = _copy_parts()
+        if parts is None or not _thread_calls_checked(parts):
+            return None
+        pjit, keys, registry, shard_arg = parts
+        return pjit(name, eager, miss, list(static_argnums), list(static_argnames), keys, registry, shard_arg)
+
+    return make
+
+
+_thread_calls_cache: list[bool] = []  # [passed], written once (a benign race: every writer writes the same)
+
+
+def _thread_calls_checked(parts: tuple[Any, Any, Any, Any]) -> bool:
+    if not _thread_calls_cache:
+        try:
+            why = _thread_calls_work(parts)
+        except Exception as error:  # noqa: BLE001 - a JAX whose call objects differ
+            why = f"{type(error).__name__}: {error}"
+        if why:
+            import warnings
+
+            warnings.warn(
+                "ftjit: this JAX's call objects (jaxlib's pjit) failed ftjit's check of a function's call object "
+                f"per thread, so every call takes ftjit's own path (correct, a little slower): {why}",
+                RuntimeWarning, stacklevel=3)
+        _thread_calls_cache.append(not why)
+    return _thread_calls_cache[0]
+
+
+def _thread_calls_work(parts: tuple[Any, Any, Any, Any]) -> str:
+    """Feature check, on a program of its own, of what a thread's call object
+    of a whole function needs beyond ``_copies_work``: static arguments
+    (by position and by name) are part of its key; a miss whose result says
+    ``drop`` leaves nothing cached (the next equal call misses again); a
+    kept one serves the next equal call without the miss. "" when it
+    passes, else what failed."""
+    import jax
+    import numpy as np
+
+    from ._jax import jax_jit
+
+    pjit, keys, registry, shard_arg = parts
+    with jax.transfer_guard("allow"):
+        x = jax.device_put(np.float32(1))
+        compiled = jax_jit()(lambda v, n: v + n, static_argnums=1).lower(x, 2).compile()
+        template = compiled._executable.create_cpp_call(compiled._params)
+        if template is None:
+            return "Compiled._executable.create_cpp_call gave no C++ call"
+        own_miss = template._cache_miss
+        seen: list[Any] = []
+
+        def miss(v: Any, n: Any) -> Any:
+            seen.append(n)
+            out = own_miss(v)
+            return out if n == 2 else (out[0], None, True)
+
+        def eager(*args: Any, **kwargs: Any) -> Any:
+            return "eager"
+
+        call = pjit("ftjit-check", eager, miss, [1], ["n"], keys, registry, shard_arg)
+        results = [float(call(x, 2)), float(call(x, 2)), float(call(x, 3)), float(call(x, 3)), float(call(x, n=2)),
+                   float(call(x, n=2))]
+        if results != [3.0] * 6 or seen != [2, 3, 3, 2]:
+            return f"static arguments and drops did not key and miss as expected (misses: {seen}, results: {results})"
     return ""

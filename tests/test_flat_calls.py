@@ -145,7 +145,8 @@ def test_a_custom_node_is_flattened_once_per_call():
     for _ in range(5):
         jf(r)
     assert len(FLATTENS) == 5  # once per call: the executable takes the leaves
-    ftjit._jax_calls.FLAT_CALLS = False
+    # The store's path (a thread's call object off): twice without flat calls, ftjit's walk, then jaxlib's.
+    ftjit._jax_calls.FLAT_CALLS = ftjit._jax_calls.THREAD_CALLS = False
     try:
         jf2 = ftjit.jit(lambda r: r.x + r.y * 2 + r.z * 3, cache=ftjit.FunctionCache())
         jf2(r)
@@ -153,8 +154,8 @@ def test_a_custom_node_is_flattened_once_per_call():
         for _ in range(5):
             jf2(r)
     finally:
-        ftjit._jax_calls.FLAT_CALLS = True
-    assert len(FLATTENS) == 10 and _takes_leaves(jf2) == [False]  # twice: ftjit's walk, then jaxlib's
+        ftjit._jax_calls.FLAT_CALLS = ftjit._jax_calls.THREAD_CALLS = True
+    assert len(FLATTENS) == 10 and _takes_leaves(jf2) == [False]
 
 
 def test_statics_among_the_arguments_are_left_out_of_the_leaves():

@@ -25,6 +25,13 @@ import jax.numpy as jnp  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.fixture(autouse=True)
+def _store_path(monkeypatch):
+    """The copies are the store's path: functions here get no call object of the whole function per thread
+    (test_thread_calls.py tests that), so every call reaches the core and its copies."""
+    monkeypatch.setattr(ftjit._jax_calls, "THREAD_CALLS", False)
+
+
 def _counting_copies(monkeypatch):
     """Records a weak reference to every copy the JAX compiler's ThreadExecutables make."""
     made = []

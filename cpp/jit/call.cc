@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 
 #include <nanobind/nanobind.h>
 
@@ -89,27 +90,38 @@ namespace {
 }
 
 // Calls `exe` with the call's leaves when `takes_leaves`, else with its
-// arguments; made again through the fallback when it fails with one of
-// st.redo_types.
-[[gnu::noinline]] nb::object CallExecutable(const Call& c, PyObject* exe, bool takes_leaves) {
-  JitState& st = c.st;
-  nb::object out;
+// arguments: its result, or null with the error set.
+nb::object CallRaw(const Call& c, PyObject* exe, bool takes_leaves) {
+  const JitState& st = c.st;
   if (takes_leaves) {
     if (!st.executable_for.is_valid()) {
       // Entries are shared by wrappers of equal compilers, whose hooks agree.
       RaiseMessage(PyExc_RuntimeError, "ftjit: an executable that takes leaves, reached by a "
                                        "function whose hooks have no executable_for");
     }
-    out = nb::steal(PyObject_Vectorcall(exe, c.leaves.data(), c.leaves.size(), nullptr));
-  } else {
-    out = st.strip_static ? CallStripped(c, exe)
-                          : nb::steal(PyObject_Vectorcall(exe, c.args.items, c.args.nargsf, c.args.kwnames));
+    return nb::steal(PyObject_Vectorcall(exe, c.leaves.data(), c.leaves.size(), nullptr));
   }
+  return st.strip_static ? CallStripped(c, exe)
+                         : nb::steal(PyObject_Vectorcall(exe, c.args.items, c.args.nargsf, c.args.kwnames));
+}
+
+// With an executable's error set: true (and cleared) when it is one of
+// st.redo_types, after which the call is made again through the fallback.
+bool IsRedo(const Call& c) {
+  const JitState& st = c.st;
+  if (!st.redo_types.is_valid() || !st.fallback.is_valid() || !PyErr_ExceptionMatches(st.redo_types.ptr())) {
+    return false;
+  }
+  PyErr_Clear();
+  return true;
+}
+
+// CallRaw, made again through the fallback when it fails with one of
+// st.redo_types.
+[[gnu::noinline]] nb::object CallExecutable(const Call& c, PyObject* exe, bool takes_leaves) {
+  nb::object out = CallRaw(c, exe, takes_leaves);
   if (out.is_valid()) return out;
-  if (st.redo_types.is_valid() && st.fallback.is_valid() && PyErr_ExceptionMatches(st.redo_types.ptr())) {
-    PyErr_Clear();
-    return Fallback(c);
-  }
+  if (IsRedo(c)) return Fallback(c);
   throw nb::python_error();
 }
 
@@ -208,10 +220,9 @@ PyObject* g_eager = nullptr;
 
 // --- the pipeline --------------------------------------------------------------------
 
-// Resolve -> Compile or Wait -> Invoke, for a call whose whole signature
-// is built, adopted and missed the probe. Out of line: recursion through
-// jitted functions stacks the hit path's frame, which stays small without it.
-[[gnu::noinline]] nb::object Miss(Call& c) {
+// Resolve -> Compile or Wait, counted, for a call whose whole signature is
+// built, adopted and missed the probe: the entry (held), ready.
+[[gnu::noinline]] EntryPtr ResolveCounted(Call& c) {
   FunctionStore::AfterMiss(c.t.rec);  // may run deleters (Python): the signature owns its context now
   Resolved r = Resolve(c.st, c.sig);  // moves c.sig into the entry if it inserts
   if (r.inserted) {
@@ -222,8 +233,15 @@ PyObject* g_eager = nullptr;
     SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);  // waited for (counted by Resolve)
   }
   c.counted = true;
-  Slot& slot = r.entry->slots.Get(c.t.index);  // `r.entry` is held: its slot cannot go
-  return Invoke(c, *r.entry, slot, *r.entry, slot);
+  return std::move(r.entry);
+}
+
+// ResolveCounted -> Invoke. Out of line: recursion through jitted
+// functions stacks the hit path's frame, which stays small without it.
+[[gnu::noinline]] nb::object Miss(Call& c) {
+  EntryPtr e = ResolveCounted(c);
+  Slot& slot = e->slots.Get(c.t.index);  // `e` is held: its slot cannot go
+  return Invoke(c, *e, slot, *e, slot);
 }
 
 // Build -> Probe -> Hit | Miss for `c`, from a whole signature unless
@@ -303,6 +321,276 @@ nb::object Eager(nb::args, nb::kwargs) {
   return Fallback(f.call);
 }
 
+// --- a thread's call object of the whole function (ThreadCall) ---------------------------
+//
+// The hooks' thread_call makes, for each thread, one call object of the
+// whole function that caches signatures itself (jaxlib's C++ call: its own
+// signature, cache and call of the program), the first level of the
+// thread's calls: a hit is one call into it, and the store never sees it.
+// What it does not hold, it asks the core for (ThreadCallMiss): the whole
+// pipeline, for the entry of its call (compiled once, waited for, explained,
+// limited, as any miss), whose own program's miss then runs the call and
+// returns what the call object keeps. Rules (issue 55):
+//   - a call made while its thread is inside the function's call object
+//     (a static's __hash__ or __eq__, a compile that recurses) takes the
+//     store's path: the object's cache is never entered twice;
+//   - the object keeps only signatures whose statics and node data are
+//     exact builtin values (its lookup then runs no user __eq__); others it
+//     is told to drop, and after kMaxDrops drops the thread bypasses it;
+//   - a miss that raised leaves a signature the object never calls back
+//     for: the object is replaced;
+//   - clear_cache() (and the function's death, a cache clear) bumps the
+//     store's Clears(): each thread replaces its own object at its next
+//     call, never another thread's; a forked child leaks the other
+//     threads' (ForgetOtherThreadsInChild);
+//   - every kSampleEvery-th call of a thread also finds its entry in the
+//     store, to keep its recency and count its hits (kSampleEvery of them,
+//     an estimate); the function's hits stay exact (ThreadCall::calls,
+//     to_core).
+
+// A call through a thread's call object, for the object's callbacks. On
+// the caller's stack, linked to the thread's previous one.
+struct ThreadCallFrame {
+  JitState& st;
+  const CallArgs& args;
+  ThreadCall& tc;
+  bool reached_core = false;  // the object called its miss or its eager callback
+  bool miss_raised = false;
+  void* prev = nullptr;
+};
+
+PyObject* g_call_miss = nullptr;
+PyObject* g_call_eager = nullptr;
+
+inline void PlainAdd(std::atomic<uint64_t>& n, std::memory_order order = std::memory_order_relaxed) {
+  n.store(n.load(std::memory_order_relaxed) + 1, order);
+}
+
+// A new call object from the hooks' thread_call; null where it gave None.
+nb::object MakeThreadCall(const JitState& st) {
+  nb::object call = StealOrThrow(PyObject_CallFunctionObjArgs(st.thread_call.ptr(), g_call_miss, g_call_eager,
+                                                               st.thread_call_argnums.ptr(),
+                                                               st.thread_call_argnames.ptr(), nullptr));
+  if (call.is_none()) return nb::object();
+  if (!PyCallable_Check(call.ptr())) {
+    RaiseMessage(PyExc_TypeError, std::string("CompilerHooks.thread_call returned an object that is not callable: ") +
+                                      Py_TYPE(call.ptr())->tp_name);
+  }
+  return call;
+}
+
+// One call in kSampleEvery: finds the call's entry in the store, to set its
+// recency bit and count it kSampleEvery hits. A call whose arguments would
+// not build here (the fallback's, or an error) is not sampled: its own call
+// raises or defers as usual.
+[[gnu::noinline]] void SampleHit(JitState& st, const CallArgs& args) {
+  Call c(st, args);
+  try {
+    if (!Build(c, /*partial=*/true)) return;
+  } catch (nb::python_error& e) {
+    e.restore();
+    ClearErrorKeepingInterrupt();
+    if (PyErr_Occurred()) throw nb::python_error();
+    return;
+  }
+  if (FunctionStore::Held h = st.store->FindReady(c.sig, c.t.rec, c.t.index, /*follow_redirect=*/true)) {
+    FunctionStore::CountSampledHits(h.target, *h.target_slot, ThreadCall::kSampleEvery);
+    FunctionStore::Release(h, c.t.rec);
+  } else {
+    FunctionStore::AfterMiss(c.t.rec);
+  }
+}
+
+// With the error of a thread's call object that raised before asking the
+// core set: throws the error a build of the arguments' signature raises
+// instead (not counted: to_core), else the object's own.
+[[noreturn]] void RaiseSignatureErrorOr(JitState& st, const CallArgs& args, ThreadCall& tc) {
+  nb::python_error own;  // fetched: the build runs with no error set
+  Call c(st, args);
+  try {
+    Build(c, /*partial=*/true);
+  } catch (nb::python_error&) {
+    PlainAdd(tc.to_core, std::memory_order_release);
+    throw;
+  }
+  own.restore();
+  throw nb::python_error();
+}
+
+// The call through this thread's call object of the function, into
+// `out`; false (nothing run, nothing counted) when the call takes the
+// store's path instead: the hooks made no object for this thread.
+[[gnu::noinline]] bool CallThrough(JitState& st, const CallArgs& args, const ThreadCtx& t, ThreadCall& tc,
+                                   nb::object& out) {
+  if (--tc.until_sample == 0) {
+    tc.until_sample = ThreadCall::kSampleEvery;
+    SampleHit(st, args);
+  }
+  const uint64_t clears = st.store->Clears();
+  nb::object call = tc.call;  // held while it runs: a callback may replace the slot's
+  if (!call.is_valid() || tc.clears != clears) {
+    call = MakeThreadCall(st);
+    nb::object old = std::exchange(tc.call, call);  // dropped once the new one is in place
+    tc.clears = clears;
+    if (!call.is_valid()) {
+      tc.bypass = true;  // none for this thread
+      return false;
+    }
+  }
+  PlainAdd(tc.calls);
+  ThreadCallFrame frame{st, args, tc};
+  PyObject* result;
+  {
+    // Undone however the call ends (a thread ended at shutdown included:
+    // the next thread to take the index finds the object free).
+    struct Inside {
+      const ThreadCtx& t;
+      ThreadCallFrame& f;
+      Inside(const ThreadCtx& ctx, ThreadCallFrame& frame) : t(ctx), f(frame) {
+        f.prev = t.call_frame;
+        t.call_frame = &f;
+        ++f.tc.depth;
+      }
+      ~Inside() {
+        --f.tc.depth;
+        t.call_frame = f.prev;
+      }
+    } inside(t, frame);
+    result = PyObject_Vectorcall(call.ptr(), args.items, args.nargsf, args.kwnames);
+  }
+  if (result) {
+    out = nb::steal(result);
+    return true;
+  }
+  if (!frame.reached_core) {
+    Call c(st, args);
+    if (IsRedo(c)) {  // the program it ran failed with one of redo_types: made again, as the store's path does
+      out = Fallback(c);
+      return true;
+    }
+    // Raised before the object asked the core: by its own parse of the
+    // arguments (a pytree's flatten, dict keys it cannot sort), or by the
+    // program it ran (which must not run again). The arguments' signature
+    // is built, as the store's path would first: its error, if it raises
+    // one, is ftjit's own for these arguments (and the call is not counted,
+    // as there); else the object's error stands.
+    RaiseSignatureErrorOr(st, args, tc);
+  } else if (frame.miss_raised && tc.call.ptr() == call.ptr()) {
+    // A signature whose miss raised stays in the object as one it never
+    // asks the core about again: the object goes, the next call makes a
+    // fresh one.
+    nb::object dropped = std::move(tc.call);
+  }
+  throw nb::python_error();
+}
+
+// Whether the call's statics are all builtin keys (IsBuiltinKey): the
+// thread's call object hashes and compares them itself, so only those go
+// to it, and what a user's __hash__ or __eq__ raises or re-enters is the
+// store's to handle.
+bool StaticsAreBuiltin(const SignatureSpec& spec, const CallArgs& a) {
+  if (spec.static_argnums.empty() && spec.static_argnames.empty()) return true;
+  for (size_t i = 0; i < a.nargs; ++i) {
+    if (spec.IsStaticPosition(i, a.nargs) && !IsBuiltinKey(a.items[i])) return false;
+  }
+  if (a.kwnames && !spec.static_argnames.empty()) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(a.kwnames); ++k) {
+      if (spec.IsStaticName(PyTuple_GET_ITEM(a.kwnames, k)) && !IsBuiltinKey(a.items[a.nargs + k])) return false;
+    }
+  }
+  return true;
+}
+
+ThreadCallFrame& CurrentThreadCall(const char* what) {
+  auto* frame = static_cast<ThreadCallFrame*>(ThisThread().call_frame);
+  if (!frame) {
+    RaiseMessage(PyExc_RuntimeError, std::string("ftjit: a thread_call call object called its ") + what +
+                                         " outside of a call of the jitted function");
+  }
+  return *frame;
+}
+
+// A signature the object may not keep, or could not serve: counted; past
+// kMaxDrops the thread's calls of the function take the store's path.
+void Dropped(ThreadCall& tc) {
+  if (++tc.drops >= ThreadCall::kMaxDrops) tc.bypass = true;
+}
+
+// The call of entry `e` (held) for a thread's call object's miss: its own
+// program's miss (the copies' own_miss), whose (outputs, cache data, drop)
+// the object keeps, unless `keep` is false; an entry without copies runs
+// as the store's path would, and the object drops the signature.
+nb::object ServeMiss(Call& c, Entry& e, Slot& slot, bool keep, ThreadCall& tc) {
+  if (!UsesCopies(e)) {
+    Dropped(tc);
+    return nb::make_tuple(Invoke(c, e, slot, e, slot), nb::none(), true);
+  }
+  if (!c.counted) c.st.store->CountHit(&e, slot, c.t.index);
+  c.counted = true;
+  nb::object res = CallRaw(c, e.payload.own_miss.ptr(), e.payload.takes_leaves);
+  if (!res.is_valid()) {
+    if (!IsRedo(c)) throw nb::python_error();
+    Dropped(tc);
+    return nb::make_tuple(Fallback(c), nb::none(), true);
+  }
+  if (!PyTuple_Check(res.ptr()) || PyTuple_GET_SIZE(res.ptr()) < 2) {
+    RaiseMessage(PyExc_TypeError, std::string("ftjit: a ThreadExecutables own_miss returned ") +
+                                      Py_TYPE(res.ptr())->tp_name + ", not (outputs, cache data, ...)");
+  }
+  if (keep && PyTuple_GET_ITEM(res.ptr(), 1) != Py_None) return res;
+  Dropped(tc);
+  return nb::make_tuple(nb::borrow(PyTuple_GET_ITEM(res.ptr(), 0)), nb::none(), true);
+}
+
+nb::object ThreadCallMissBody(ThreadCallFrame& f) {
+  Call c(f.st, f.args);
+  if (!BuildAdopted(c)) {
+    c.counted = true;
+    return nb::make_tuple(Fallback(c), nb::none(), true);
+  }
+  const bool keep = c.sig.KeysAreBuiltin();
+  FunctionStore& store = *c.st.store;
+  if (FunctionStore::Held h = store.FindReady(c.sig, c.t.rec, c.t.index, /*follow_redirect=*/false)) {
+    nb::object out;
+    try {
+      out = ServeMiss(c, *h.target, *h.target_slot, keep, f.tc);
+    } catch (...) {
+      FunctionStore::Release(h, c.t.rec);
+      throw;
+    }
+    FunctionStore::Release(h, c.t.rec);
+    return out;
+  }
+  EntryPtr e = ResolveCounted(c);
+  return ServeMiss(c, *e, e->slots.Get(c.t.index), keep, f.tc);
+}
+
+// ThreadCallMiss(*args, **kwargs): the thread's call object of the function
+// holds no program for its call (the call's own arguments, which the frame
+// has). Returns (outputs, cache data or None, drop).
+nb::object ThreadCallMiss(nb::args, nb::kwargs) {
+  ThreadCallFrame& f = CurrentThreadCall("miss");
+  f.reached_core = true;
+  PlainAdd(f.tc.to_core, std::memory_order_release);
+  try {
+    return ThreadCallMissBody(f);
+  } catch (...) {
+    f.miss_raised = true;
+    throw;
+  }
+}
+
+// ThreadCallEager(*args, **kwargs): the compiler's eager mode is on: the
+// call goes to the fallback, uncached.
+nb::object ThreadCallEager(nb::args, nb::kwargs) {
+  ThreadCallFrame& f = CurrentThreadCall("eager");
+  f.reached_core = true;
+  PlainAdd(f.tc.to_core, std::memory_order_release);
+  Call c(f.st, f.args);
+  c.counted = true;
+  return Fallback(c);
+}
+
 }  // namespace
 
 // --- the stages the rest of the core shares ------------------------------------------
@@ -355,6 +643,14 @@ nb::object Fallback(const Call& c) {
 }
 
 nb::object RunCall(JitState& st, const CallArgs& args) {
+  if (st.thread_call.is_valid()) {
+    const ThreadCtx& t = ThisThread();
+    ThreadCall& tc = st.store->thread_calls().Get(t.index);
+    nb::object out;
+    if (tc.depth == 0 && !tc.bypass && StaticsAreBuiltin(st.spec, args) && CallThrough(st, args, t, tc, out)) {
+      return out;
+    }
+  }
   Call c(st, args);
   return LeakingOnForcedUnwind(
       [&] { return Run(c, st.spec.context_in_executable); },
@@ -451,6 +747,12 @@ void RegisterThreadExecutables(nb::module_& m) {
   m.def("_thread_index", [] { return ThisThread().index; },
         "Tests only: this thread's index (the lowest free among live threads; it names the thread's slot of\n"
         "every entry, which the next thread to take the index inherits).");
+  m.def("_thread_call_miss", &ThreadCallMiss,
+        "Tests and compilers only: the miss callback of CompilerHooks.thread_call's call objects.");
+  m.def("_thread_call_eager", &ThreadCallEager,
+        "Tests and compilers only: the eager callback of CompilerHooks.thread_call's call objects.");
+  g_call_miss = nb::object(m.attr("_thread_call_miss")).release().ptr();
+  g_call_eager = nb::object(m.attr("_thread_call_eager")).release().ptr();
   g_miss = nb::object(m.attr("_context_miss")).release().ptr();
   g_eager = nb::object(m.attr("_eager")).release().ptr();
 }

@@ -67,6 +67,11 @@ void ReadHooks(JitState& st, nb::handle hooks) {
     throw nb::type_error("CompilerHooks.context_in_executable needs executable_for (whose ThreadExecutables check "
                          "the context)");
   }
+  st.thread_call = CallableField(hooks, "thread_call", "thread_call");
+  if (st.thread_call.is_valid() && !st.spec.context_in_executable) {
+    throw nb::type_error("CompilerHooks.thread_call needs context_in_executable (a thread's call object checks the "
+                         "context itself)");
+  }
   // What JitFunction's methods of the same names call (through HookOf).
   nb::object names = HookNames(hooks, "METHOD_HOOKS");
   if (static_cast<size_t>(PyTuple_GET_SIZE(names.ptr())) > JitState::kMaxMethodHooks) {
@@ -118,6 +123,19 @@ nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks,
   st->spec.arg_names = arg_names;
   st->spec.fun_name = name;
   ReadHooks(*st, hooks);
+  // A thread's call object takes static positions as jax.jit resolves
+  // them, counted from the front: a negative one (resolved per call, by the
+  // number of arguments) keeps every call on the store's path.
+  bool negative = false;
+  for (int i : st->spec.static_argnums) negative |= i < 0;
+  if (negative) st->thread_call = nb::object();
+  if (st->thread_call.is_valid()) {
+    nb::list nums, names;
+    for (int i : st->spec.static_argnums) nums.append(i);
+    for (const nb::object& n : st->spec.static_argnames) names.append(n);
+    st->thread_call_argnums = nb::tuple(nums);
+    st->thread_call_argnames = nb::tuple(names);
+  }
   // Beyond ~30 years is "forever" (inf included): the deadline must stay
   // representable in steady_clock's 64-bit nanoseconds.
   st->compile_timeout = compile_timeout > 1e9 ? 0.0 : compile_timeout;

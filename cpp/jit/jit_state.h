@@ -51,6 +51,12 @@ struct JitState {
   // (executable, takes_leaves), asked once per compile; may be null. When
   // set, every call keeps its leaves (BuildSignature's leaf_objects).
   nb::object executable_for;
+  // The hooks' thread_call(miss, eager, static_argnums, static_argnames),
+  // which makes each thread's call object of the whole function (its
+  // ThreadCall, the first-level cache of its calls); null where the
+  // function has none (no such hook, or static_argnums it cannot take).
+  // With the two tuples it is called with.
+  nb::object thread_call, thread_call_argnums, thread_call_argnames;
   // CompilerHooks.METHOD_HOOKS, which JitFunction's methods of the same
   // names call, with their names (str), read once at jit(); null where the
   // compiler has none.
@@ -76,7 +82,8 @@ struct JitState {
   template <class F>
   void ForEachObject(F&& f) {
     for (nb::object* o :
-         {&fun, &compile, &hooks, &cache, &options, &pickle_options, &fallback, &redo_types, &executable_for}) {
+         {&fun, &compile, &hooks, &cache, &options, &pickle_options, &fallback, &redo_types, &executable_for,
+          &thread_call, &thread_call_argnums, &thread_call_argnames}) {
       f(*o);
     }
     for (nb::object& o : method_hook_names) f(o);
@@ -219,7 +226,9 @@ nb::tuple HitStageNs(JitState& st, const CallArgs& args, int n);
 // A new copy from ThreadExecutables.make (given the core's miss and eager
 // callbacks); TypeError for a non-callable.
 nb::object MakeCopy(const nb::object& make_local);
-// Registers _context_miss and _eager (and keeps them for the copies).
+// Registers _context_miss and _eager (and keeps them for the copies), and
+// the callbacks of the threads' call objects (_thread_call_miss,
+// _thread_call_eager).
 void RegisterThreadExecutables(nb::module_& m);
 // disable_jit(): this thread's nesting depth. Read by every call: inline,
 // trivially destructible (no thread-local guard).

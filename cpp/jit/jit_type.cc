@@ -485,6 +485,25 @@ void DefineSignatureQueries(const Definer& d) {
       "read there on a GIL build, compared with the thread's recent avals on a\n"
       "free-threaded one.");
   d.Method(
+      [](const JitSelf& self) {
+        return Method(self, [&](JitState& st) {
+          nb::dict out;
+          out["enabled"] = st.thread_call.is_valid();
+          const ThreadCall* tc = st.store->thread_calls().Find(ThisThread().index);
+          out["made"] = tc && tc->call.is_valid();
+          out["calls"] = tc ? tc->calls.load(std::memory_order_relaxed) : 0;
+          out["to_core"] = tc ? tc->to_core.load(std::memory_order_relaxed) : 0;
+          out["drops"] = tc ? tc->drops : 0;
+          out["bypass"] = tc && tc->bypass;
+          out["call"] = tc && tc->call.is_valid() ? tc->call : nb::none();
+          return out;
+        });
+      },
+      "def _thread_call_state(self) -> dict[str, typing.Any]",
+      "Tests and bench: this thread's call object of the function (CompilerHooks.thread_call): whether the\n"
+      "function has one ('enabled'), whether this thread's is made now, its calls, those that reached the\n"
+      "core ('to_core'), its drops, whether this thread bypasses it, and the object.");
+  d.Method(
       [](const JitSelf& self, int n, nb::args args, nb::kwargs kwargs) {
         if (n < 1) throw nb::value_error("n must be >= 1");
         return Method(self, [&](JitState& st) {

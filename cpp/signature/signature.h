@@ -177,6 +177,12 @@ struct CallSignature {
   enum class FastEq : uint8_t { kEqual, kNotEqual, kUnknown };
   FastEq FastEquals(const CallSignature& probe) const noexcept;
 
+  // Whether every static and every node key (dict keys, namedtuple types,
+  // node data) is an exact builtin value (int, float, str, bytes, bool,
+  // None, tuples of them) or a class whose metaclass is `type`: values that
+  // another cache can compare without running user code.
+  bool KeysAreBuiltin() const noexcept;
+
   // Counts this signature as a user of its interned context (which it may
   // only borrow from its thread's memo until then): call before any Python
   // code can run with it, except on the hit path (see InternedContext).
@@ -188,6 +194,11 @@ struct CallSignature {
   // committed placements printed by spec.placement_label. May run __repr__.
   std::string ToString(const SignatureSpec& spec) const;
 };
+
+// An exact builtin value (int, float, str, bytes, bool, None), a class
+// whose metaclass is `type` (compared by identity), or a tuple of them (4
+// levels at most): hashed and compared by any cache without user code.
+bool IsBuiltinKey(PyObject* o, int depth = 0) noexcept;
 
 // Whether two signatures of the same arguments (equal but for what a
 // partial one leaves out) have equal contexts and placements: the same

@@ -93,6 +93,23 @@ FastEq FastObjectEquals(PyObject* a, PyObject* b, int depth = 0) noexcept {
   return FastEq::kUnknown;
 }
 
+}  // namespace
+
+bool IsBuiltinKey(PyObject* o, int depth) noexcept {
+  PyTypeObject* t = Py_TYPE(o);
+  if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBytes_Type ||
+      t == &PyBool_Type || o == Py_None || t == &PyType_Type) {
+    return true;
+  }
+  if (t != &PyTuple_Type || depth >= 4) return false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); ++i) {
+    if (!IsBuiltinKey(PyTuple_GET_ITEM(o, i), depth + 1)) return false;
+  }
+  return true;
+}
+
+namespace {
+
 // Identity decides; a distinct object needs __eq__.
 FastEq FastIdentity(PyObject* a, PyObject* b) noexcept {
   return a == b ? FastEq::kEqual : FastEq::kUnknown;
@@ -172,6 +189,16 @@ CallSignature::FastEq CallSignature::FastEquals(const CallSignature& o) const no
     }
   }
   return result;
+}
+
+bool CallSignature::KeysAreBuiltin() const noexcept {
+  for (const nb::object& a : aux) {
+    if (!IsBuiltinKey(a.ptr())) return false;
+  }
+  for (const nb::object& v : statics) {
+    if (!IsBuiltinKey(v.ptr())) return false;
+  }
+  return true;
 }
 
 bool CallSignature::Equals(const CallSignature& o) const {

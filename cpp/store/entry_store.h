@@ -46,6 +46,7 @@
 //   | provisional_          | relaxed atomic: provisional entries in the map|
 //   | removals_             | seq_cst atomics: entries that left the map,   |
 //   |                       | per bucket (redirects' validity)              |
+//   | clears_               | acq_rel atomic, bumped by Clear()             |
 //
 // Lock order: map_'s lock, the LRU's, publish_mu_, evicted_mu_ and the epoch
 // domain's are leaves, never held together, but Published takes map_'s lock
@@ -472,6 +473,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // The counts that evicted signatures kept go too: a clear starts the
   // max_signatures count again from what stays in the map.
   void Clear() {
+    clears_.fetch_add(1, std::memory_order_acq_rel);  // every thread's call object of the function goes (Clears())
     auto removed = map_.Clear();
     for (auto& kv : removed) LeaveMap(*kv.second);
     ForgetEvicted();
@@ -545,6 +547,18 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   }
   const std::shared_ptr<Lru>& lru() const { return lru_; }
   StoreCounters& counters() { return counters_; }
+  // How many times Clear() ran: a thread's call object of the whole
+  // function (the extension's ThreadCall) made before the last one is
+  // replaced at the thread's next call through it.
+  uint64_t Clears() const { return clears_.load(std::memory_order_acquire); }
+  // A hit that a sample stands for `n` of (the extension's ThreadCall:
+  // calls it served alone, without the store): the entry's slot counts
+  // them and its LRU bit is set; the store's own hit count is not (the
+  // calls are counted where they were served).
+  static void CountSampledHits(Entry* e, Slot& slot, uint64_t n) {
+    slot.hits.store(slot.hits.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    SharedLru<EntryPtr, Mutex>::Touch(e);
+  }
 
   // Outside the LRU's lock.
   static void ReleaseEvicted(std::vector<EntryPtr>& evicted) {
@@ -698,6 +712,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   mutable Mutex publish_mu_;
   Entry* newest_ FTJIT_GUARDED_BY(publish_mu_) = nullptr;
   StoreCounters counters_;
+  std::atomic<uint64_t> clears_{0};
   std::atomic<int64_t> counted_{0};
   std::atomic<int64_t> provisional_{0};
   // Entries that left the map, per bucket of their TableHash: a redirect

@@ -132,6 +132,17 @@ Cache::~Cache() { Caches().Remove(this); }
 
 FunctionStore::~FunctionStore() { AllStores().Remove(this); }
 
+uint64_t FunctionStore::Hits() const {
+  uint64_t hits = const_cast<FunctionStore*>(this)->counters().hits.Load();
+  thread_calls_.ForEach([&](const ThreadCall& t) {
+    // `to_core` is added (release) after `calls`, by the same thread: read
+    // first (acquire), it is never ahead of the `calls` read after it.
+    uint64_t to_core = t.to_core.load(std::memory_order_acquire);
+    hits += t.calls.load(std::memory_order_relaxed) - to_core;
+  });
+  return hits;
+}
+
 namespace {
 // Forgetter's callable (also _IdentityKey's forget hook). An instance of a
 // bound class, not a function object: nanobind makes every function it
@@ -232,6 +243,13 @@ void ForgetOtherThreadsInChild(FunctionStore& fe, size_t survivor) {
       s.in_flight.store(0, std::memory_order_seq_cst);
     });
   }
+  // The same for the threads' call objects of the whole function: leaked,
+  // and the index starts afresh (its counts stay, as an entry's do).
+  fe.thread_calls().ForEachIndexed([&](size_t index, ThreadCall& t) {
+    if (index == survivor) return;
+    t.call.release();
+    t.depth = 0;
+  });
 }
 
 }  // namespace
@@ -262,7 +280,7 @@ nb::object MakeCacheInfo(FunctionStore& fe) {
   auto r = std::memory_order_relaxed;
   PyObject* cache_info = kCacheInfo.Get();
   PyObject* info = PyObject_CallFunction(
-      cache_info, "KKKKKnKdd", static_cast<unsigned long long>(c.hits.Load()),
+      cache_info, "KKKKKnKdd", static_cast<unsigned long long>(fe.Hits()),
       static_cast<unsigned long long>(c.misses.load(r)),
       static_cast<unsigned long long>(c.compiles.load(r)),
       static_cast<unsigned long long>(c.waits.load(r)),

@@ -16,6 +16,9 @@
 //   | weakref_        | set once at registration, before publication      |
 //   | limit_          | fixed after construction                          |
 //   | warned_         | relaxed atomic                                    |
+//   | thread_calls_   | PerThread: each ThreadCall written by the thread  |
+//   |                 | holding its index; `calls` and `to_core` read by  |
+//   |                 | any thread (relaxed atomics)                      |
 //
 // Lock order: no two of these locks are ever held at once, except
 // EntryStore's publish lock around its map's. Each critical section is
@@ -90,6 +93,28 @@ inline const ThreadCtx& ThisThread() { return ThreadSlot<PyEntryTraits>::Get(); 
 
 class FunctionStore;
 
+// A thread's call object of the whole function (the hooks' `thread_call`:
+// jaxlib's C++ call of the function, with its own cache of signatures),
+// its first-level cache: a hit is one call into it; what it does not hold
+// it asks the core for (ThreadCallMiss, call.cc), whose store is the
+// shared second level. One per (store, thread index), on a cache line of
+// its own; only the thread holding the index writes it (the next thread to
+// take the index inherits it, as it does an entry's copy).
+struct alignas(64) ThreadCall {
+  nb::object call;     // made at the thread's first call through it; null after a miss raised
+  uint64_t clears = 0;  // the store's Clears() when `call` was made: an older one is replaced
+  int depth = 0;        // this thread's calls through `call` in progress (a re-entrant one takes the store's path)
+  uint32_t drops = 0;   // signatures its miss would not let it keep (ThreadCallMiss)
+  bool bypass = false;  // after kMaxDrops drops: every call of this thread takes the store's path
+  uint32_t until_sample = 1;  // calls until the next one also finds its entry in the store (recency, hits)
+  // Calls through `call`, and of them those that reached the core (its miss
+  // or eager callback): the rest are hits served by `call` alone. Plain
+  // adds by the holding thread; relaxed loads by readers.
+  std::atomic<uint64_t> calls{0}, to_core{0};
+  static constexpr uint32_t kMaxDrops = 8;
+  static constexpr uint32_t kSampleEvery = 64;
+};
+
 struct FunKey {
   PyObject* fun_id;     // identity of the function; never dereferenced
   nb::object options;   // hashable options key (tuple)
@@ -140,6 +165,10 @@ class FunctionStore : public EntryStore<PyEntryTraits> {
   void Unwarn() { warned_.store(false, std::memory_order_relaxed); }
 
   void set_weakref(nb::object w) { weakref_ = std::move(w); }
+  PerThread<ThreadCall>& thread_calls() { return thread_calls_; }
+  // Hits: the store's own count, and the calls the threads' call objects
+  // served without the core. Exact once the calls counted have returned.
+  uint64_t Hits() const;
 
   // Tests only (_core._debug_hold_locks): takes or releases every lock a
   // call of this function may take (its map, its cache's LRU and function
@@ -153,6 +182,7 @@ class FunctionStore : public EntryStore<PyEntryTraits> {
   const SignatureLimit limit_;
   std::atomic<bool> warned_{false};
   nb::object weakref_;  // weakref(fun, callback)
+  PerThread<ThreadCall> thread_calls_;
 };
 
 // A callable (with any arguments: a weakref callback) that removes `fe` from

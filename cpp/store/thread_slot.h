@@ -45,6 +45,10 @@ class ThreadSlot {
     // CopyFrame), here so that a call that already holds its Ctx reaches it
     // without another thread-local lookup. The thread's own only.
     mutable void* frame;
+    // Its innermost call through a thread's call object of a whole function
+    // (call.cc's ThreadCallFrame), for that object's callbacks. The
+    // thread's own only.
+    mutable void* call_frame;
   };
   static const Ctx& Get() {
     const Ctx* p = t_ready_;  // one thread-local read on every call
@@ -91,7 +95,7 @@ class ThreadSlot {
     t_ready_ = &t_ctx_;
     return t_ctx_;
   }
-  static inline thread_local Ctx t_ctx_{nullptr, 0, nullptr};
+  static inline thread_local Ctx t_ctx_{nullptr, 0, nullptr, nullptr};
   static inline thread_local const Ctx* t_ready_ = nullptr;  // &t_ctx_ while it holds a record
   static inline thread_local bool t_exited_ = false;
 };
