@@ -228,9 +228,11 @@ class CompilerHooks:
     #: (it reads the context for them), so each call checks the context
     #: once, in the executable or in the core. Needs ``executable_for``.
     context_in_executable: bool = False
-    #: ``(miss, eager, static_argnums, static_argnames) -> call object``:
-    #: one call object of the whole function per thread, which keys and
-    #: caches signatures itself and is called with a call's own arguments;
+    #: ``(miss, eager, static_argnums, static_argnames, capacity) -> call
+    #: object``: one call object of the whole function per thread, which
+    #: keys and caches signatures itself (``capacity`` at most: the
+    #: function's ``max_signatures``, else its cache's capacity) and is
+    #: called with a call's own arguments;
     #: then a hit is one call into it, and the store is its second level.
     #: It calls ``miss(*args, **kwargs)`` for a call it holds nothing for,
     #: which returns ``(outputs, cache data or None, drop)`` (from the
@@ -242,7 +244,8 @@ class CompilerHooks:
     #: that will use it, replaces it after ``clear_cache()``, and leaves a
     #: function with negative ``static_argnums`` on the store's path
     #: (docs/design.md, "One dispatch per hit").
-    thread_call: Callable[[Callable[..., Any], Callable[..., Any], tuple, tuple], Callable[..., Any] | None] | None = None
+    thread_call: Callable[[Callable[..., Any], Callable[..., Any], tuple, tuple, int],
+                          Callable[..., Any] | None] | None = None
     #: Errors in jax.jit's words (a static argument's failing ``__eq__``).
     jax_style_errors: bool = False
     #: The fields that JitFunction's methods of the same names call: the core

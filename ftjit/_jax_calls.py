@@ -242,9 +242,10 @@ def _copies_work(parts: tuple[Any, Any, Any, Any]) -> str:
 
 def thread_call(name: str) -> Callable[..., Any] | None:
     """The JAX compiler's ``CompilerHooks.thread_call`` for a function named
-    ``name``: ``make(miss, eager, static_argnums, static_argnames)``, a
-    jaxlib C++ call of the whole function (``_jax.pjit``, as jax.jit makes
-    it, with its own cache) whose miss is the core's; or None, from
+    ``name``: ``make(miss, eager, static_argnums, static_argnames,
+    capacity)``, a jaxlib C++ call of the whole function (``_jax.pjit``, as
+    jax.jit makes it, with a cache of its own of at most ``capacity``
+    signatures) whose miss is the core's; or None, from
     ``make``, where the copies fail their check or this JAX's call objects
     fail ``_thread_calls_work`` (both checked once per process, at the first
     call: decorating touches no device), and every call takes the store's
@@ -252,13 +253,16 @@ def thread_call(name: str) -> Callable[..., Any] | None:
     if not (FAST_PATH and THREAD_COPIES and THREAD_CALLS):
         return None
 
-    def make(miss: Callable[..., Any], eager: Callable[..., Any], static_argnums: tuple,
-             static_argnames: tuple) -> Callable[..., Any] | None:
+    def make(miss: Callable[..., Any], eager: Callable[..., Any], static_argnums: tuple, static_argnames: tuple,
+             capacity: int) -> Callable[..., Any] | None:
         parts = _copy_parts()
         if parts is None or not _thread_calls_checked(parts):
             return None
         pjit, keys, registry, shard_arg = parts
-        return pjit(name, eager, miss, list(static_argnums), list(static_argnames), keys, registry, shard_arg)
+        from jax._src.lib import _jax as jaxlib_jax
+
+        return pjit(name, eager, miss, list(static_argnums), list(static_argnames), keys, registry, shard_arg,
+                    jaxlib_jax.PjitFunctionCache(capacity=capacity))
 
     return make
 
@@ -288,12 +292,15 @@ def _thread_calls_work(parts: tuple[Any, Any, Any, Any]) -> str:
     of a whole function needs beyond ``_copies_work``: static arguments
     (by position and by name) are part of its key; a miss whose result says
     ``drop`` leaves nothing cached (the next equal call misses again); a
-    kept one serves the next equal call without the miss. "" when it
+    kept one serves the next equal call without the miss; its cache keeps
+    ``capacity`` signatures at most. "" when it
     passes, else what failed."""
     import jax
     import numpy as np
 
     from ._jax import jax_jit
+
+    from jax._src.lib import _jax as jaxlib_jax
 
     pjit, keys, registry, shard_arg = parts
     with jax.transfer_guard("allow"):
@@ -313,9 +320,14 @@ def _thread_calls_work(parts: tuple[Any, Any, Any, Any]) -> str:
         def eager(*args: Any, **kwargs: Any) -> Any:
             return "eager"
 
-        call = pjit("ftjit-check", eager, miss, [1], ["n"], keys, registry, shard_arg)
+        call = pjit("ftjit-check", eager, miss, [1], ["n"], keys, registry, shard_arg,
+                    jaxlib_jax.PjitFunctionCache(capacity=1))
         results = [float(call(x, 2)), float(call(x, 2)), float(call(x, 3)), float(call(x, 3)), float(call(x, n=2)),
                    float(call(x, n=2))]
         if results != [3.0] * 6 or seen != [2, 3, 3, 2]:
             return f"static arguments and drops did not key and miss as expected (misses: {seen}, results: {results})"
+        # A cache of one signature: (x, n=2) took the place of (x, 2).
+        call(x, 2)
+        if seen != [2, 3, 3, 2, 2]:
+            return f"a call object's cache did not keep to its capacity (misses: {seen})"
     return ""

@@ -256,6 +256,32 @@ def test_eager_mode_goes_to_the_fallback_through_the_call_object():
     assert (info.hits, info.misses, info.compiles) == (0, 1, 1)
 
 
+@pytest.mark.parametrize("bound", ["max_signatures", "cache capacity"])
+def test_each_threads_call_object_keeps_what_the_store_may_at_most(bound):
+    if bound == "max_signatures":
+        jf = ftjit.jit(lambda x: x + 1, max_signatures=3, on_excess="raise", cache=ftjit.FunctionCache())
+    else:
+        jf = ftjit.jit(lambda x: x + 1, cache=ftjit.FunctionCache(3))
+    for _ in range(2):
+        for n in (1, 2, 3):
+            assert np.asarray(jf(jnp.ones(n))).tolist() == [2.0] * n
+    assert state(jf)["to_core"] == 3  # all three kept
+    if bound == "max_signatures":
+        with pytest.raises(ftjit.RecompileLimitError):
+            jf(jnp.ones(4))
+        jf.clear_cache()
+        for n in (1, 2, 3):
+            jf(jnp.ones(n))
+        assert state(jf)["to_core"] == 7  # a fresh object after the clear
+        return
+    jf(jnp.ones(4))  # a fourth: the object drops its least recently used, (1,)
+    assert state(jf)["to_core"] == 4
+    jf(jnp.ones(2))
+    assert state(jf)["to_core"] == 4
+    assert np.asarray(jf(jnp.ones(1))).tolist() == [2.0]
+    assert state(jf)["to_core"] == 5
+
+
 def test_a_callback_outside_a_call_is_an_error():
     with pytest.raises(RuntimeError, match="a thread_call call object called its miss outside of a call"):
         ftjit._core._thread_call_miss(1)
@@ -265,7 +291,7 @@ def test_a_callback_outside_a_call_is_an_error():
 
 def test_thread_call_needs_context_in_executable():
     with pytest.raises(TypeError, match=r"^CompilerHooks.thread_call needs context_in_executable"):
-        ftjit.CompilerHooks(thread_call=lambda miss, eager, nums, names: None)
+        ftjit.CompilerHooks(thread_call=lambda miss, eager, nums, names, capacity: None)
 
 
 FORK_INSIDE_A_THREAD_CALLS_MISS = """

@@ -368,9 +368,12 @@ inline void PlainAdd(std::atomic<uint64_t>& n, std::memory_order order = std::me
 
 // A new call object from the hooks' thread_call; null where it gave None.
 nb::object MakeThreadCall(const JitState& st) {
+  nb::object capacity = nb::steal(PyLong_FromLongLong(st.thread_call_capacity));
+  if (!capacity.is_valid()) throw nb::python_error();
   nb::object call = StealOrThrow(PyObject_CallFunctionObjArgs(st.thread_call.ptr(), g_call_miss, g_call_eager,
                                                                st.thread_call_argnums.ptr(),
-                                                               st.thread_call_argnames.ptr(), nullptr));
+                                                               st.thread_call_argnames.ptr(), capacity.ptr(),
+                                                               nullptr));
   if (call.is_none()) return nb::object();
   if (!PyCallable_Check(call.ptr())) {
     RaiseMessage(PyExc_TypeError, std::string("CompilerHooks.thread_call returned an object that is not callable: ") +

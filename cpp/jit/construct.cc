@@ -6,6 +6,8 @@
 // (StoreFor takes the cache's function-map lock).
 #include <Python.h>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -142,6 +144,13 @@ nb::object MakeJitFunction(nb::object fun, nb::object compile, nb::object hooks,
   st->explain_misses = explain_misses;
   // The limit is part of `options`: every wrapper sharing the store gives the same.
   st->store = StoreFor(cache, fun, options, name, SignatureLimit{max_signatures, raise_on_excess});
+  if (st->thread_call.is_valid()) {
+    // Each thread's object keeps at most what the store may: memory stays
+    // O(capacity x threads alive at once).
+    uint64_t capacity = st->store->cache().lru.capacity();
+    if (max_signatures > 0) capacity = std::min<uint64_t>(capacity, static_cast<uint64_t>(max_signatures));
+    st->thread_call_capacity = static_cast<int64_t>(std::min<uint64_t>(capacity, INT32_MAX));
+  }
 
   return NewJitFunction(std::move(st));
 }

@@ -51,12 +51,14 @@ struct JitState {
   // (executable, takes_leaves), asked once per compile; may be null. When
   // set, every call keeps its leaves (BuildSignature's leaf_objects).
   nb::object executable_for;
-  // The hooks' thread_call(miss, eager, static_argnums, static_argnames),
-  // which makes each thread's call object of the whole function (its
-  // ThreadCall, the first-level cache of its calls); null where the
+  // The hooks' thread_call(miss, eager, static_argnums, static_argnames,
+  // capacity), which makes each thread's call object of the whole function
+  // (its ThreadCall, the first-level cache of its calls); null where the
   // function has none (no such hook, or static_argnums it cannot take).
-  // With the two tuples it is called with.
+  // With the two tuples and the capacity it is called with: the signatures
+  // one object keeps at most (max_signatures, else the cache's capacity).
   nb::object thread_call, thread_call_argnums, thread_call_argnames;
+  int64_t thread_call_capacity = 0;
   // CompilerHooks.METHOD_HOOKS, which JitFunction's methods of the same
   // names call, with their names (str), read once at jit(); null where the
   // compiler has none.
