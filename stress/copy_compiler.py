@@ -6,6 +6,9 @@ under; each thread's copy caches, per context it has served, what the core's mis
 for any other. The context is per thread (``set_context``; "A" until a thread sets one), as JAX's thread-local
 configs are. A compile under a context in ``fail_in`` raises ValueError, as a trace that JAX refuses does.
 Counts compiles, copies made (weakly), calls served from a copy's own cache, its misses and context reads.
+With ``thread_calls=True`` it also plays a call object of the whole function per thread
+(``CompilerHooks.thread_call``): keyed by context, static values and argument types, it keeps what the
+core's miss returned (up to ``capacity`` signatures) and serves later calls of that key itself.
 
 Shared state: the counters and ``copies`` are guarded by ``lock``; the context is thread-local; a copy's cache
 is its own thread's (a copy is only called by the thread holding it).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Iterable
 
 import ftjit
@@ -38,7 +42,8 @@ class Program:
 class CopyCompiler:
     """See the module docstring. ``eager_mode`` makes every copy call its eager callback (jax.disable_jit)."""
 
-    def __init__(self, fail_in: Iterable[Any] = ()) -> None:
+    def __init__(self, fail_in: Iterable[Any] = (), thread_calls: bool = False) -> None:
+        self.thread_calls = thread_calls
         self.local = threading.local()
         self.eager_mode = False
         self.fail_in = frozenset(fail_in)
@@ -63,7 +68,8 @@ class CopyCompiler:
 
     def hooks(self, fun: Callable[..., Any]) -> ftjit.CompilerHooks:
         return ftjit.CompilerHooks(context=self.context, context_names="mode", executable_for=self.executable_for,
-                                   context_in_executable=True, fallback=self.fallback(fun))
+                                   context_in_executable=True, fallback=self.fallback(fun),
+                                   thread_call=self.thread_call if self.thread_calls else None)
 
     def fallback(self, fun: Callable[..., Any]) -> Callable[..., Any]:
         def eager(*args: Any, **kwargs: Any) -> Any:
@@ -83,7 +89,7 @@ class CopyCompiler:
         compiler = self
 
         def own_miss(*args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
-            return (program.context, program.fun(*args, **kwargs)), ("data of", program.context), False
+            return (program.context, program.fun(*args, **kwargs)), ("data of", program.context, program), False
 
         def make(miss: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
             cache: dict[Any, Any] = {}
@@ -96,7 +102,7 @@ class CopyCompiler:
                 if data is not None:
                     with compiler.lock:
                         compiler.served += 1
-                    assert data == ("data of", program.context), (data, program.context)
+                    assert data[:2] == ("data of", program.context), (data, program.context)
                     return (program.context, program.fun(*args, **kwargs))
                 with compiler.lock:
                     compiler.misses += 1
@@ -111,6 +117,36 @@ class CopyCompiler:
             return copy
 
         return ftjit.ThreadExecutables(make, own_miss, False)
+
+    def thread_call(self, miss: Callable[..., Any], eager: Callable[..., Any], static_argnums: tuple,
+                    static_argnames: tuple, capacity: int) -> Callable[..., Any]:
+        """A call object of the whole function for one thread (CompilerHooks.thread_call)."""
+        compiler = self
+        cache: OrderedDict[Any, Any] = OrderedDict()
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if compiler.eager_mode:
+                return eager(*args, **kwargs)
+            key = (compiler.current(),
+                   tuple((i, a) if i in static_argnums else type(a) for i, a in enumerate(args)),
+                   tuple(sorted((k, v if k in static_argnames else type(v)) for k, v in kwargs.items())))
+            data = cache.get(key)
+            if data is not None:
+                cache.move_to_end(key)
+                with compiler.lock:
+                    compiler.served += 1
+                program = data[2]
+                return (program.context, program.fun(*args, **kwargs))
+            with compiler.lock:
+                compiler.misses += 1
+            out, data, drop = miss(*args, **kwargs)
+            if not drop and data is not None:
+                cache[key] = data
+                while len(cache) > capacity:
+                    cache.popitem(last=False)
+            return out
+
+        return call
 
     def live_copies(self) -> int:
         gc.collect()

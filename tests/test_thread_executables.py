@@ -350,3 +350,88 @@ def test_threads_past_sixteen_have_their_own_copies_and_redirects():
     assert 1 + 2 * 24 <= misses <= 1 + 3 * 24
     # Then every call goes straight to the thread's own copy of B, which serves it.
     assert (comp.misses, comp.served) == (misses, served + 24 * calls)
+
+
+# --- CompilerHooks.thread_call without JAX (and under ThreadSanitizer) ------------------------------------
+
+
+def test_thread_calls_serve_hits_and_the_core_counts_them_exactly():
+    comp = CopyCompiler(thread_calls=True)
+    jf = _jitted(comp)
+    for i in range(20):
+        assert jf(i) == ("A", i + 1)
+    assert (comp.compiles, comp.misses, comp.served, len(comp.copies)) == (1, 1, 19, 0)  # no copy: own_miss served
+    comp.set_context("B")
+    assert jf(1) == ("B", 2) and jf(2) == ("B", 3)
+    assert (comp.compiles, comp.misses, comp.served) == (2, 2, 20)
+    info = jf.cache_info()
+    assert (info.hits, info.misses, info.compiles, info.size) == (20, 2, 2, 2)
+    s = jf._thread_call_state()
+    assert (s["calls"], s["to_core"], s["drops"]) == (22, 2, 0)
+
+
+def test_thread_calls_twelve_threads_entering_a_new_context_compile_it_once():
+    comp = CopyCompiler(thread_calls=True)
+    jf = _jitted(comp)
+    assert jf(0) == ("A", 1)
+
+    def call(i):
+        comp.set_context("B")
+        return [jf(i) for _ in range(20)]
+
+    assert run_threads(12, call) == [[("B", i + 1)] * 20 for i in range(12)]
+    assert comp.compiles == 2
+    info = jf.cache_info()
+    assert (info.compiles, info.misses) == (2, 2)
+    assert info.hits + info.waits == 12 * 20 - 1
+
+
+def test_thread_calls_racing_clear_cache():
+    comp = CopyCompiler(thread_calls=True)
+    jf = _jitted(comp)
+    stop = threading.Event()
+
+    def work(i):
+        if i == 0:
+            for _ in range(30):
+                jf.clear_cache()
+            stop.set()
+            return None
+        n = 0
+        while not stop.is_set() or n < 50:
+            assert jf(i) == ("A", i + 1)
+            n += 1
+        return n
+
+    counts = run_threads(6, work, timeout=120)
+    info = jf.cache_info()
+    assert info.compiles == info.misses >= 1
+    assert info.hits + info.misses + info.waits == sum(counts[1:])
+    jf.clear_cache()
+    assert jf(1) == ("A", 2) and jf(1) == ("A", 2)
+    after = jf.cache_info()
+    assert (after.compiles, after.hits) == (info.compiles + 1, info.hits + 1)
+
+
+def test_thread_calls_statics_that_are_not_builtin_take_the_stores_path():
+    comp = CopyCompiler(thread_calls=True)
+
+    class Key:
+        def __init__(self, v):
+            self.v = v
+
+        def __hash__(self):
+            return hash(self.v)
+
+        def __eq__(self, other):
+            return isinstance(other, Key) and other.v == self.v
+
+    jf = ftjit.jit(lambda x, k: x + (k if isinstance(k, int) else k.v), compiler=comp, static_argnums=1,
+                   cache=ftjit.FunctionCache())
+    assert jf(1, 2) == ("A", 3) and jf(1, 2) == ("A", 3)
+    assert jf(1, Key(5)) == ("A", 6) and jf(1, Key(5)) == ("A", 6)
+    s = jf._thread_call_state()
+    assert (s["calls"], s["to_core"]) == (2, 1)  # only the int static went through the call object
+    assert len(comp.copies) == 1  # the Key calls ran their entry's copy, on the store's path
+    info = jf.cache_info()
+    assert (info.hits, info.misses, info.compiles) == (2, 2, 2)
