@@ -308,7 +308,9 @@ def test_stats_numbers_are_exact():
         "hits": 8, "misses": 4, "compiles": 4, "waits": 0, "failures": 0, "size": 4}  # fmt: skip
     hits = {int(re.search(r"float32\[(\d+),16\]\)$", s["signature"]).group(1)): s["hits"]
             for s in stats["function"]["signatures"]}  # fmt: skip
-    assert hits == {1: 1, 2: 1, 4: 2, 8: 4}  # rows 1 | 2 | 3-4 | 5-8, each padded to its bucket
+    # A signature's hits are sampled (every 64th call of a thread counts 64; docs/design.md, "One dispatch per
+    # hit"): of these 8 calls in one thread, each bucket's first reached the core and was counted there, once.
+    assert hits == {1: 1, 2: 1, 4: 1, 8: 1}  # rows 1 | 2 | 3-4 | 5-8, each padded to its bucket
     assert stats["warmup"]["ok"] is True and stats["warmup"]["workers"] == 2
     assert [r["compiled"] for r in stats["warmup"]["results"]] == [True] * 4
     assert stats["gil_enabled"] is (not FREE_THREADED)

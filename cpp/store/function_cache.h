@@ -101,18 +101,20 @@ class FunctionStore;
 // its own; only the thread holding the index writes it (the next thread to
 // take the index inherits it, as it does an entry's copy).
 struct alignas(64) ThreadCall {
+  static constexpr uint32_t kMaxDrops = 8;
+  static constexpr uint32_t kSampleEvery = 64;
   nb::object call;     // made at the thread's first call through it; null after a miss raised
   uint64_t clears = 0;  // the store's Clears() when `call` was made: an older one is replaced
   int depth = 0;        // this thread's calls through `call` in progress (a re-entrant one takes the store's path)
   uint32_t drops = 0;   // signatures its miss would not let it keep (ThreadCallMiss)
   bool bypass = false;  // after kMaxDrops drops: every call of this thread takes the store's path
-  uint32_t until_sample = 1;  // calls until the next one also finds its entry in the store (recency, hits)
+  // Calls until the next one also finds its entry in the store (recency, and
+  // kSampleEvery hits: the calls since the last sample, an estimate).
+  uint32_t until_sample = kSampleEvery;
   // Calls through `call`, and of them those that reached the core (its miss
   // or eager callback): the rest are hits served by `call` alone. Plain
   // adds by the holding thread; relaxed loads by readers.
   std::atomic<uint64_t> calls{0}, to_core{0};
-  static constexpr uint32_t kMaxDrops = 8;
-  static constexpr uint32_t kSampleEvery = 64;
 };
 
 struct FunKey {
