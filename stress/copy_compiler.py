@@ -53,6 +53,7 @@ class CopyCompiler:
         self.served = 0  # guarded by lock
         self.misses = 0  # guarded by lock
         self.context_reads = 0  # guarded by lock
+        self.call_caches: list[OrderedDict[Any, Any]] = []  # guarded by lock: each thread call object's cache
 
     # -- the compiler's context: per thread, "A" unless a thread says otherwise
     def set_context(self, value: Any) -> None:
@@ -146,6 +147,9 @@ class CopyCompiler:
                     cache.popitem(last=False)
             return out
 
+        call._clear_cache = cache.clear  # type: ignore[attr-defined]  # as jaxlib's: the core calls it on clear_cache()
+        with compiler.lock:
+            compiler.call_caches.append(cache)
         return call
 
     def live_copies(self) -> int:

@@ -128,3 +128,49 @@ def test_exit_while_daemon_threads_are_inside_a_method(method):
     assert proc.stdout.strip() == "waits 2", proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "", proc.stderr
+
+
+THREAD_CALL_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, time
+    sys.path.insert(0, sys.argv[1])
+    import ftjit
+    from stress.copy_compiler import CopyCompiler
+    gate, started = threading.Event(), threading.Event()
+
+    class Slow(CopyCompiler):
+        def __call__(self, fun, args, kwargs):
+            started.set()
+            while not gate.wait(0.01):
+                pass
+            return super().__call__(fun, args, kwargs)
+
+    jf = ftjit.jit(lambda x: x, compiler=Slow(thread_calls=True), cache=ftjit.FunctionCache(8))
+    for _ in range(3):
+        threading.Thread(target=jf, args=(1.0,), daemon=True).start()
+    started.wait(10)
+    deadline = time.monotonic() + 10
+    while jf.cache_info().waits < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("waits", jf.cache_info().waits, jf._thread_call_state()["enabled"], flush=True)
+
+    class SlowFinalizer:
+        def __del__(self, sleep=time.sleep):
+            sleep(0.3)
+
+    slow = SlowFinalizer()
+    """
+)
+
+
+def test_exit_while_daemon_threads_are_inside_a_thread_call_objects_miss():
+    """The compile and the waits are reached through each thread's call object's miss (CompilerHooks.thread_call):
+    CPython ending those threads at exit must park them there, not unwind through the call object (a crash)."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", THREAD_CALL_SCRIPT, root], capture_output=True, text=True, timeout=60,
+                          env=child_env())
+    assert proc.stdout.strip() == "waits 2 True", proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert "terminate" not in proc.stderr

@@ -9,6 +9,8 @@ Thread tests start on a Barrier (helpers.run_threads), join with a timeout
 and re-raise worker exceptions.
 """
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -17,7 +19,7 @@ import pytest
 
 import ftjit
 import ftjit._jax_calls
-from helpers import run_script, run_threads
+from helpers import child_env, run_script, run_threads
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
@@ -355,3 +357,34 @@ def test_a_forked_child_inherits_no_call_object_a_parent_thread_was_inside():
     if not hasattr(os, "fork"):
         pytest.skip("needs os.fork")
     assert run_script(FORK_INSIDE_A_THREAD_CALLS_MISS) == "child 0 True"
+
+
+FIRST_CALL_DEFERS = """
+import sys, warnings
+warnings.simplefilter("error")  # a failed check of the call objects would warn
+import jax, jax.numpy as jnp, ftjit
+f = ftjit.jit(lambda x: x + 1)
+x = jnp.ones(2)
+if sys.argv[1] == "disable_jit":
+    with jax.disable_jit():
+        first = f(x)
+else:
+    first = jax.jit(lambda y: f(y))(x)
+assert first.tolist() == [2.0, 2.0]
+assert f._thread_call_state()["made"] is False  # not made for a call that defers
+for _ in range(3):
+    assert f(x).tolist() == [2.0, 2.0]
+g = ftjit.jit(lambda x: x * 2)
+assert g(x).tolist() == [2.0, 2.0]
+print(f._thread_call_state()["made"], g._thread_call_state()["made"], f._thread_call_state()["bypass"])
+"""
+
+
+@pytest.mark.parametrize("mode", ["disable_jit", "trace"])
+def test_a_first_call_that_defers_leaves_the_call_objects_on(mode):
+    """The process-wide checks of jaxlib's call objects run at a thread's first call that makes one: never
+    under jax.disable_jit() or inside a trace, where they would fail and turn the objects off for good."""
+    out = subprocess.run([sys.executable, "-c", FIRST_CALL_DEFERS, mode], capture_output=True, text=True,
+                         timeout=240, env=child_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "True True False"

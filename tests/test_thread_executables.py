@@ -435,3 +435,23 @@ def test_thread_calls_statics_that_are_not_builtin_take_the_stores_path():
     assert len(comp.copies) == 1  # the Key calls ran their entry's copy, on the store's path
     info = jf.cache_info()
     assert (info.hits, info.misses, info.compiles) == (2, 2, 2)
+
+
+def test_thread_calls_clear_cache_empties_the_call_objects_of_threads_that_ended():
+    """What a thread's call object kept goes at clear_cache(), from the clearing thread: a thread that ended
+    would never call again to replace its object."""
+    comp = CopyCompiler(thread_calls=True)
+    jf = _jitted(comp)
+    alive = threading.Barrier(3)
+
+    def work(i):
+        out = [jf(i) for _ in range(3)]
+        alive.wait(30)  # alive at once: three indices, three call objects
+        return out
+
+    run_threads(3, work)
+    assert len(comp.call_caches) == 3 and all(len(c) == 1 for c in comp.call_caches)
+    jf.clear_cache()
+    assert all(len(c) == 0 for c in comp.call_caches)
+    assert jf(1) == ("A", 2)
+    assert comp.compiles == 2 and jf.cache_info().misses == 2

@@ -182,13 +182,11 @@ PyObject* g_eager = nullptr;
   } catch (nb::python_error&) {
     // A hit still (the program raised). A copy keeps a failed context as
     // uncached: the next call of this thread makes a fresh one.
-    if (!c.counted) c.st.store->CountHit(&e, slot, c.t.index);
-    c.counted = true;
+    c.CountHitOnce(e, slot);
     if (slot.copy.ptr() == copy.ptr()) nb::object dropped = std::move(slot.copy);  // `copy` still holds it
     throw;
   }
-  if (!c.counted) c.st.store->CountHit(&e, slot, c.t.index);
-  c.counted = true;
+  c.CountHitOnce(e, slot);
   return out;
 }
 
@@ -197,8 +195,7 @@ PyObject* g_eager = nullptr;
 // this thread's. Counts the call's hit on `e` unless a stage counted it.
 [[gnu::always_inline]] inline nb::object Invoke(Call& c, Entry& e, Slot& slot, Entry& head, Slot& head_slot) {
   if (UsesCopies(e)) return InvokeCopy(c, e, slot, head, head_slot);
-  if (!c.counted) c.st.store->CountHit(&e, slot, c.t.index);
-  c.counted = true;
+  c.CountHitOnce(e, slot);
   return CallExecutable(c, e.payload.executable.ptr(), e.payload.takes_leaves);
 }
 
@@ -228,11 +225,11 @@ PyObject* g_eager = nullptr;
   if (r.inserted) {
     Compile(c, r.entry, r.adopted.get());
   } else if (r.was_ready) {
-    c.st.store->CountHit(r.entry.get(), r.entry->slots.Get(c.t.index), c.t.index);
+    c.CountHitOnce(*r.entry, r.entry->slots.Get(c.t.index));
   } else {
     SharedLru<EntryPtr, LeafMutex>::Touch(r.entry);  // waited for (counted by Resolve)
   }
-  c.counted = true;
+  c.MarkCounted();
   return std::move(r.entry);
 }
 
@@ -287,20 +284,19 @@ nb::object ContextMiss(nb::args args, nb::kwargs kwargs) {
   // The same arguments, whole: this thread's context and placements now.
   Call c(outer.st, outer.args);
   if (!BuildAdopted(c)) {
-    outer.counted = true;
+    outer.MarkCounted();
     return nb::make_tuple(Fallback(outer), nb::none(), true);
   }
   if (SameContextAndPlacements(*f.entry.sig, c.sig)) {
     // The copy's own context (its first call, or one it dropped): its
     // program runs, and the copy caches what it returns.
-    if (!outer.counted) outer.st.store->CountHit(&f.entry, f.slot, outer.t.index);
-    outer.counted = true;
+    outer.CountHitOnce(f.entry, f.slot);
     return StealOrThrow(PyObject_Call(f.entry.payload.own_miss.ptr(), args.ptr(), kwargs.ptr()));
   }
   // Another context: its entry, through the pipeline again (counted there).
   // One found listed becomes this thread's redirect of the head, valid while
   // no entry of these arguments left the store since `gen`.
-  outer.counted = true;
+  outer.MarkCounted();
   FunctionStore& store = *c.st.store;
   const uint64_t gen = store.RedirectGen(c.sig);
   nb::object out;
@@ -317,7 +313,7 @@ nb::object ContextMiss(nb::args args, nb::kwargs kwargs) {
 // the call goes to the fallback, with its own arguments, uncached.
 nb::object Eager(nb::args, nb::kwargs) {
   CopyFrame& f = CurrentCopy("eager");
-  f.call.counted = true;
+  f.call.MarkCounted();
   return Fallback(f.call);
 }
 
@@ -337,12 +333,15 @@ nb::object Eager(nb::args, nb::kwargs) {
 //   - the object keeps only signatures whose statics and node data are
 //     exact builtin values (its lookup then runs no user __eq__); others it
 //     is told to drop, and after kMaxDrops drops the thread bypasses it;
-//   - a miss that raised leaves a signature the object never calls back
-//     for: the object is replaced;
-//   - clear_cache() (and the function's death, a cache clear) bumps the
-//     store's Clears(): each thread replaces its own object at its next
-//     call, never another thread's; a forked child leaks the other
-//     threads' (ForgetOtherThreadsInChild);
+//   - a miss that raised leaves a signature the object keeps as
+//     fall-back-to-miss for good (never cached again): the object is
+//     replaced;
+//   - clear_cache() (and the function's death, a cache clear) empties
+//     every live object's own cache from the clearing thread (jaxlib locks
+//     it, as jax.clear_caches() does) and bumps the store's Clears(): each
+//     thread replaces its own object at its next call, never another
+//     thread's, and a thread that bypassed it tries again; a forked child
+//     leaks the other threads' (ForgetOtherThreadsInChild);
 //   - every kSampleEvery-th call of a thread also finds its entry in the
 //     store, to keep its recency and count its hits (kSampleEvery of them,
 //     an estimate); the function's hits stay exact (ThreadCall::calls,
@@ -364,6 +363,19 @@ PyObject* g_call_eager = nullptr;
 
 inline void PlainAdd(std::atomic<uint64_t>& n, std::memory_order order = std::memory_order_relaxed) {
   n.store(n.load(std::memory_order_relaxed) + 1, order);
+}
+
+// Whether a call now must defer (ContextHook::Defers); an error asking is
+// taken for "defers" (the store's path then meets it), a Ctrl-C kept.
+bool Defers(const JitState& st) {
+  try {
+    return st.spec.hook.Defers();
+  } catch (nb::python_error& e) {
+    e.restore();
+    ClearErrorKeepingInterrupt();
+    if (PyErr_Occurred()) throw nb::python_error();
+    return true;
+  }
 }
 
 // A new call object from the hooks' thread_call; null where it gave None.
@@ -432,13 +444,16 @@ nb::object MakeThreadCall(const JitState& st) {
   const uint64_t clears = st.store->Clears();
   nb::object call = tc.call;  // held while it runs: a callback may replace the slot's
   if (!call.is_valid() || tc.clears != clears) {
+    // Not made for a call that defers (a trace is active, eager mode): the
+    // hooks' make may run the compiler's checks, which need neither.
+    if (Defers(st)) return false;
     call = MakeThreadCall(st);
     nb::object old = std::exchange(tc.call, call);  // dropped once the new one is in place
     tc.clears = clears;
-    if (!call.is_valid()) {
-      tc.bypass = true;  // none for this thread
-      return false;
-    }
+    tc.drops = 0;
+    tc.bypass = !call.is_valid();  // none for this thread: the store's path, until a clear
+    if (tc.bypass) return false;
+    st.store->AddThreadCall(call);
   }
   PlainAdd(tc.calls);
   ThreadCallFrame frame{st, args, tc};
@@ -459,7 +474,9 @@ nb::object MakeThreadCall(const JitState& st) {
         t.call_frame = f.prev;
       }
     } inside(t, frame);
-    result = PyObject_Vectorcall(call.ptr(), args.items, args.nargsf, args.kwnames);
+    result = LeakingOnForcedUnwind(
+        [&] { return PyObject_Vectorcall(call.ptr(), args.items, args.nargsf, args.kwnames); },
+        [&] { call.release(); });  // ended at shutdown, with no thread state: leaked, not dropped
   }
   if (result) {
     out = nb::steal(result);
@@ -479,9 +496,9 @@ nb::object MakeThreadCall(const JitState& st) {
     // as there); else the object's error stands.
     RaiseSignatureErrorOr(st, args, tc);
   } else if (frame.miss_raised && tc.call.ptr() == call.ptr()) {
-    // A signature whose miss raised stays in the object as one it never
-    // asks the core about again: the object goes, the next call makes a
-    // fresh one.
+    // A signature whose miss raised stays in the object as fall-back-to-
+    // miss for good (it asks the core every time and never keeps it
+    // again): the object goes, the next call makes a fresh one.
     nb::object dropped = std::move(tc.call);
   }
   throw nb::python_error();
@@ -528,8 +545,7 @@ nb::object ServeMiss(Call& c, Entry& e, Slot& slot, bool keep, ThreadCall& tc) {
     Dropped(tc);
     return nb::make_tuple(Invoke(c, e, slot, e, slot), nb::none(), true);
   }
-  if (!c.counted) c.st.store->CountHit(&e, slot, c.t.index);
-  c.counted = true;
+  c.CountHitOnce(e, slot);
   nb::object res = CallRaw(c, e.payload.own_miss.ptr(), e.payload.takes_leaves);
   if (!res.is_valid()) {
     if (!IsRedo(c)) throw nb::python_error();
@@ -548,7 +564,7 @@ nb::object ServeMiss(Call& c, Entry& e, Slot& slot, bool keep, ThreadCall& tc) {
 nb::object ThreadCallMissBody(ThreadCallFrame& f) {
   Call c(f.st, f.args);
   if (!BuildAdopted(c)) {
-    c.counted = true;
+    c.MarkCounted();
     return nb::make_tuple(Fallback(c), nb::none(), true);
   }
   const bool keep = c.sig.KeysAreBuiltin();
@@ -576,7 +592,10 @@ nb::object ThreadCallMiss(nb::args, nb::kwargs) {
   f.reached_core = true;
   PlainAdd(f.tc.to_core, std::memory_order_release);
   try {
-    return ThreadCallMissBody(f);
+    // A thread CPython ends at shutdown inside the miss (a compile or a
+    // wait taking the GIL back) is parked, not unwound: the frames above
+    // are jaxlib's and a noexcept callback's.
+    return LeakingOnForcedUnwind([&] { return ThreadCallMissBody(f); }, [] { ParkThreadEndedAtShutdown(); });
   } catch (...) {
     f.miss_raised = true;
     throw;
@@ -590,8 +609,8 @@ nb::object ThreadCallEager(nb::args, nb::kwargs) {
   f.reached_core = true;
   PlainAdd(f.tc.to_core, std::memory_order_release);
   Call c(f.st, f.args);
-  c.counted = true;
-  return Fallback(c);
+  c.MarkCounted();
+  return LeakingOnForcedUnwind([&] { return Fallback(c); }, [] { ParkThreadEndedAtShutdown(); });
 }
 
 }  // namespace
@@ -650,7 +669,8 @@ nb::object RunCall(JitState& st, const CallArgs& args) {
     const ThreadCtx& t = ThisThread();
     ThreadCall& tc = st.store->thread_calls().Get(t.index);
     nb::object out;
-    if (tc.depth == 0 && !tc.bypass && StaticsAreBuiltin(st.spec, args) && CallThrough(st, args, t, tc, out)) {
+    if (tc.depth == 0 && (!tc.bypass || tc.clears != st.store->Clears()) && StaticsAreBuiltin(st.spec, args) &&
+        CallThrough(st, args, t, tc, out)) {
       return out;
     }
   }

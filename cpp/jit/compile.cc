@@ -165,11 +165,11 @@ void CompileBody(Call& c, const EntryPtr& e, const Entry* adopted, bool provisio
   // A call that adopts a warmed saved spec found a compiled signature: a
   // hit; any other compile (or a refused adoption) is the call's miss.
   if (adopted && !error.is_valid()) {
-    st.store->CountHit(e.get(), e->slots.Get(c.t.index), c.t.index);
+    c.CountHitOnce(*e, e->slots.Get(c.t.index));
   } else {
     counters.misses.fetch_add(1, std::memory_order_relaxed);
+    c.MarkCounted();
   }
-  c.counted = true;
   st.store->AdmitLru(e);
   auto t0 = std::chrono::steady_clock::now();
   Executable exe;

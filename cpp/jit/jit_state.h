@@ -165,8 +165,21 @@ struct Call {
   CallSignature sig;
   LeafObjects leaves;  // kept where executables may take them (executable_for), or keep_leaves asks
   bool keep_leaves = false;
-  bool counted = false;
   bool built = false;  // sig and leaves hold a build (Build empties them first)
+
+  // A call is counted exactly once, by construction: its hit only through
+  // CountHitOnce (a no-op once anything counted the call), and whatever
+  // else counts it (a miss, a wait, the fallback: no hit) says so with
+  // MarkCounted before or instead.
+  void CountHitOnce(Entry& e, Slot& slot) {
+    if (counted_) return;
+    counted_ = true;
+    st.store->CountHit(&e, slot, t.index);
+  }
+  void MarkCounted() { counted_ = true; }
+
+ private:
+  bool counted_ = false;
 };
 
 // Build: the call's signature into c.sig (whole, or `partial`: without

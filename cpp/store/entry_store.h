@@ -473,7 +473,7 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // The counts that evicted signatures kept go too: a clear starts the
   // max_signatures count again from what stays in the map.
   void Clear() {
-    clears_.fetch_add(1, std::memory_order_acq_rel);  // every thread's call object of the function goes (Clears())
+    BumpClears();  // every thread's call object of the function goes (Clears())
     auto removed = map_.Clear();
     for (auto& kv : removed) LeaveMap(*kv.second);
     ForgetEvicted();
@@ -551,6 +551,9 @@ class EntryStore : public std::enable_shared_from_this<EntryStore<Traits>> {
   // function (the extension's ThreadCall) made before the last one is
   // replaced at the thread's next call through it.
   uint64_t Clears() const { return clears_.load(std::memory_order_acquire); }
+  // Counts one more clear (Clear() does, first; the extension again once
+  // its entries are gone, for a thread that read the count in between).
+  void BumpClears() { clears_.fetch_add(1, std::memory_order_acq_rel); }
   // A hit that a sample stands for `n` of (the extension's ThreadCall:
   // calls it served alone, without the store): the entry's slot counts
   // them and its LRU bit is set; the store's own hit count is not (the

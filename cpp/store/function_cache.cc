@@ -132,6 +132,57 @@ Cache::~Cache() { Caches().Remove(this); }
 
 FunctionStore::~FunctionStore() { AllStores().Remove(this); }
 
+void FunctionStore::AddThreadCall(const nb::object& call) {
+  nb::object ref = nb::steal(PyWeakref_NewRef(call.ptr(), nullptr));
+  if (!ref.is_valid()) {  // not weakly referenceable: cleared by its thread only
+    PyErr_Clear();
+    return;
+  }
+  std::vector<nb::object> refs;
+  {
+    LockGuard<LeafMutex> lock(calls_mu_);
+    call_refs_.push_back(std::move(ref));
+    // Dead ones go when the list doubled since the last pruning: O(1)
+    // amortized, and the list stays O(the objects alive: one per thread
+    // index at most). Pruned with no lock held (weak references are called).
+    if (call_refs_.size() < 8 || call_refs_.size() < 2 * pruned_size_) return;
+    refs.swap(call_refs_);
+  }
+  std::vector<nb::object> kept;
+  for (nb::object& r : refs) {
+    nb::object target = nb::steal(PyObject_CallNoArgs(r.ptr()));
+    if (!target.is_valid()) PyErr_Clear();
+    if (target.is_valid() && !target.is_none()) kept.push_back(std::move(r));
+  }
+  LockGuard<LeafMutex> lock(calls_mu_);
+  for (nb::object& r : call_refs_) kept.push_back(std::move(r));  // added meanwhile
+  call_refs_.swap(kept);
+  pruned_size_ = call_refs_.size();
+  // `kept` (now the old, emptied list) is dropped after unlocking: nothing left in it.
+}
+
+void FunctionStore::Clear() {
+  EntryStore<PyEntryTraits>::Clear();
+  std::vector<nb::object> refs;
+  {
+    LockGuard<LeafMutex> lock(calls_mu_);
+    refs = call_refs_;
+  }
+  for (const nb::object& r : refs) {
+    nb::object call = nb::steal(PyObject_CallNoArgs(r.ptr()));  // a strong reference, or None
+    if (!call.is_valid()) {
+      PyErr_Clear();
+      continue;
+    }
+    if (call.is_none() || !PyObject_HasAttrString(call.ptr(), "_clear_cache")) continue;
+    nb::object out = nb::steal(PyObject_CallMethod(call.ptr(), "_clear_cache", nullptr));
+    if (!out.is_valid()) PyErr_WriteUnraisable(call.ptr());  // the clear itself went through
+  }
+  // A thread that read Clears() before the entries left (and kept a
+  // program of one it found still in the map) replaces its object again.
+  BumpClears();
+}
+
 uint64_t FunctionStore::Hits() const {
   uint64_t hits = const_cast<FunctionStore*>(this)->counters().hits.Load();
   thread_calls_.ForEach([&](const ThreadCall& t) {

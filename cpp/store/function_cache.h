@@ -19,6 +19,8 @@
 //   | thread_calls_   | PerThread: each ThreadCall written by the thread  |
 //   |                 | holding its index; `calls` and `to_core` read by  |
 //   |                 | any thread (relaxed atomics)                      |
+//   | call_refs_      | FTJIT_GUARDED_BY(calls_mu_), a leaf lock; weak    |
+//   |                 | references dropped after unlocking                |
 //
 // Lock order: no two of these locks are ever held at once, except
 // EntryStore's publish lock around its map's. Each critical section is
@@ -168,6 +170,15 @@ class FunctionStore : public EntryStore<PyEntryTraits> {
 
   void set_weakref(nb::object w) { weakref_ = std::move(w); }
   PerThread<ThreadCall>& thread_calls() { return thread_calls_; }
+  // Registers a thread's new call object, weakly, for Clear().
+  void AddThreadCall(const nb::object& call) FTJIT_EXCLUDES(calls_mu_);
+  // EntryStore::Clear(), then every live call object's own cache is
+  // emptied from here (its `_clear_cache()`, where it has one: jaxlib's
+  // takes its cache's lock), so that what they kept goes now, not at each
+  // thread's next call (a thread that ended might never call again); each
+  // thread also replaces its object at its next call (Clears()). Runs
+  // Python: no lock held.
+  void Clear();
   // Hits: the store's own count, and the calls the threads' call objects
   // served without the core. Exact once the calls counted have returned.
   uint64_t Hits() const;
@@ -185,6 +196,9 @@ class FunctionStore : public EntryStore<PyEntryTraits> {
   std::atomic<bool> warned_{false};
   nb::object weakref_;  // weakref(fun, callback)
   PerThread<ThreadCall> thread_calls_;
+  LeafMutex calls_mu_;
+  std::vector<nb::object> call_refs_ FTJIT_GUARDED_BY(calls_mu_);  // weakrefs to the threads' call objects
+  size_t pruned_size_ FTJIT_GUARDED_BY(calls_mu_) = 0;  // call_refs_'s size after the last pruning
 };
 
 // A callable (with any arguments: a weakref callback) that removes `fe` from
