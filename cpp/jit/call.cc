@@ -267,13 +267,20 @@ nb::object Run(Call& c, bool partial) {
 
 // --- a copy's callbacks ----------------------------------------------------------------
 
-CopyFrame& CurrentCopy(const char* what) {
-  auto* frame = static_cast<CopyFrame*>(ThisThread().frame);
+// The thread's innermost `frame` of a call object's callbacks; a callback
+// called outside a call of the jitted function (`object` says whose) is a
+// RuntimeError.
+template <class Frame>
+Frame& Innermost(void* frame, const char* object, const char* what) {
   if (!frame) {
-    RaiseMessage(PyExc_RuntimeError, std::string("ftjit: a ThreadExecutables executable called its ") + what +
+    RaiseMessage(PyExc_RuntimeError, std::string("ftjit: ") + object + " called its " + what +
                                          " outside of a call of the jitted function");
   }
-  return *frame;
+  return *static_cast<Frame*>(frame);
+}
+
+CopyFrame& CurrentCopy(const char* what) {
+  return Innermost<CopyFrame>(ThisThread().frame, "a ThreadExecutables executable", what);
 }
 
 // ContextMiss(*args, **kwargs): the copy being called in this thread cannot
@@ -522,12 +529,7 @@ bool StaticsAreBuiltin(const SignatureSpec& spec, const CallArgs& a) {
 }
 
 ThreadCallFrame& CurrentThreadCall(const char* what) {
-  auto* frame = static_cast<ThreadCallFrame*>(ThisThread().call_frame);
-  if (!frame) {
-    RaiseMessage(PyExc_RuntimeError, std::string("ftjit: a thread_call call object called its ") + what +
-                                         " outside of a call of the jitted function");
-  }
-  return *frame;
+  return Innermost<ThreadCallFrame>(ThisThread().call_frame, "a thread_call call object", what);
 }
 
 // A signature the object may not keep, or could not serve: counted; past
