@@ -6,6 +6,7 @@ Thread tests start on a Barrier (helpers.run_threads), join with a timeout
 and re-raise worker exceptions.
 """
 
+import dataclasses
 import gc
 import os
 import threading
@@ -25,11 +26,17 @@ import jax.numpy as jnp  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(autouse=True)
-def _store_path(monkeypatch):
-    """The copies are the store's path: functions here get no call object of the whole function per thread
-    (test_thread_calls.py tests that), so every call reaches the core and its copies."""
-    monkeypatch.setattr(ftjit._jax_calls, "THREAD_CALLS", False)
+class _StorePath(ftjit.JaxCompiler):
+    """The JAX compiler without a call object of the whole function per thread (test_thread_calls.py tests
+    those): every call reaches the core, which calls the copies. Per function, so tests here run in many
+    threads at once (no global switch flipped)."""
+
+    def hooks(self, fun):
+        return dataclasses.replace(super().hooks(fun), thread_call=None)
+
+
+def jit(fun, **options):
+    return ftjit.jit(fun, compiler=_StorePath(), **options)
 
 
 def _counting_copies(monkeypatch):
@@ -54,7 +61,7 @@ def _counting_copies(monkeypatch):
 
 
 def test_the_jax_compilers_executables_are_thread_executables():
-    jf = ftjit.jit(lambda x, y: x + y)
+    jf = jit(lambda x, y: x + y)
     x = jnp.arange(4.0)
     assert np.asarray(jf(x, x)).tolist() == [0.0, 2.0, 4.0, 6.0]
     found = ftjit._jax_calls.executable_for(*_compiled_and_args(x))
@@ -69,7 +76,7 @@ def _compiled_and_args(x):
 @pytest.mark.thread_unsafe(reason="patches the JAX compiler's module to count its copies")
 def test_twelve_threads_entering_enable_x64_at_once_compile_once(monkeypatch):
     made = _counting_copies(monkeypatch)
-    jf = ftjit.jit(lambda x: x * 3 + 1, cache=ftjit.FunctionCache())
+    jf = jit(lambda x: x * 3 + 1, cache=ftjit.FunctionCache())
     assert np.asarray(jf(np.arange(4))).dtype == np.int32
     assert jf.cache_info().compiles == 1
 
@@ -90,7 +97,7 @@ def test_twelve_threads_entering_enable_x64_at_once_compile_once(monkeypatch):
 @pytest.mark.thread_unsafe(reason="patches the JAX compiler's module to count its copies")
 def test_copies_die_with_clear_cache_while_threads_still_hold_their_indices(monkeypatch):
     made = _counting_copies(monkeypatch)
-    jf = ftjit.jit(lambda x: x + 1, cache=ftjit.FunctionCache())
+    jf = jit(lambda x: x + 1, cache=ftjit.FunctionCache())
     x = jnp.arange(3.0)
     all_called = threading.Barrier(4)
 
@@ -114,7 +121,7 @@ def test_disable_jit_runs_the_function_eagerly_through_the_copy():
         traces.append(type(x).__name__)
         return x * 2
 
-    jf = ftjit.jit(f, cache=ftjit.FunctionCache())
+    jf = jit(f, cache=ftjit.FunctionCache())
     x = jnp.arange(3.0)
     jf(x)
     jf(x)
@@ -130,7 +137,7 @@ def test_a_call_inside_a_trace_goes_to_jax_jit_with_concrete_arguments():
     """A JAX trace active in the thread changes jax.jit's key (trace_state):
     the copy misses and ftjit calls the function's jax.jit, which stages it
     into the trace (closed-over tracers are never compiled into an entry)."""
-    jf = ftjit.jit(lambda x: x + 1, cache=ftjit.FunctionCache())
+    jf = jit(lambda x: x + 1, cache=ftjit.FunctionCache())
     x = jnp.arange(3.0)
     jf(x)
 
@@ -206,7 +213,7 @@ def _traces_under_a_config_change(state):
 
         return f
 
-    jj, jf = jax.jit(make("jax")), ftjit.jit(make("ftjit"), cache=ftjit.FunctionCache())
+    jj, jf = jax.jit(make("jax")), jit(make("ftjit"), cache=ftjit.FunctionCache())
     x = jnp.arange(3.0)
     jj(x), jf(x)
     with state(not state.value):
@@ -243,6 +250,7 @@ REENTRANT_HANDLER = """
     import logging
     import numpy as np, jax, jax.numpy as jnp
     import ftjit
+    ftjit._jax_calls.THREAD_CALLS = False  # the copies: every call reaches the core (this process only)
 
     jf = ftjit.jit(lambda x: x + jnp.ones((2, 3), x.dtype))
     x = np.ones(3, np.float32)
@@ -298,7 +306,7 @@ def test_a_config_outside_jax_jits_key_gives_one_answer_in_every_thread_as_with_
     def g(key, x):
         return jax.random.gumbel(key, (3,)) + x
 
-    jf, jg = ftjit.jit(f, cache=ftjit.FunctionCache()), ftjit.jit(g, cache=ftjit.FunctionCache())
+    jf, jg = jit(f, cache=ftjit.FunctionCache()), jit(g, cache=ftjit.FunctionCache())
     jj = jax.jit(f)
     x, key = np.zeros(3, np.float32), jax.random.key(1)
     before_f, before_g, before_jax = (np.asarray(jf(x)).tolist(), np.asarray(jg(key, x)).tolist(),
@@ -338,7 +346,7 @@ def test_the_copies_check_passes_under_a_transfer_guard_and_a_failure_is_said_on
     monkeypatch.setattr(ftjit._jax_calls, "_copy_parts_cache", [])
     x = jnp.arange(3.0)
     with jax.transfer_guard("disallow"):
-        jf = ftjit.jit(lambda v: v * 2, cache=ftjit.FunctionCache())
+        jf = jit(lambda v: v * 2, cache=ftjit.FunctionCache())
         y = jf(x)
         assert ftjit._jax_calls._copy_parts_cache[0] is not None
         assert isinstance(ftjit._jax_calls.executable_for(*_compiled_and_args(x)), ftjit.ThreadExecutables)
@@ -357,6 +365,7 @@ import logging, os, signal, sys, threading, warnings
 warnings.simplefilter("ignore")  # fork() of a multi-threaded process
 import jax, jax.numpy as jnp, numpy as np
 import ftjit
+ftjit._jax_calls.THREAD_CALLS = False  # the copies: every call reaches the core (this process only)
 
 inside, go = threading.Event(), threading.Event()
 
