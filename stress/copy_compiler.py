@@ -11,7 +11,8 @@ With ``thread_calls=True`` it also plays a call object of the whole function per
 core's miss returned (up to ``capacity`` signatures) and serves later calls of that key itself.
 
 Shared state: the counters and ``copies`` are guarded by ``lock``; the context is thread-local; a copy's cache
-is its own thread's (a copy is only called by the thread holding it).
+is its own thread's (a copy is only called by the thread holding it); a thread call object's cache is guarded by
+its own lock (the core clears it from the clearing thread, as jaxlib's).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ class CopyCompiler:
         """A call object of the whole function for one thread (CompilerHooks.thread_call)."""
         compiler = self
         cache: OrderedDict[Any, Any] = OrderedDict()
+        cache_lock = threading.Lock()  # as jaxlib's cache lock: the core clears it from any thread
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if compiler.eager_mode:
@@ -131,9 +133,11 @@ class CopyCompiler:
             key = (compiler.current(),
                    tuple((i, a) if i in static_argnums else type(a) for i, a in enumerate(args)),
                    tuple(sorted((k, v if k in static_argnames else type(v)) for k, v in kwargs.items())))
-            data = cache.get(key)
+            with cache_lock:
+                data = cache.get(key)
+                if data is not None:
+                    cache.move_to_end(key)
             if data is not None:
-                cache.move_to_end(key)
                 with compiler.lock:
                     compiler.served += 1
                 program = data[2]
@@ -142,12 +146,17 @@ class CopyCompiler:
                 compiler.misses += 1
             out, data, drop = miss(*args, **kwargs)
             if not drop and data is not None:
-                cache[key] = data
-                while len(cache) > capacity:
-                    cache.popitem(last=False)
+                with cache_lock:
+                    cache[key] = data
+                    while len(cache) > capacity:
+                        cache.popitem(last=False)
             return out
 
-        call._clear_cache = cache.clear  # type: ignore[attr-defined]  # as jaxlib's: the core calls it on clear_cache()
+        def clear_cache() -> None:
+            with cache_lock:
+                cache.clear()
+
+        call._clear_cache = clear_cache  # type: ignore[attr-defined]  # as jaxlib's: the core calls it on clear_cache()
         with compiler.lock:
             compiler.call_caches.append(cache)
         return call

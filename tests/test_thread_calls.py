@@ -61,7 +61,10 @@ def test_the_off_switch(monkeypatch):
 
 
 def test_negative_static_argnums_keep_a_function_on_the_stores_path():
-    _store_path_only(ftjit.jit(lambda x, n: x * n, static_argnums=-1), (jnp.ones(2), 3), [3.0, 3.0])
+    def f(*a):  # positional varargs: a negative static position resolves per call, by the number of arguments
+        return a[0] * a[-1]
+
+    _store_path_only(ftjit.jit(f, static_argnums=-1), (jnp.ones(2), 3), [3.0, 3.0])
 
 
 def test_per_signature_hits_are_sampled_and_the_functions_stay_exact():
